@@ -1,0 +1,154 @@
+"""The `bertpipe` command. Every subcommand is a thin call into the library; errors are one line and exit 2."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from bertpipe.errors import BertpipeError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Domain-adapt, finetune, evaluate and register BERT-family models. Configuration: params.yaml.",
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(no_args_is_help=True, help="Sample data shipped inside PyPI packages.")
+app.add_typer(data_app, name="data")
+
+ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of configuration).")
+ProfileOpt = typer.Option(None, "--profile", help="Profile under `profiles:` to apply (overrides `profile:`).")
+SetOpt = typer.Option(None, "--set", "-s", help="Override a param: --set pretrain.max_steps=100 (repeatable).")
+ForceOpt = typer.Option(False, "--force", help="Rebuild even if the output is up to date.")
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn BertpipeError (and a missing-file OSError) into `error: ...` on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BertpipeError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+        except FileNotFoundError as e:
+            typer.echo(f"error: {e.filename or e}: no such file or directory", err=True)
+            raise typer.Exit(2)
+
+    return wrapper
+
+
+def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
+    from bertpipe.config import load_config
+
+    explicit = params if (params != "params.yaml" or Path(params).exists()) else None
+    return load_config(explicit, profile, overrides or [])
+
+
+def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> None:
+    from bertpipe.pipeline import all_stages
+    from bertpipe.stage import run_stage
+
+    cfg = load(params, profile, overrides)
+    stages = all_stages(cfg)
+    if stage_name not in stages:
+        raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
+    res = run_stage(stages[stage_name], cfg, force=force)
+    typer.echo(f"{res.name}: {'up to date' if res.skipped else 'built'} -> {res.out}")
+
+
+def _stage_command(name: str, help_text: str) -> None:
+    @app.command(name, help=help_text)
+    @user_errors
+    def command(
+        params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+        force: bool = ForceOpt,
+    ) -> None:
+        _run_one(name, params, profile, set_, force)
+
+
+_stage_command("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare.")
+_stage_command("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).")
+_stage_command("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.")
+_stage_command("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).")
+_stage_command("evaluate", "Evaluate finetuned models; base vs adapted report.")
+_stage_command("register", "Register the finetuned models in the MLflow registry (champion/challenger).")
+
+
+@app.command("finetune", help="Finetune a task head (every task x encoder in params, or one with --task/--encoder).")
+@user_errors
+def finetune_cmd(
+    task: Optional[str] = typer.Option(None, "--task", help="One task from finetune.tasks."),
+    encoder: Optional[str] = typer.Option(None, "--encoder", help="base or adapted."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    force: bool = ForceOpt,
+) -> None:
+    from bertpipe.pipeline import finetune_pairs
+
+    cfg = load(params, profile, set_)
+    pairs = [(t, e) for t, e in finetune_pairs(cfg) if (task in (None, t)) and (encoder in (None, e))]
+    if not pairs:
+        raise BertpipeError(f"no finetune task matches --task {task} --encoder {encoder} (params: finetune.tasks)")
+    for t, e in pairs:
+        _run_one(f"finetune/{t}/{e}", params, profile, set_, force)
+
+
+@app.command("stages", help="List the stages of this config's pipeline and whether each is up to date.")
+@user_errors
+def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
+    from bertpipe.pipeline import all_stages
+    from bertpipe.stage import is_fresh
+
+    cfg = load(params, profile, set_)
+    for name, st in all_stages(cfg).items():
+        try:
+            fresh, fp = is_fresh(st, cfg)
+            state = "fresh" if fresh else "stale"
+        except BertpipeError:
+            state, fp = "waiting for inputs", ""
+        typer.echo(f"{name:40s} {state:20s} {fp[:12]}")
+
+
+@app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML.")
+@user_errors
+def config_cmd(
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    section: Optional[str] = typer.Argument(None, help="Only this section, e.g. pretrain."),
+):
+    import yaml
+
+    cfg = load(params, profile, set_)
+    data = cfg.section_dict(section) if section else cfg.params.model_dump(mode="json", exclude={"profiles"})
+    typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+
+
+@data_app.command("samples", help="Download (cached) and unpack the pinned sample corpora into paths.raw.")
+@user_errors
+def samples_cmd(
+    names: Optional[List[str]] = typer.Argument(None, help="Samples to fetch (default: the demo's)."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    dvc: bool = typer.Option(True, "--dvc/--no-dvc", help="`dvc add` the raw folder when inside a DVC repo."),
+):
+    from bertpipe.samples import DEFAULT_SAMPLES, fetch_samples
+
+    cfg = load(params, profile, set_)
+    fetch_samples(cfg.raw, cfg.state, tuple(names or DEFAULT_SAMPLES), log=typer.echo)
+    if dvc:
+        from bertpipe.versioning import dvc_add_if_repo
+
+        dvc_add_if_repo(cfg.raw, cfg.root, log=typer.echo)
+
+
+def main() -> None:  # pragma: no cover
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

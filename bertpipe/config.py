@@ -1,0 +1,222 @@
+"""params.yaml: the single source of configuration for the CLI, the Prefect flows and dvc.yaml.
+
+The file holds one section per stage plus a few shared ones, and a ``profiles`` mapping whose entries are
+deep-merged on top of the sections (``profile: demo`` chooses one; ``--profile`` and ``--set a.b=c`` override).
+Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an out-of-range value
+is a one-line error naming the key path.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bertpipe.errors import BertpipeError
+from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.finetune.params import FinetuneParams
+from bertpipe.prepare.params import PrepareParams
+from bertpipe.pretrain.params import PretrainParams
+from bertpipe.register.params import RegisterParams
+from bertpipe.vocab.params import VocabParams
+
+DEFAULT_PARAMS = "params.yaml"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PathsParams(Section):
+    raw: str = "data/raw"  # corpora and task data as fetched by `bertpipe data samples` (DVC-tracked)
+    work: str = "work"  # stage outputs: work/<stage>/...
+    state: str = ".bertpipe"  # MLflow store, Prefect home, hash cache, checkpoints of unfinished runs
+
+
+class ModelParams(Section):
+    # "scratch" bootstraps a small general-domain base (stage `base`) from `base_config`; anything else is a
+    # save_pretrained directory or a hub id loaded with the Auto classes.
+    base: str = "scratch"
+    # Tokenizer of the base model. Empty means "the one saved with `base`".
+    tokenizer: str = ""
+    language: Literal["zh", "en"] = "zh"
+
+
+class TrackingParams(Section):
+    experiment: str = "bertpipe"
+    # Empty: $MLFLOW_TRACKING_URI if set, else an embedded sqlite store under paths.state.
+    uri: str = ""
+
+
+class FlowParams(Section):
+    cron: str = "0 3 * * 1"  # the `bertpipe serve` deployment's schedule
+    timezone: str = "UTC"
+    drop_dir: str = "data/incoming"  # new domain files land here for `retrain`
+
+
+# `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.
+warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
+
+
+class Params(Section):
+    profile: str = ""
+    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    paths: PathsParams = Field(default_factory=PathsParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
+    flow: FlowParams = Field(default_factory=FlowParams)
+    prepare: PrepareParams = Field(default_factory=PrepareParams)
+    vocab: VocabParams = Field(default_factory=VocabParams)
+    # `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.
+    base: PretrainParams = Field(default_factory=PretrainParams)
+    pretrain: PretrainParams = Field(default_factory=PretrainParams)
+    finetune: FinetuneParams = Field(default_factory=FinetuneParams)
+    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    register: RegisterParams = Field(default_factory=RegisterParams)
+
+
+class Config:
+    """Validated params plus where they came from; paths resolve against the params file's directory."""
+
+    def __init__(self, params: Params, root: Path, source: Path | None = None):
+        self.params = params
+        self.root = root
+        self.source = source
+
+    def path(self, p: str | Path) -> Path:
+        p = Path(p).expanduser()
+        return p if p.is_absolute() else (self.root / p)
+
+    @property
+    def work(self) -> Path:
+        return self.path(self.params.paths.work)
+
+    @property
+    def raw(self) -> Path:
+        return self.path(self.params.paths.raw)
+
+    @property
+    def state(self) -> Path:
+        return self.path(self.params.paths.state)
+
+    def section(self, name: str) -> Any:
+        """A params section by dotted path, e.g. ``pretrain`` or ``finetune.tasks.sentiment``."""
+        node: Any = self.params
+        for part in name.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        return node
+
+    def section_dict(self, name: str) -> Any:
+        node = self.section(name)
+        return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
+
+    def section_hash(self, *names: str) -> str:
+        blob = json.dumps({n: self.section_dict(n) for n in names}, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def with_overrides(self, overrides: list[str]) -> "Config":
+        data = self.params.model_dump(mode="json")
+        for item in overrides:
+            _apply_override(data, item)
+        return Config(_validate(data, str(self.source or "params")), self.root, self.source)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise BertpipeError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set pretrain.max_steps=100")
+    key, raw = item.split("=", 1)
+    keys = [k for k in key.strip().split(".") if k]
+    if not keys:
+        raise BertpipeError(f"--set {item!r}: empty key path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return keys, value
+
+
+def _apply_override(data: dict, item: str) -> None:
+    keys, value = _parse_override(item)
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(nxt, dict):
+            if isinstance(node, dict) and k not in node:
+                nxt = node[k] = {}  # let validation name the unknown key
+            else:
+                raise BertpipeError(f"--set {item!r}: {'.'.join(keys[: i + 1])} is not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if "." in k:  # profiles may use dotted keys: {pretrain.max_steps: 100}
+            head, rest = k.split(".", 1)
+            v, k = {rest: v}, head
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v) if not isinstance(v, dict) else deep_merge({}, v)
+    return out
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in first and not isinstance(first["input"], (dict, list)):
+        msg = f"{msg} (got {first['input']!r})"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def _validate(data: dict, source: str) -> Params:
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise BertpipeError(_format_validation(e, source)) from None
+
+
+def load_config(
+    path: str | Path | None = None, profile: str | None = None, overrides: list[str] | None = None
+) -> Config:
+    """Read params.yaml (or use the embedded defaults when ``path`` is None and no params.yaml exists)."""
+    src = Path(path) if path is not None else Path(DEFAULT_PARAMS)
+    if src.exists():
+        try:
+            data = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise BertpipeError(f"{src}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(data, dict):
+            raise BertpipeError(f"{src}: expected a mapping of sections at the top level")
+    elif path is not None:
+        raise BertpipeError(f"{src}: params file does not exist")
+    else:
+        data = {}
+    root = src.resolve().parent
+    data = copy.deepcopy(data)
+    for item in overrides or []:
+        if item.split("=", 1)[0].strip() == "profile":
+            profile = yaml.safe_load(item.split("=", 1)[1])
+    chosen = profile if profile is not None else data.get("profile", "")
+    profiles = data.get("profiles") or {}
+    if chosen:
+        if chosen not in profiles:
+            raise BertpipeError(f"{src}: profile {chosen!r} is not defined under profiles: (have {sorted(profiles)})")
+        data = deep_merge(data, profiles[chosen])
+        data["profile"] = chosen
+    for item in overrides or []:
+        _apply_override(data, item)
+    return Config(_validate(data, str(src)), root, src.resolve() if src.exists() else None)

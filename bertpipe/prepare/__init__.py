@@ -1,0 +1,1 @@
+"""The prepare stage."""

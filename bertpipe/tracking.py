@@ -1,0 +1,191 @@
+"""MLflow tracking: an embedded sqlite store under paths.state by default, any server via MLFLOW_TRACKING_URI.
+
+Everything goes through ``MlflowClient`` with explicit run ids rather than mlflow's global active-run stack, because
+Prefect runs tasks in worker threads and two stages may log at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+from bertpipe.config import Config
+
+PARENT_ENV = "BERTPIPE_MLFLOW_PARENT_RUN_ID"
+
+
+def quiet_env() -> None:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("DO_NOT_TRACK", "true")
+
+
+def tracking_uri(cfg: Config) -> str:
+    if cfg.params.tracking.uri:
+        return cfg.params.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    cfg.state.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(cfg.state / 'mlflow.db').resolve()}"
+
+
+def artifact_root(cfg: Config) -> str:
+    return (cfg.state / "mlartifacts").resolve().as_uri()
+
+
+def client(cfg: Config):
+    quiet_env()
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(cfg)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(cfg: Config, c=None) -> str:
+    c = c or client(cfg)
+    name = cfg.params.tracking.experiment
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    kwargs = {}
+    if tracking_uri(cfg).startswith("sqlite:"):
+        # Without this the artifacts land in ./mlruns relative to whatever the cwd happens to be.
+        kwargs["artifact_location"] = artifact_root(cfg)
+    try:
+        return c.create_experiment(name, **kwargs)
+    except Exception:  # created concurrently by another process
+        return c.get_experiment_by_name(name).experiment_id
+
+
+def git_commit(root: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _param_value(v: Any) -> str:
+    s = str(v)
+    return s if len(s) <= 6000 else s[:5997] + "..."
+
+
+class StageRun:
+    def __init__(self, cfg: Config, run_id: str, c):
+        self.cfg = cfg
+        self.run_id = run_id
+        self.client = c
+        self._artifacts: list[tuple[Path, str | None]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = [
+            Metric(k, float(v), ts, step or 0) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v
+        ]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, _param_value(v))
+
+    def defer_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._artifacts.append((path, artifact_path))
+
+    def finish(self, metrics: dict, manifest: dict, tmp: Path, out: Path) -> None:
+        self.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        self.client.log_artifact(self.run_id, str(tmp / "manifest.json"))
+        for path, apath in self._artifacts:
+            if path.exists():
+                if path.is_dir():
+                    self.client.log_artifacts(self.run_id, str(path), apath)
+                else:
+                    self.client.log_artifact(self.run_id, str(path), apath)
+        self.client.set_tag(self.run_id, "bertpipe.output", str(out))
+
+
+@contextlib.contextmanager
+def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
+    """One MLflow run per stage execution, nested under the flow's parent run when there is one."""
+    from bertpipe.stage import flatten
+
+    c = client(cfg)
+    exp = experiment_id(cfg, c)
+    tags = {
+        "mlflow.runName": stage.name,
+        "bertpipe.stage": stage.name,
+        "bertpipe.stage_version": stage.version,
+        "bertpipe.fingerprint": fingerprint,
+        "bertpipe.params_hash": cfg.section_hash(*stage.sections),
+        "bertpipe.base_model": cfg.params.model.base,
+        "bertpipe.profile": cfg.params.profile or "(none)",
+        "mlflow.source.git.commit": git_commit(cfg.root),
+    }
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    run = c.create_run(exp, tags=tags, run_name=stage.name)
+    tracker = StageRun(cfg, run.info.run_id, c)
+    params = {}
+    for s in stage.sections:
+        params.update(dict(flatten(cfg.section_dict(s), f"{s}.")))
+    tracker.log_params(params)
+    try:
+        yield tracker
+    except BaseException as e:
+        c.set_tag(run.info.run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
+        c.set_terminated(run.info.run_id, "FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
+        raise
+    c.set_terminated(run.info.run_id, "FINISHED")
+
+
+@contextlib.contextmanager
+def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
+    """The parent run of one flow run; stages started inside it nest under it (via an env var the stages read)."""
+    c = client(cfg)
+    exp = experiment_id(cfg, c)
+    all_tags = {
+        "mlflow.runName": name,
+        "bertpipe.flow": name,
+        "bertpipe.base_model": cfg.params.model.base,
+        "bertpipe.profile": cfg.params.profile or "(none)",
+        "mlflow.source.git.commit": git_commit(cfg.root),
+        **(tags or {}),
+    }
+    run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()}, run_name=name)
+    previous = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = run.info.run_id
+    try:
+        yield StageRun(cfg, run.info.run_id, c)
+    except BaseException:
+        c.set_terminated(run.info.run_id, "FAILED")
+        raise
+    finally:
+        if previous is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = previous
+    c.set_terminated(run.info.run_id, "FINISHED")
+
+
+def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
+    """Save a matplotlib figure as PNG under the stage output and queue it for MLflow."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    if tracker is not None:
+        tracker.defer_artifact(path, "figures")
+    return path

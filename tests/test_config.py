@@ -1,0 +1,47 @@
+import pytest
+
+from bertpipe.config import load_config
+from bertpipe.errors import BertpipeError
+
+
+def write(tmp_path, text):
+    p = tmp_path / "params.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_profile_and_set_override(tmp_path):
+    p = write(
+        tmp_path,
+        "profile: small\nmodel: {base: scratch}\nprofiles:\n  small: {model.language: en}\n  big: {model: {base: x}}\n",
+    )
+    cfg = load_config(p)
+    assert cfg.params.model.language == "en" and cfg.params.profile == "small"
+    cfg = load_config(p, profile="big", overrides=["model.tokenizer=tok"])
+    assert cfg.params.model.base == "x" and cfg.params.model.tokenizer == "tok"
+    assert cfg.root == tmp_path.resolve()
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("model: {bse: x}\n", [], "model.bse: unknown key"),
+        ("model: {language: fr}\n", [], "model.language"),
+        ("paths: [1, 2]\n", [], "paths"),
+        ("model: {base: x}\n", ["nosection.key=1"], "nosection: unknown key"),
+        ("model: {base: x}\n", ["model.base"], "expected KEY.PATH=VALUE"),
+        ("profile: huge\n", [], "profile 'huge' is not defined"),
+        ("model: {base: [unclosed\n", [], "params.yaml:2"),
+    ],
+)
+def test_bad_params_are_one_line_errors(tmp_path, text, overrides, expected):
+    p = write(tmp_path, text)
+    with pytest.raises(BertpipeError) as e:
+        load_config(p, overrides=overrides)
+    msg = str(e.value)
+    assert expected in msg and "\n" not in msg and "params.yaml" in msg or "--set" in msg
+
+
+def test_missing_params_file_is_an_error(tmp_path):
+    with pytest.raises(BertpipeError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
