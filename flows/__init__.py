@@ -1,0 +1,1 @@
+"""Prefect flows chaining the bertpipe stage tasks."""

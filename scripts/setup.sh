@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install bertpipe with its test extras. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+if ! python -c "import bertpipe, torch, transformers, prefect, mlflow, dvc" 2>/dev/null; then
+  python -m pip install -q --upgrade pip
+  # The CPU wheel first: any later requirement that admits it then installs nothing bigger.
+  python -m pip install -q "torch==2.13.0" || python -m pip install -q "torch>=2.3,<3"
+  python -m pip install -q -e ".[test]"
+fi
+python -m pip install -q -e ".[test]" --no-deps >/dev/null 2>&1 || true

@@ -1,0 +1,119 @@
+"""The stage contract: fingerprint, skip, atomic output, crash safety, concurrency, MLflow logging."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bertpipe.config import load_config
+from bertpipe.errors import BertpipeError
+from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+
+NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
+
+
+@pytest.fixture
+def project(tmp_path: Path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    (tmp_path / "params.yaml").write_text("paths: {work: w, state: s}\nmodel: {base: some/hub-id}\n")
+    return tmp_path
+
+
+def counting_stage(calls: list, fail: bool = False, slow: float = 0.0) -> Stage:
+    def build(ctx):
+        calls.append(ctx.fingerprint)
+        (ctx.out / "copy.txt").write_text(Path(ctx.inputs["text"]).read_text().upper())
+        time.sleep(slow)
+        if fail:
+            (ctx.out / "partial.bin").write_bytes(b"x" * 10)
+            raise RuntimeError("boom")
+        ctx.counts["chars"] = 5
+        return {"chars": 5}
+
+    return Stage(
+        "toy", "1", ("model",), lambda c: {"text": c.root / "in.txt"}, lambda c: c.work / "toy", build
+    )
+
+
+def test_second_run_skips_and_input_change_rebuilds(project):
+    cfg = load_config(project / "params.yaml")
+    calls: list = []
+    st = counting_stage(calls)
+    r1 = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    r2 = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    assert not r1.skipped and r2.skipped and len(calls) == 1
+    assert (r1.out / "copy.txt").read_text() == "HELLO\n"
+    m = read_manifest(r1.out)
+    assert m["fingerprint"] == r1.fingerprint and m["counts"] == {"chars": 5} and "torch" in m["versions"]
+    (project / "in.txt").write_text("hello again\n")
+    assert not is_fresh(st, cfg)[0]
+    r3 = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    assert not r3.skipped and r3.fingerprint != r1.fingerprint and len(calls) == 2
+
+
+def test_params_and_version_change_the_fingerprint(project):
+    cfg = load_config(project / "params.yaml")
+    st = counting_stage([])
+    fp = is_fresh(st, cfg)[1]
+    assert is_fresh(st, cfg.with_overrides(["model.language=en"]))[1] != fp
+    st.version = "2"
+    assert is_fresh(st, cfg)[1] != fp
+    # A section the stage does not declare does not touch its fingerprint.
+    st.version = "1"
+    assert is_fresh(st, cfg.with_overrides(["tracking.experiment=other"]))[1] == fp
+
+
+def test_crash_leaves_no_output_and_keeps_the_previous_one(project):
+    cfg = load_config(project / "params.yaml")
+    good = run_stage(counting_stage([]), cfg, tracker_factory=NO_TRACKING)
+    (project / "in.txt").write_text("changed\n")
+    with pytest.raises(RuntimeError, match="boom"):
+        run_stage(counting_stage([], fail=True), cfg, tracker_factory=NO_TRACKING)
+    # The old complete output is untouched, and no temp dir is left beside it.
+    assert read_manifest(good.out)["fingerprint"] == good.fingerprint
+    assert not (good.out / "partial.bin").exists()
+    assert [p.name for p in good.out.parent.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_missing_input_is_a_one_line_error(project):
+    cfg = load_config(project / "params.yaml")
+    (project / "in.txt").unlink()
+    with pytest.raises(BertpipeError, match="in.txt does not exist"):
+        run_stage(counting_stage([]), cfg, tracker_factory=NO_TRACKING)
+    assert not (cfg.work / "toy").exists()
+
+
+def test_concurrent_runs_build_once(project):
+    cfg = load_config(project / "params.yaml")
+    calls: list = []
+    st = counting_stage(calls, slow=0.5)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(run_stage(st, cfg, tracker_factory=NO_TRACKING)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(r.skipped for r in results) == [False, True]
+
+
+def test_mlflow_sqlite_store_holds_the_run(project):
+    from mlflow.tracking import MlflowClient
+
+    cfg = load_config(project / "params.yaml")
+    res = run_stage(counting_stage([]), cfg)  # the default tracker: embedded sqlite under paths.state
+    client = MlflowClient(tracking_uri=f"sqlite:///{cfg.state / 'mlflow.db'}")
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["chars"] == 5
+    assert run.data.tags["bertpipe.fingerprint"] == res.fingerprint
+    assert run.data.params["model.base"] == "some/hub-id"
+    arts = [a.path for a in client.list_artifacts(res.run_id)]
+    assert "manifest.json" in arts
+    local = Path(client.download_artifacts(res.run_id, "manifest.json", str(project)))
+    assert json.loads(local.read_text())["fingerprint"] == res.fingerprint
