@@ -20,6 +20,8 @@ app = typer.Typer(
 )
 data_app = typer.Typer(no_args_is_help=True, help="Sample data shipped inside PyPI packages.")
 app.add_typer(data_app, name="data")
+models_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: list, show, promote, rollback.")
+app.add_typer(models_app, name="models")
 
 ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of configuration).")
 ProfileOpt = typer.Option(None, "--profile", help="Profile under `profiles:` to apply (overrides `profile:`).")
@@ -181,6 +183,65 @@ def samples_cmd(
         from bertpipe.versioning import dvc_add_if_repo
 
         dvc_add_if_repo(cfg.raw, cfg.root, log=typer.echo)
+
+
+def _registry(params: str, profile, set_):
+    from bertpipe.tracking import client
+
+    cfg = load(params, profile, set_)
+    return cfg, client(cfg)
+
+
+@models_app.command("list", help="Registered models with their latest version and aliases.")
+@user_errors
+def models_list(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
+    from bertpipe.register.registry import describe_models
+
+    cfg, c = _registry(params, profile, set_)
+    rows = describe_models(c)
+    if not rows:
+        typer.echo("no registered models")
+    for r in rows:
+        aliases = " ".join(f"{a}=v{v}" for a, v in sorted(r["aliases"].items())) or "-"
+        typer.echo(f"{r['name']:40s} latest v{r['latest']:<4} {aliases}")
+
+
+@models_app.command("show", help="Every version of a registered model: aliases, primary metric, decision.")
+@user_errors
+def models_show(
+    name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt
+):
+    from bertpipe.register.registry import describe_versions
+
+    cfg, c = _registry(params, profile, set_)
+    for r in describe_versions(c, name):
+        aliases = ",".join(r["aliases"]) or "-"
+        typer.echo(f"v{r['version']:<4} {aliases:22s} {r['metric']}={r['value']}  {r['decision']}")
+
+
+@models_app.command("promote", help="Make VERSION the champion of NAME.")
+@user_errors
+def models_promote(
+    name: str, version: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt,
+    set_: Optional[List[str]] = SetOpt,
+):
+    from bertpipe.register.registry import promote
+
+    cfg, c = _registry(params, profile, set_)
+    promote(c, name, version)
+    typer.echo(f"{name}: champion -> v{version}")
+
+
+@models_app.command("rollback", help="Give the champion alias back to the previous champion of NAME.")
+@user_errors
+def models_rollback(
+    name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt
+):
+    from bertpipe.register.registry import rollback
+
+    cfg, c = _registry(params, profile, set_)
+    v = rollback(c, name)
+    typer.echo(f"{name}: champion -> v{v}")
 
 
 def main() -> None:  # pragma: no cover

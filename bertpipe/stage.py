@@ -127,13 +127,14 @@ class _HashCache:
         os.replace(tmp, self.path)
 
 
-def path_digest(p: Path | str, cache: _HashCache) -> str:
+def path_digest(p: Path | str, cache: _HashCache, name: str = "") -> str:
     """Content digest of an input: a stage output's manifest fingerprint, a file's bytes, or a directory's files."""
     if isinstance(p, str) and not Path(p).exists():
         return "id:" + p  # a hub id or other non-path reference: only its name can be hashed
     p = Path(p)
     if not p.exists():
-        raise BertpipeError(f"input {p} does not exist")
+        label = f"input '{name}': " if name else "input "
+        raise BertpipeError(f"{label}{p} does not exist (run the stage that makes it first)")
     if p.is_file():
         return cache.file_hash(p)
     manifest = p / MANIFEST
@@ -152,7 +153,7 @@ def path_digest(p: Path | str, cache: _HashCache) -> str:
 def fingerprint(stage: Stage, cfg: Config) -> tuple[str, dict[str, str]]:
     cache = _HashCache(_hash_cache_path(cfg))
     inputs = stage.inputs(cfg)
-    digests = {name: path_digest(p, cache) for name, p in sorted(inputs.items())}
+    digests = {name: path_digest(p, cache, name) for name, p in sorted(inputs.items())}
     cache.save()
     blob = json.dumps(
         {

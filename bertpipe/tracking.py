@@ -189,3 +189,25 @@ def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
     if tracker is not None:
         tracker.defer_artifact(path, "figures")
     return path
+
+
+@contextlib.contextmanager
+def fluent_mlflow(cfg: Config) -> Iterator[Any]:
+    """mlflow's fluent API (needed by ``mlflow.transformers.log_model``) pointed at this project's store.
+    ``mlflow.set_tracking_uri`` also exports MLFLOW_TRACKING_URI, which would leak into the next project used in
+    this process, so the environment is restored on exit."""
+    quiet_env()
+    import mlflow
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield mlflow
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

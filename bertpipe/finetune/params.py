@@ -79,6 +79,9 @@ class TaskParams(_Strict):
     conll_token_col: int = Field(0, ge=0)
     conll_tag_col: int = -1
     conll_columns: int = Field(0, ge=0)  # expected columns per line; 0: any count >= 2, but the same on every line
+    # How CoNLL tokens are joined into the text whose character spans predictions refer to. auto: no separator when
+    # every token of the sentence is one character (MSRA), else a space except between two CJK characters.
+    conll_join: Literal["auto", "space", "none"] = "auto"
     # Splitting when dev/test are not given: stratified by label, by group when group_field is set.
     dev_ratio: float = Field(0.1, ge=0.0, lt=1.0)
     test_ratio: float = Field(0.1, ge=0.0, lt=1.0)
@@ -98,7 +101,8 @@ class TaskParams(_Strict):
     head_tokens: int = Field(128, ge=0)
     stride: int = Field(128, ge=1)  # window step in tokens (window and QA doc stride)
     window_aggregate: Literal["mean", "vote"] = "mean"  # classification windows
-    # QA
+    # QA: windows over the context overlap by doc_stride tokens (the usual SQuAD `doc_stride`)
+    doc_stride: int = Field(128, ge=0)
     max_query_len: int = Field(64, ge=4)
     max_answer_len: int = Field(30, ge=1)
     n_best: int = Field(20, ge=1)
@@ -121,7 +125,7 @@ class TaskParams(_Strict):
             raise ValueError("format sqlite needs train (the .db file) and query")
         if self.format not in ("lines",) and not self.train:
             raise ValueError("train: a data file is required")
-        if self.type == "qa" and self.format not in ("squad", "jsonl"):
+        if self.type == "qa" and self.format != "squad":
             raise ValueError("qa reads format squad (SQuAD/CMRC JSON)")
         if self.type == "ner" and self.format not in ("conll", "jsonl"):
             raise ValueError("ner reads format conll or jsonl")

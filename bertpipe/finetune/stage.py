@@ -1,13 +1,155 @@
-"""Placeholder: the finetune stage's build lands with its issue."""
+"""The finetune stage: one task head on one encoder, trained per seed, scored on dev and test.
+
+Output (``ctx.out``): ``model/`` (the best seed by dev metric, save_pretrained with its tokenizer and id2label, loadable
+by the Auto class and a transformers pipeline), ``metrics.json``, ``predictions_test.jsonl``, ``curves.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.evaluate.metrics import PRIMARY
+from bertpipe.finetune import data as D
+from bertpipe.finetune import heads as H
+from bertpipe.finetune.params import FinetuneParams
+from bertpipe.finetune.train import bf16_ok, pick_device, train
 
-VERSION = "0"
+VERSION = "1"
+PIPELINE_TASK = {
+    "classification": "text-classification",
+    "pair_classification": "text-classification",
+    "ner": "token-classification",
+    "qa": "question-answering",
+}
 
 
-def own_inputs(cfg, task):
-    return {}
+def own_inputs(cfg, task: str) -> dict:
+    """The task's data files, so editing one reruns its finetunes."""
+    p = cfg.params.finetune.tasks.get(task)
+    if p is None:
+        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
+    files = {f"data_{s}": getattr(p, s) for s in D.SPLITS if getattr(p, s)}
+    files.update({f"data_{label}": f for label, f in p.label_files.items()})
+    return {k: cfg.path(v) for k, v in files.items()}
 
 
-def build(ctx, task, encoder):
-    raise BertpipeError("the finetune stage is not implemented yet")
+def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for seed, r in runs.items():
+        if r.losses:
+            a1.plot(*zip(*r.losses), label=f"seed {seed}")
+        a2.plot([e["step"] for e in r.evals], [e["primary"] for e in r.evals], marker="o", label=f"seed {seed}")
+        a2.axvline(r.best_step, ls=":", lw=0.8)
+    a1.set(title="train loss", xlabel="optimizer step")
+    a2.set(title=f"dev {primary} (dotted: restored best)", xlabel="optimizer step")
+    for a in (a1, a2):
+        a.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def build(ctx, task: str, encoder: str) -> dict:
+    import torch
+    from transformers import AutoTokenizer
+
+    fp: FinetuneParams = ctx.params
+    p = fp.tasks[task]
+    tp = p.train_params(fp.train)
+    if tp.num_threads:
+        torch.set_num_threads(tp.num_threads)
+    device = pick_device(tp.device)
+    counts: Counter = Counter()
+    data = D.load_task(p, ctx.cfg.path, counts)
+    data["train"] = D.cap(data["train"], tp.max_train_examples, p.split_seed)
+    for s in ("dev", "test"):
+        data[s] = D.cap(data[s], tp.max_eval_examples, p.split_seed)
+    labels = D.label_list(p, data, counts)
+    label2id = {lab: i for i, lab in enumerate(labels)}
+    src = ctx.inputs["encoder"]
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src))
+    except (OSError, ValueError) as e:
+        raise BertpipeError(f"encoder {src}: no tokenizer could be loaded ({e})") from None
+    if not getattr(tok, "is_fast", False):
+        raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
+    splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in D.SPLITS}
+    H.describe(counts)
+    ctx.log(f"{task}/{encoder}: " + ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in D.SPLITS))
+    primary = PRIMARY[p.type]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    bf16 = tp.bf16 and bf16_ok(device)
+
+    per_seed: dict = {}
+    runs: dict = {}
+    best_dev = float("-inf")
+    for seed in tp.seeds:
+        model = H.load_model(p.type, src, labels).to(device)
+        if data["dev"]:
+            def dev_eval(m, _split=splits["dev"]):
+                flat, _, _ = H.score(m, _split, p, labels, pad, tp.eval_batch_size, bf16)
+                return flat.get(primary, 0.0), flat
+        else:  # nothing to select on: every evaluation "improves", so the last weights are kept
+            def dev_eval(m):
+                return time.monotonic(), {}
+        res = train(model, splits["train"].feats, tp, dev_eval, pad, seed,
+                    log_metrics=lambda m, step, _s=seed: ctx.log_metrics({f"seed{_s}_{k}": v for k, v in m.items()}, step),
+                    desc=f"{task}/{encoder} seed {seed}")
+        runs[seed] = res
+        dev, _, _ = H.score(model, splits["dev"], p, labels, pad, tp.eval_batch_size, bf16)
+        test, test_details, recs = H.score(model, splits["test"], p, labels, pad, tp.eval_batch_size, bf16)
+        per_seed[str(seed)] = {
+            "dev": dev, "test": test, "test_details": test_details, "best_step": res.best_step, "steps": res.steps,
+            "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
+        }
+        ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "
+                f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)")
+        score_for_choice = dev.get(primary, test.get(primary, 0.0))
+        if score_for_choice > best_dev or not (ctx.out / "model").exists():
+            best_dev = score_for_choice
+            shutil.rmtree(ctx.out / "model", ignore_errors=True)
+            model.save_pretrained(ctx.out / "model")
+            tok.save_pretrained(ctx.out / "model")
+            with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
+                for r in recs:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            per_seed[str(seed)]["saved"] = True
+        del model
+
+    summary = {}
+    for s in ("dev", "test"):
+        names = sorted({k for r in per_seed.values() for k in r[s]})
+        summary[s] = {k: _mean_std([r[s][k] for r in per_seed.values() if k in r[s]]) for k in names}
+    out = {
+        "task": task, "type": p.type, "encoder": encoder, "encoder_source": str(src), "primary": primary,
+        "pipeline_task": PIPELINE_TASK[p.type], "labels": labels, "seeds": tp.seeds, "per_seed": per_seed,
+        "summary": summary, "counts": dict(counts),
+    }
+    from bertpipe.stage import write_json
+
+    write_json(ctx.out / "metrics.json", out)
+    _plot(ctx.out / "curves.png", runs, primary, f"{task} / {encoder}")
+    for name in ("curves.png", "metrics.json", "predictions_test.jsonl"):
+        if (ctx.out / name).exists():
+            ctx.log_artifact(ctx.out / name)
+    ctx.counts.update({k: int(v) for k, v in counts.items()})
+    flat = {f"{s}_{k}": v["mean"] for s in ("dev", "test") for k, v in summary[s].items()}
+    ctx.log_metrics(flat)
+    return flat

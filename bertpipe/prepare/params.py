@@ -84,10 +84,14 @@ class DedupParams(_Model):
     prefer_status: list[str] = Field(default_factory=lambda: ["现行有效"])
     keep_order: list[str] = Field(default_factory=lambda: ["-publish_date", "id"])
     seed: int = 1
-    batch_ngrams: int = Field(200_000, ge=1000)  # n-grams hashed per numpy batch (memory ~ batch * num_perm * 4 B)
+    # n-grams permuted per numpy batch: the (batch, num_perm) uint64 work matrix should fit in the CPU cache.
+    batch_ngrams: int = Field(1024, ge=64, le=1_000_000)
 
 
 class SplitParams(_Model):
+    # balanced: groups in a seeded hash order fill train/valid/test to their shares (sizes close to the fractions);
+    # hash: each group's split follows from its own hash alone, so adding documents never moves an old group.
+    method: Literal["balanced", "hash"] = "balanced"
     valid: float = Field(0.05, ge=0.0, lt=1.0)
     test: float = Field(0.05, ge=0.0, lt=1.0)
     general_test: bool = False  # write general/test.parquet too

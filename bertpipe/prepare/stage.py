@@ -1,13 +1,176 @@
-"""Placeholder: the prepare stage's build lands with its issue."""
+"""The prepare stage: raw sources -> cleaned, deduplicated, leakage-free splits of the domain and general corpora.
+
+Output (``ctx.out``): ``{domain,general}/{train,valid,test}.parquet`` (columns ``id, text, group, source, cluster``
+plus the sources' meta fields), ``stats.json``, ``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
+from bertpipe.prepare.ingest import is_glob, source_files
+from bertpipe.prepare.params import PrepareParams
 
-VERSION = "0"
+VERSION = "1"
+CORPORA = ("domain", "general")
+BASE_COLUMNS = ("id", "text", "group", "source", "cluster")
 
 
-def own_inputs(cfg):
-    return {}
+def _corpora(p: PrepareParams):
+    for name in CORPORA:
+        cp = getattr(p, name)
+        if name == "domain" and (not cp.enabled or not cp.sources):
+            raise BertpipeError("prepare.domain.sources: the domain corpus needs at least one source")
+        if cp.enabled and cp.sources:
+            yield name, cp
 
 
-def build(ctx):
-    raise BertpipeError("the prepare stage is not implemented yet")
+def own_inputs(cfg) -> dict[str, Path]:
+    """Every raw file, directory or glob match the params name, keyed ``<corpus>:<source index>[:<match>]``."""
+    p: PrepareParams = cfg.params.prepare
+    out: dict[str, Path] = {}
+    for name, cp in _corpora(p):
+        for i, src in enumerate(cp.sources):
+            key = f"prepare.{name}.sources[{i}]"
+            if is_glob(src.path):
+                for k, f in enumerate(source_files(src, cfg.path, key)):
+                    out[f"{name}:{i}:{k}"] = f
+                continue
+            path = cfg.path(src.path)
+            if not path.exists():
+                raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
+            out[f"{name}:{i}"] = path
+    return out
+
+
+def _write_parquet(res: CorpusResult, out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    extra: list[str] = []
+    for doc in res.docs:
+        for k in doc:
+            if k not in BASE_COLUMNS and k != "split" and k not in extra:
+                extra.append(k)
+    schema = pa.schema([(c, pa.string()) for c in (*BASE_COLUMNS, *extra)])
+    (out / res.name).mkdir(parents=True, exist_ok=True)
+    for sp in res.splits:
+        rows = [doc for doc in res.docs if doc["split"] == sp]
+        cols = {c: [doc.get(c) for doc in rows] for c in schema.names}
+        pq.write_table(pa.table(cols, schema=schema), out / res.name / f"{sp}.parquet")
+
+
+def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return False
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        for sp in res.splits:
+            lens = [len(d["text"]) for d in res.docs if d["split"] == sp]
+            if lens:
+                ax.hist(np.log10(lens), bins=40, alpha=0.5, label=f"{sp} ({len(lens)})")
+        ax.set_title(f"{res.name}: document length")
+        ax.set_xlabel("log10(characters)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _report(results: list[CorpusResult], stats: dict) -> str:
+    lines = ["# prepare", ""]
+    for res in results:
+        s = res.stats
+        lines += [
+            f"## {res.name}",
+            "",
+            f"- ingested {s['ingested']:,} documents ({s['chars_in']:,} chars) from "
+            + ", ".join(f"{k} ({v:,})" for k, v in s["sources"].items()),
+            "- cleaning removed "
+            + (", ".join(f"{k} {v:,}" for k, v in s["clean"]["removed"].items() if v) or "nothing"),
+            f"- exact duplicates removed {s['exact']['removed']:,} ({s['exact']['clusters']:,} clusters)",
+            f"- near duplicates: {s['near']['pairs']:,} pairs over the threshold in {s['near']['clusters']:,} clusters "
+            f"({s['near']['candidates']:,} LSH candidates), {s['near']['removed']:,} removed",
+            f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars",
+            "",
+            "| split | docs | chars | groups |",
+            "|---|---:|---:|---:|",
+        ]
+        for sp, v in s["splits"].items():
+            lines.append(f"| {sp} | {v['docs']:,} | {v['chars']:,} | {v['groups']:,} |")
+        near = sorted((c for c in res.clusters if c["kind"] == "near"), key=lambda c: -c["size"])[:5]
+        if near:
+            lines += ["", "Largest near-duplicate clusters (kept member first):", ""]
+            for c in near:
+                lines.append(f"- {c['size']} × `{c['kept']}` ({', '.join(c['groups'][:3])}): {c['preview']}")
+        lines.append("")
+    lines.append(f"Took {stats['duration_s']:.1f} s ({stats['mb_per_s']:.2f} MB/s of raw text).")
+    return "\n".join(lines) + "\n"
+
+
+def build(ctx) -> dict:
+    p: PrepareParams = ctx.params
+    started = time.perf_counter()
+    results: list[CorpusResult] = []
+    for name, cp in _corpora(p):
+        ctx.log(f"{name}: {len(cp.sources)} source(s)")
+        res = prepare_corpus(name, cp, p, ctx.cfg.path, with_test=(name == "domain" or p.split.general_test))
+        _write_parquet(res, ctx.out)
+        ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
+        results.append(res)
+
+    duration = time.perf_counter() - started
+    chars_in = sum(r.stats["chars_in"] for r in results)
+    stats = {
+        "corpora": {r.name: r.stats for r in results},
+        "duration_s": round(duration, 3),
+        "mb_per_s": round(chars_in * 3 / 1e6 / max(duration, 1e-9), 3),  # ~3 UTF-8 bytes per CJK character
+    }
+    (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with open(ctx.out / "dedup_clusters.jsonl", "w", encoding="utf-8") as fh:
+        for r in results:
+            for c in r.clusters:
+                fh.write(json.dumps(c, ensure_ascii=False) + "\n")
+    (ctx.out / "report.md").write_text(_report(results, stats), encoding="utf-8")
+    for f in ("stats.json", "dedup_clusters.jsonl", "report.md"):
+        ctx.log_artifact(ctx.out / f)
+    if _plot_lengths(results, ctx.out / "lengths.png"):
+        ctx.log_artifact(ctx.out / "lengths.png")
+
+    metrics: dict[str, float] = {"duration_s": round(duration, 3), "mb_per_s": stats["mb_per_s"]}
+    for r in results:
+        s, n = r.stats, r.name
+        metrics.update(
+            {
+                f"{n}_ingested": s["ingested"],
+                f"{n}_kept": s["kept"],
+                f"{n}_chars_out": s["chars_out"],
+                f"{n}_exact_removed": s["exact"]["removed"],
+                f"{n}_near_pairs": s["near"]["pairs"],
+                f"{n}_near_clusters": s["near"]["clusters"],
+                f"{n}_near_removed": s["near"]["removed"],
+                **{f"{n}_clean_{k}": v for k, v in s["clean"]["removed"].items()},
+                **{f"{n}_{sp}_docs": v["docs"] for sp, v in s["splits"].items()},
+            }
+        )
+        ctx.counts[n] = {
+            "ingested": s["ingested"],
+            "removed_by_filter": s["clean"]["removed"],
+            "exact_removed": s["exact"]["removed"],
+            "near_removed": s["near"]["removed"],
+            "near_pairs": s["near"]["pairs"],
+            "splits": {sp: v["docs"] for sp, v in s["splits"].items()},
+        }
+    ctx.log_metrics(metrics)
+    return metrics

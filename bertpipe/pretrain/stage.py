@@ -1,13 +1,146 @@
-"""Placeholder: the pretrain stage's build lands with its issue."""
+"""The `base` and `pretrain` stages: one build, MLM pretraining from a checkpoint (pretrain) or from params (base).
+
+Under torchrun every process runs this build (see ``bertpipe.pretrain.run``): all of them train, only rank 0 writes
+``ctx.out``; the others get a throwaway ``out`` and the same ``scratch`` (checkpoints are written by rank 0 and read
+by every rank on resume, so with several nodes ``paths.state`` must be on a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
 
 from bertpipe.errors import BertpipeError
+from bertpipe.pretrain import data, model, report
+from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
+from bertpipe.pretrain.train import eval_batches, setup_distributed, train
 
-VERSION = "0"
+VERSION = "1"
 
 
-def own_inputs(cfg):
+def own_inputs(cfg) -> dict:
     return {}
 
 
-def build(ctx):
-    raise BertpipeError("the pretrain stage is not implemented yet")
+def build(ctx) -> dict:
+    d = setup_distributed()
+    try:
+        return _build(ctx, d)
+    finally:
+        if d.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _load(ctx, p):
+    if "model" in ctx.inputs:
+        ref = ctx.inputs["model"]
+        mlm, tok, fresh = model.load_checkpoint(ref, log=ctx.log)
+        model.check_compatible(mlm, tok, p.max_seq_len, str(ref))
+        return mlm, tok, fresh, f"continued from `{ref}`"
+    ref = ctx.inputs.get("tokenizer")
+    if ref is None:
+        raise BertpipeError(f"{ctx.name}: expected a `model` input or a `tokenizer` input (from scratch)")
+    tok = model.load_tokenizer(ref)
+    torch.manual_seed(ctx.params.seed)
+    mlm = model.from_scratch(tok, p.arch, p.max_seq_len)
+    model.check_compatible(mlm, tok, p.max_seq_len, str(ref))
+    a = p.arch
+    return mlm, tok, True, f"from scratch ({a.layers} layers, hidden {a.hidden}, {a.heads} heads, tokenizer `{ref}`)"
+
+
+def _build(ctx, d) -> dict:
+    p = ctx.params
+    if p.threads:
+        torch.set_num_threads(p.threads)
+    language = ctx.cfg.params.model.language
+    mlm, tok, fresh, origin = _load(ctx, p)
+    corpus = Path(ctx.inputs["corpus"])
+    train_ex = data.build_examples(data.read_texts(corpus, "train"), tok, language, p, p.max_train_examples, p.seed)
+    valid_ex = data.build_examples(data.read_texts(corpus, "valid"), tok, language, p, p.eval_examples, p.seed + 1)
+    need = p.batch_size * p.grad_accum * d.world
+    if len(train_ex) < need:
+        raise BertpipeError(
+            f"{corpus / 'train.parquet'}: {len(train_ex)} packed segments, fewer than one batch "
+            f"(batch_size x grad_accum x processes = {need}); lower {ctx.name}.batch_size or add text"
+        )
+    if not valid_ex:
+        raise BertpipeError(f"{corpus / 'valid.parquet'}: no text to evaluate on")
+
+    spec = MaskSpec.from_params(p)
+    replace_ids = normal_token_ids(tok)
+    eval_set = eval_batches(valid_ex, p, spec, tok.mask_token_id, replace_ids, tok.pad_token_id)
+    pm = model.PretrainModel(mlm, pair=p.pair_objective != "none")
+    if d.main:
+        ctx.log(f"{origin}; {len(train_ex)} training segments, {len(valid_ex)} held-out; {d.world} process(es)")
+
+    def on_log(metrics: dict, step: int) -> None:
+        ctx.log_metrics(metrics, step=step)
+
+    res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log)
+
+    best_path = ctx.scratch / "best.pt"
+    chosen = "last"
+    if p.output == "best" and best_path.is_file():
+        best = torch.load(best_path, map_location="cpu", weights_only=False)
+        mlm.load_state_dict(best["model"])
+        chosen = f"best (step {best['step']})"
+    lengths = np.array([len(e) for e in train_ex])
+    pad = _padding_share(lengths, p)
+    evals = [h for h in res.history if "eval_loss" in h]
+    tok_s = [h["tokens_per_s"] for h in res.history if "tokens_per_s" in h]
+    metrics = {
+        "eval_loss": float(res.final_eval.get("eval_loss", float("nan"))),
+        "eval_ppl": float(res.final_eval.get("eval_ppl", float("nan"))),
+        "best_eval_loss": float(res.best["eval_loss"]),
+        "initial_eval_loss": float(evals[0]["eval_loss"]) if evals else float("nan"),
+        "steps": res.step,
+        "tokens": float(res.tokens),
+        "tokens_per_s": float(np.median(tok_s)) if tok_s else 0.0,
+        "train_seconds": round(res.train_seconds, 3),
+        "fresh_head": int(fresh),
+        "resumed_from_step": res.resumed_from,
+        "padding_share": round(pad, 4),
+    }
+    if "eval_pair_acc" in res.final_eval:
+        metrics["eval_pair_acc"] = float(res.final_eval["eval_pair_acc"])
+    ctx.counts.update(
+        train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
+        processes=d.world, steps=res.step, stopped=res.stopped,
+    )
+    if not d.main:
+        return metrics
+
+    out = Path(ctx.out)
+    mlm.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: MLM loss")
+    samples = report.fill_mask_samples(mlm, tok, valid_ex, p.fill_mask_samples)
+    facts = {
+        "start": origin + ("; **fresh MLM head** (the checkpoint had none)" if fresh and "model" in ctx.inputs else ""),
+        "corpus": f"`{corpus}` ({len(train_ex)} training segments of <= {p.max_seq_len} tokens, "
+                  f"{int(lengths.sum())} tokens; {len(valid_ex)} held-out)",
+        "objective": f"MLM ({'whole-word' if p.whole_word else 'token'}, {p.masking}, p={p.mask_prob}, "
+                     f"{p.mask_token_ratio:g}/{p.random_token_ratio:g}/{p.keep_ratio:g})"
+                     + (f" + {p.pair_objective.upper()}" if p.pair_objective != "none" else ""),
+        "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from})",
+        "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
+        "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",
+        "held-out MLM loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "
+                             f"(best {metrics['best_eval_loss']:.3f}; perplexity {metrics['eval_ppl']:.1f})",
+        "saved checkpoint": chosen,
+    }
+    report.write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
+    (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
+    for f in ("loss.png", "report.md"):
+        ctx.log_artifact(out / f)
+    return metrics
+
+
+def _padding_share(lengths: np.ndarray, p) -> float:
+    batches = data.epoch_batches(lengths, p.batch_size, p.seed, 0, p.bucket)
+    cells = sum(len(b) * lengths[b].max() for b in batches)
+    return float(1 - sum(lengths[b].sum() for b in batches) / max(cells, 1))

@@ -1,0 +1,373 @@
+"""Task data: readers for jsonl/csv/tsv/CoNLL/SQuAD/sqlite/lines files, cleaning, deterministic splits, label sets.
+
+Every example remembers where it came from (``file:line``) so bad input is reported where a person can fix it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import sqlite3
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from bertpipe.errors import BertpipeError
+from bertpipe.finetune import tagging
+from bertpipe.finetune.params import TaskParams
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass
+class Example:
+    id: str
+    text: str  # the sentence, document, or (QA) the context
+    where: str = ""  # file:line of the source record
+    text_pair: str | None = None
+    label: str | None = None
+    group: str | None = None
+    spans: list[tuple[int, int, str]] = field(default_factory=list)  # NER gold: character spans, end exclusive
+    units: list[tuple[int, int]] = field(default_factory=list)  # NER: token character ranges seqeval scores on
+    question: str | None = None
+    answers: list[tuple[str, int]] = field(default_factory=list)  # QA: (text, char start in context)
+
+
+def _h(*parts: Any) -> str:
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()
+
+
+def _warn(msg: str) -> None:
+    print(f"[finetune] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- record readers: (where, dict)
+
+
+def _open_text(path: Path):
+    try:
+        return open(path, encoding="utf-8-sig", newline="")
+    except OSError as e:
+        raise BertpipeError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    with _open_text(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise BertpipeError(f"{path}:{i}: expected one JSON object per line ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise BertpipeError(f"{path}:{i}: expected a JSON object")
+            yield f"{path}:{i}", rec
+
+
+def read_csv(path: Path, delimiter: str) -> Iterator[tuple[str, dict]]:
+    with _open_text(path) as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        for rec in reader:
+            yield f"{path}:{reader.line_num}", rec
+
+
+def read_sqlite(path: Path, query: str) -> Iterator[tuple[str, dict]]:
+    if not path.is_file():
+        raise BertpipeError(f"{path}: sqlite database does not exist")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        cur = con.execute(query)
+        names = [d[0] for d in cur.description]
+        for i, row in enumerate(cur, 1):
+            yield f"{path}:row{i}", dict(zip(names, row))
+    except sqlite3.Error as e:
+        raise BertpipeError(f"{path}: query failed ({e})") from None
+    finally:
+        con.close()
+
+
+def _get(rec: dict, key: str, where: str, required: bool = True) -> Any:
+    if key not in rec or rec[key] is None:
+        if required:
+            raise BertpipeError(f"{where}: missing field {key!r} (have {sorted(rec)})")
+        return None
+    return rec[key]
+
+
+# ---------------------------------------------------------------- per task type
+
+
+def _classification(records: Iterator[tuple[str, dict]], p: TaskParams, prefix: str) -> Iterator[Example]:
+    for n, (where, rec) in enumerate(records):
+        ex_id = rec.get(p.id_field)
+        yield Example(
+            id=f"{prefix}{ex_id if ex_id is not None else n}",
+            text=str(_get(rec, p.text_field, where)),
+            text_pair=str(_get(rec, p.text_pair_field, where)) if p.type == "pair_classification" else None,
+            label=str(_get(rec, p.label_field, where)),
+            group=str(_get(rec, p.group_field, where)) if p.group_field else None,
+            where=where,
+        )
+
+
+def read_lines(label_files: dict[str, Path]) -> Iterator[Example]:
+    for label, path in label_files.items():
+        with _open_text(path) as f:
+            for i, line in enumerate(f, 1):
+                yield Example(id=f"{label}:{i}", text=line.rstrip("\r\n"), label=label, where=f"{path}:{i}")
+
+
+def read_conll(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
+    """Token-per-line files, blank line between sentences (CRLF tolerated); tags converted to character spans."""
+    tokens: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+    ncols = p.conll_columns or None
+
+    def flush() -> Example | None:
+        if not tokens:
+            return None
+        where = f"{path}:{lines[0]}"
+        try:
+            tok_spans, repaired = tagging.tags_to_spans(tags, p.tag_scheme, repair=p.invalid_tags == "repair")
+        except tagging.TagError as e:
+            raise BertpipeError(f"{path}:{lines[e.index]}: {e.message}") from None
+        counts["tags_repaired"] += repaired
+        text, units = tagging.join_tokens(tokens, p.conll_join)
+        spans = [(units[s][0], units[e - 1][1], t) for s, e, t in tok_spans]
+        return Example(id=f"{path.name}:{lines[0]}", text=text, units=units, spans=spans, where=where)
+
+    with _open_text(path) as f:
+        for i, raw in enumerate(f, 1):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                ex = flush()
+                if ex is not None:
+                    yield ex
+                tokens, tags, lines = [], [], []
+                continue
+            cols = line.split()
+            if ncols is None:
+                ncols = len(cols)
+            if len(cols) != ncols or len(cols) < 2:
+                raise BertpipeError(f"{path}:{i}: expected {max(ncols, 2)} whitespace-separated columns, got {len(cols)}")
+            tokens.append(cols[p.conll_token_col])
+            tags.append(cols[p.conll_tag_col])
+            lines.append(i)
+    ex = flush()
+    if ex is not None:
+        yield ex
+
+
+def _ner_jsonl(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
+    for n, (where, rec) in enumerate(read_jsonl(path)):
+        ex_id = f"{path.name}:{rec.get(p.id_field, n)}"
+        if p.spans_field in rec:
+            text = str(_get(rec, p.text_field, where))
+            spans = []
+            for s in rec[p.spans_field] or []:
+                try:
+                    a, b, t = int(s["start"]), int(s["end"]), str(s["label"])
+                except (KeyError, TypeError, ValueError):
+                    raise BertpipeError(f"{where}: each span needs integer start, end and a label") from None
+                if not (0 <= a < b <= len(text)):
+                    raise BertpipeError(f"{where}: span {a}..{b} outside the text (length {len(text)})")
+                spans.append((a, b, t))
+            yield Example(id=ex_id, text=text, spans=sorted(spans), units=[], where=where)
+            continue
+        toks, tags = _get(rec, p.tokens_field, where), _get(rec, p.tags_field, where)
+        if len(toks) != len(tags):
+            raise BertpipeError(f"{where}: {len(toks)} tokens but {len(tags)} tags")
+        try:
+            tok_spans, repaired = tagging.tags_to_spans(tags, p.tag_scheme, repair=p.invalid_tags == "repair")
+        except tagging.TagError as e:
+            raise BertpipeError(f"{where}: token {e.index}: {e.message}") from None
+        counts["tags_repaired"] += repaired
+        text, units = tagging.join_tokens([str(t) for t in toks], p.conll_join)
+        spans = [(units[s][0], units[e - 1][1], t) for s, e, t in tok_spans]
+        yield Example(id=ex_id, text=text, units=units, spans=spans, where=where)
+
+
+def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
+    """SQuAD v1/v2 and CMRC 2018 / DuReader-robust JSON: data[].paragraphs[].{context, qas[].{id, question, answers}}."""
+    try:
+        with _open_text(path) as f:
+            doc = json.load(f)
+    except ValueError as e:
+        raise BertpipeError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise BertpipeError(f"{path}: expected SQuAD format, a JSON object with a 'data' list")
+    for i, art in enumerate(doc["data"]):
+        for j, para in enumerate(art.get("paragraphs", [])):
+            ctx = para.get("context")
+            if not isinstance(ctx, str):
+                raise BertpipeError(f"{path}: data[{i}].paragraphs[{j}]: missing 'context'")
+            for k, qa in enumerate(para.get("qas", [])):
+                where = f"{path}: data[{i}].paragraphs[{j}].qas[{k}] (id {qa.get('id')})"
+                if "question" not in qa:
+                    raise BertpipeError(f"{where}: missing 'question'")
+                answers = []
+                for a in qa.get("answers", []):
+                    text, start = str(a.get("text", "")), a.get("answer_start", -1)
+                    if not text:
+                        continue
+                    if not (isinstance(start, int) and ctx[start : start + len(text)] == text):
+                        found = ctx.find(text)
+                        if found < 0:
+                            raise BertpipeError(f"{where}: answer {text!r} is not in its context")
+                        counts["answer_start_fixed"] += 1
+                        start = found
+                    answers.append((text, start))
+                yield Example(
+                    id=str(qa.get("id", f"{i}-{j}-{k}")), text=ctx, question=str(qa["question"]), answers=answers,
+                    where=where,
+                )
+
+
+# ---------------------------------------------------------------- loading, cleaning, splitting
+
+
+def _read_file(path: Path, p: TaskParams, counts: Counter, prefix: str) -> list[Example]:
+    if p.type == "qa":
+        return list(read_squad(path, counts))
+    if p.type == "ner":
+        return list(read_conll(path, p, counts) if p.format == "conll" else _ner_jsonl(path, p, counts))
+    readers: dict[str, Callable[[], Iterator[tuple[str, dict]]]] = {
+        "jsonl": lambda: read_jsonl(path),
+        "csv": lambda: read_csv(path, ","),
+        "tsv": lambda: read_csv(path, "\t"),
+        "sqlite": lambda: read_sqlite(path, p.query),
+    }
+    if p.format not in readers:
+        raise BertpipeError(f"format {p.format} cannot hold {p.type} data (use jsonl, csv, tsv or sqlite)")
+    return list(_classification(readers[p.format](), p, prefix))
+
+
+def _clean(exs: list[Example], p: TaskParams, counts: Counter, split: str) -> list[Example]:
+    out = []
+    for ex in exs:
+        if len(ex.text.strip()) < p.min_chars or (ex.text_pair is not None and len(ex.text_pair.strip()) < p.min_chars):
+            if counts[f"{split}_empty_dropped"] == 0:
+                _warn(f"{ex.where}: empty or too short text (min_chars {p.min_chars}); dropping such records")
+            counts[f"{split}_empty_dropped"] += 1
+            continue
+        out.append(ex)
+    if p.type in ("classification", "pair_classification") and (p.dedup or p.drop_conflicts):
+        labels: dict[tuple, set] = defaultdict(set)
+        for ex in out:
+            labels[(ex.text.strip(), ex.text_pair)].add(ex.label)
+        seen: set = set()
+        kept = []
+        for ex in out:
+            key = (ex.text.strip(), ex.text_pair)
+            if p.drop_conflicts and len(labels[key]) > 1:
+                counts[f"{split}_conflicts_dropped"] += 1
+                continue
+            if p.dedup and (key, ex.label) in seen:
+                counts[f"{split}_duplicates_dropped"] += 1
+                continue
+            seen.add((key, ex.label))
+            kept.append(ex)
+        out = kept
+    return out
+
+
+def _take(n: float, ratio: float) -> int:
+    """How many groups of a stratum of ``n`` go to a split of ``ratio``: at least one once the stratum has three."""
+    if ratio <= 0:
+        return 0
+    k = round(n * ratio)
+    return max(k, 1) if n >= 3 else k
+
+
+def group_split(exs: list[Example], dev_ratio: float, test_ratio: float, seed: int) -> dict[str, list[Example]]:
+    """Deterministic split that keeps every group whole, stratified by each group's majority label.
+
+    A group's place depends only on its own name and the seed (a hash order), so adding data moves few groups.
+    """
+    groups: dict[str, list[Example]] = defaultdict(list)
+    for ex in exs:
+        groups[ex.group if ex.group is not None else f"\x00{ex.id}"].append(ex)
+    strata: dict[str, list[str]] = defaultdict(list)
+    for g, members in groups.items():
+        strata[Counter(m.label or "" for m in members).most_common(1)[0][0]].append(g)
+    where: dict[str, str] = {}
+    for label in sorted(strata):
+        gs = sorted(strata[label], key=lambda g: _h(seed, g))
+        n_test, n_dev = _take(len(gs), test_ratio), _take(len(gs), dev_ratio)
+        if n_test + n_dev >= len(gs):  # keep at least one group to learn the label from
+            n_test, n_dev = min(n_test, max(len(gs) - 1, 0)), 0
+        for i, g in enumerate(gs):
+            where[g] = "test" if i < n_test else "dev" if i < n_test + n_dev else "train"
+    out: dict[str, list[Example]] = {s: [] for s in SPLITS}
+    for g, members in groups.items():
+        out[where[g]].extend(members)
+    return out
+
+
+def cap(exs: list[Example], n: int, seed: int) -> list[Example]:
+    """A deterministic sample of ``n`` examples (all when n is 0), in their original order."""
+    if not n or len(exs) <= n:
+        return exs
+    keep = set(sorted(range(len(exs)), key=lambda i: _h(seed, exs[i].id, i))[:n])
+    return [ex for i, ex in enumerate(exs) if i in keep]
+
+
+def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
+    """Read, clean and split a task's data: {train, dev, test} lists of examples (dev/test may be empty)."""
+    files: dict[str, list[Example]] = {}
+    if p.format == "lines":
+        files["train"] = list(read_lines({k: resolve(v) for k, v in p.label_files.items()}))
+    else:
+        for split in SPLITS:
+            name = getattr(p, split)
+            if name:
+                files[split] = _read_file(resolve(name), p, counts, prefix=f"{split}:")
+    files = {s: _clean(exs, p, counts, s) for s, exs in files.items()}
+    data = {s: files.get(s, []) for s in SPLITS}
+    missing = [s for s in ("dev", "test") if s not in files]
+    if missing:
+        ratios = {"dev": p.dev_ratio if "dev" in missing else 0.0, "test": p.test_ratio if "test" in missing else 0.0}
+        parts = group_split(files["train"], ratios["dev"], ratios["test"], p.split_seed)
+        data["train"] = parts["train"]
+        for s in missing:
+            data[s] = parts[s]
+    if not data["train"]:
+        raise BertpipeError(f"{p.train or list(p.label_files.values())}: no training examples left after cleaning")
+    for s in SPLITS:
+        counts[f"{s}_examples"] = len(data[s])
+    return data
+
+
+def label_list(p: TaskParams, data: dict[str, list[Example]], counts: Counter) -> list[str]:
+    """The label set, inferred from train; dev/test labels unseen in train raise or map to ``unknown_label_name``."""
+    if p.type == "qa":
+        return []
+    if p.type == "ner":
+        seen = sorted({t for ex in data["train"] for *_, t in ex.spans})
+    else:
+        seen = sorted({ex.label for ex in data["train"]})
+    known = set(seen)
+    for split in ("dev", "test"):
+        for ex in data[split]:
+            bad = [t for *_, t in ex.spans if t not in known] if p.type == "ner" else [ex.label] * (ex.label not in known)
+            if not bad:
+                continue
+            if p.unknown_label == "error":
+                raise BertpipeError(f"{ex.where}: label {bad[0]!r} does not occur in train (set unknown_label: map)")
+            counts[f"{split}_unknown_labels"] += len(bad)
+            if p.type == "ner":
+                ex.spans = [(a, b, t if t in known else p.unknown_label_name) for a, b, t in ex.spans]
+            else:
+                ex.label = p.unknown_label_name
+            if p.unknown_label_name not in seen:
+                seen.append(p.unknown_label_name)
+    if p.type == "ner":
+        return tagging.label_names(seen, p.model_scheme)
+    if len(seen) < 2:
+        raise BertpipeError(f"{p.train or p.label_files}: classification needs at least two labels in train, got {seen}")
+    return seen

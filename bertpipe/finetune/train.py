@@ -1,0 +1,240 @@
+"""The finetuning loop shared by every head: AdamW with warmup, layer-wise lr decay, gradual unfreezing, bf16
+autocast, gradient accumulation, and early stopping on the dev metric with the best weights restored.
+
+A hand-written loop rather than transformers' Trainer because unfreezing phases and per-layer learning rates are
+the point here, and both are a few lines when the loop is ours.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from bertpipe.finetune.params import TrainParams
+
+_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def bf16_ok(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001 (an old or unusual build: fall back to fp32)
+        return False
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def n_layers(model: torch.nn.Module) -> int:
+    return int(getattr(model.config, "num_hidden_layers", 0))
+
+
+def depth(name: str, layers: int) -> int:
+    """-1 for embeddings, i for encoder layer i, ``layers`` for everything else (pooler, task head)."""
+    m = _LAYER.search(name)
+    if m:
+        return int(m.group(1))
+    if "embeddings" in name:
+        return -1
+    return layers
+
+
+def trainable(name: str, layers: int, top_layers: int) -> bool:
+    """Whether a parameter trains in an unfreezing phase: the head always, plus the top ``top_layers`` layers."""
+    if top_layers < 0:
+        return True
+    d = depth(name, layers)
+    return d == layers or (d >= 0 and d >= layers - top_layers)
+
+
+def param_groups(model: torch.nn.Module, tp: TrainParams) -> list[dict]:
+    """AdamW groups: no decay for biases and LayerNorm; lr * decay^(distance from the top) per layer."""
+    layers = n_layers(model)
+    head_lr = tp.head_lr or tp.lr
+    groups: dict[tuple[float, float], list] = {}
+    for name, p in model.named_parameters():
+        d = depth(name, layers)
+        lr = head_lr if d == layers else tp.lr * tp.layer_lr_decay ** (layers - d if d >= 0 else layers + 1)
+        wd = 0.0 if (name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name) else tp.weight_decay
+        groups.setdefault((lr, wd), []).append(p)
+    return [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+
+
+def collate(feats: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad a batch of features; only keys a model's forward takes become tensors."""
+    n = max(len(f["input_ids"]) for f in feats)
+    out: dict[str, torch.Tensor] = {}
+    ids = torch.full((len(feats), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(feats), n), dtype=torch.long)
+    for i, f in enumerate(feats):
+        ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"])
+        mask[i, : len(f["input_ids"])] = 1
+    out["input_ids"], out["attention_mask"] = ids, mask
+    if "token_type_ids" in feats[0]:
+        tt = torch.zeros((len(feats), n), dtype=torch.long)
+        for i, f in enumerate(feats):
+            tt[i, : len(f["token_type_ids"])] = torch.tensor(f["token_type_ids"])
+        out["token_type_ids"] = tt
+    if "labels" in feats[0]:
+        if isinstance(feats[0]["labels"], list):
+            lab = torch.full((len(feats), n), -100, dtype=torch.long)
+            for i, f in enumerate(feats):
+                lab[i, : len(f["labels"])] = torch.tensor(f["labels"])
+            out["labels"] = lab
+        else:
+            out["labels"] = torch.tensor([f["labels"] for f in feats], dtype=torch.long)
+    for k in ("start_positions", "end_positions"):
+        if k in feats[0]:
+            out[k] = torch.tensor([f[k] for f in feats], dtype=torch.long)
+    return out
+
+
+def batches(feats: Sequence[dict], batch_size: int, gen: random.Random, bucket: int = 50) -> list[list[int]]:
+    """Shuffled batches of similar length (sorted within shuffled chunks), so little compute goes to padding."""
+    order = list(range(len(feats)))
+    gen.shuffle(order)
+    out = []
+    for c in range(0, len(order), batch_size * bucket):
+        chunk = sorted(order[c : c + batch_size * bucket], key=lambda i: len(feats[i]["input_ids"]))
+        out.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    gen.shuffle(out)
+    return out
+
+
+@dataclass
+class TrainResult:
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (optimizer step, mean loss since last point)
+    evals: list[dict] = field(default_factory=list)  # {"step", "epoch", "primary", **dev metrics}
+    best_step: int = 0
+    best_primary: float = float("-inf")
+    steps: int = 0
+    stopped_early: bool = False
+    seconds: float = 0.0
+    bf16: bool = False
+
+
+def train(
+    model: torch.nn.Module,
+    feats: Sequence[dict],
+    tp: TrainParams,
+    evaluate: Callable[[torch.nn.Module], tuple[float, dict]],
+    pad_id: int,
+    seed: int,
+    log_metrics: Callable[[dict, int], None] | None = None,
+    on_phase_end: Callable[[int, torch.nn.Module], None] | None = None,
+    desc: str = "finetune",
+) -> TrainResult:
+    from tqdm.auto import tqdm
+    from transformers import get_linear_schedule_with_warmup
+
+    set_seed(seed)
+    device = next(model.parameters()).device
+    use_bf16 = tp.bf16 and bf16_ok(device)
+    res = TrainResult(bf16=use_bf16)
+    layers = n_layers(model)
+    per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
+    total = max(1, math.ceil(tp.epochs * per_epoch))
+    eval_every = max(1, per_epoch // tp.evals_per_epoch)
+    # Phase i ends at optimizer step ends[i]; after the listed phases everything trains.
+    ends, acc = [], 0.0
+    for ph in tp.unfreeze:
+        acc += ph.epochs
+        ends.append(min(total, round(acc * per_epoch)))
+    phases = [ph.top_layers for ph in tp.unfreeze] + [-1]
+
+    opt = torch.optim.AdamW(param_groups(model, tp), lr=tp.lr)
+    sched = get_linear_schedule_with_warmup(opt, round(tp.warmup_ratio * total), total)
+    gen = random.Random(seed)
+    best_state: dict | None = None
+    bad_evals, phase, step, micro = 0, -1, 0, 0
+    running, running_n = 0.0, 0
+    started = time.time()
+    bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False)
+
+    def set_phase(i: int) -> None:
+        for name, p in model.named_parameters():
+            p.requires_grad_(trainable(name, layers, phases[i]))
+
+    def do_eval() -> bool:
+        nonlocal best_state, bad_evals
+        model.eval()
+        primary, metrics = evaluate(model)
+        model.train()
+        res.evals.append({"step": step, "epoch": step / per_epoch, "primary": primary, **metrics})
+        if log_metrics:
+            log_metrics({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step)
+        if primary > res.best_primary + tp.early_stopping.min_delta or best_state is None:
+            res.best_primary, res.best_step, bad_evals = primary, step, 0
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            return False
+        bad_evals += 1
+        return tp.early_stopping.patience > 0 and bad_evals >= tp.early_stopping.patience
+
+    model.train()
+    stop = False
+    while step < total and not stop:
+        for idx in batches(feats, tp.batch_size, gen):
+            want = next((i for i, e in enumerate(ends) if step < e), len(ends))
+            if want != phase:
+                if phase >= 0 and on_phase_end:
+                    on_phase_end(phase, model)
+                phase = want
+                set_phase(phase)
+            batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], pad_id).items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                loss = model(**batch).loss
+            (loss.float() / tp.grad_accum).backward()
+            running += loss.item()
+            running_n += 1
+            micro += 1
+            if micro % tp.grad_accum:
+                continue
+            if tp.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tp.max_grad_norm)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{running / running_n:.3f}", ex_s=f"{micro * tp.batch_size / (time.time() - started):.1f}")
+            if step % max(1, total // 50) == 0 or step == total:
+                res.losses.append((step, running / running_n))
+                if log_metrics:
+                    log_metrics({"train_loss": running / running_n, "lr": sched.get_last_lr()[0]}, step)
+                running, running_n = 0.0, 0
+            if step % eval_every == 0 or step == total:
+                if do_eval():
+                    stop = res.stopped_early = True
+                    break
+            if step >= total:
+                break
+    bar.close()
+    if not res.evals or res.evals[-1]["step"] != step:
+        do_eval()
+    if on_phase_end and phase >= 0:
+        on_phase_end(phase, model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    res.steps, res.seconds = step, time.time() - started
+    return res

@@ -1,0 +1,250 @@
+"""Dedup: exact duplicates (hash of the normalised text) and near duplicates (MinHash LSH over character n-grams).
+
+The MinHash is vectorised numpy rather than a per-document ``datasketch.MinHash`` loop: all documents' n-gram
+hashes come from one rolling hash over the concatenated code points, and each batch of n-grams is permuted by
+multiply-shift hashing and reduced per document with ``np.minimum.reduceat``. bench/bench_prepare.py measures it
+against the datasketch loop. LSH candidates are then checked against the true Jaccard of the n-gram sets, so every
+reported pair really is above the threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_PRIME = np.uint64(0x100000001B3)  # FNV-64 prime: the rolling n-gram polynomial's base
+_WS = re.compile(r"\s+")
+
+
+def exact_key(text: str) -> bytes:
+    """Texts that differ only in whitespace or letter case share a key."""
+    return hashlib.blake2b(_WS.sub("", text).casefold().encode("utf-8"), digest_size=16).digest()
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser, in place: spreads the polynomial hash over all 64 bits."""
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def ngram_hashes(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """64-bit hashes of every character n-gram of every text, concatenated, plus per-text offsets (len D+1).
+    A text shorter than ``n`` contributes one hash of the whole text; an empty text contributes none."""
+    lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+    total = len(cps)
+    count = np.where(lens >= n, lens - n + 1, np.minimum(lens, 1))
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(count, out=offsets[1:])
+    if total == 0:
+        return np.zeros(0, dtype=np.uint64), offsets
+    # h[i] after k steps = hash of cps[i : i+k]; positions past the end read zeros and are never selected.
+    padded = np.concatenate([cps, np.zeros(n, dtype=np.uint64)])
+    h = np.zeros(total, dtype=np.uint64)
+    short = np.flatnonzero((lens < n) & (lens > 0))
+    short_h = np.zeros(len(short), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            h *= _PRIME
+            h += padded[k : k + total] + np.uint64(1)
+            hit = lens[short] == k + 1
+            short_h[hit] = h[starts[short[hit]]]
+    # Valid n-gram starts: i in [start, start + len - n] of each text with len >= n.
+    full = lens >= n
+    idx = np.repeat(starts[:-1][full], count[full]) + _ranges(count[full])
+    out = np.empty(offsets[-1], dtype=np.uint64)
+    mask_full = np.repeat(full, count)
+    out[mask_full] = h[idx]
+    out[~mask_full] = short_h
+    with np.errstate(over="ignore"):
+        return _mix(out), offsets
+
+
+def _ranges(counts: np.ndarray) -> np.ndarray:
+    """[0..c0-1, 0..c1-1, ...] without a Python loop."""
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(int(counts.sum()), dtype=np.int64) - starts
+
+
+def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(1, 1 << 63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # odd multipliers
+    b = rng.integers(0, 1 << 63, size=num_perm, dtype=np.uint64)
+    return a, b
+
+
+def minhash_signatures(
+    hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int = 1, batch: int = 4096, progress=None
+) -> np.ndarray:
+    """(D, num_perm) uint32 MinHash signatures: min over a document's n-grams of ``(a*h + b) >> 32``.
+    Batches of about ``batch`` n-grams (whole documents) keep the (batch, num_perm) work matrix in cache."""
+    a, b = permutations(num_perm, seed)
+    d = len(offsets) - 1
+    sig = np.full((d, num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    counts = np.diff(offsets)
+    # Document boundaries that split the n-grams into batches of about `batch`.
+    cut = np.searchsorted(offsets, np.arange(0, offsets[-1] + batch, batch), side="left")
+    cut = np.unique(np.concatenate([[0], np.clip(cut, 0, d), [d]]))
+    buf = np.empty((2 * batch, num_perm), dtype=np.uint64)
+    shift = np.uint64(32)
+    with np.errstate(over="ignore"):
+        for lo, hi in zip(cut[:-1], cut[1:]):
+            docs = np.arange(lo, hi)
+            docs = docs[counts[lo:hi] > 0]
+            if len(docs) == 0:
+                continue
+            x = hashes[offsets[docs[0]] : offsets[docs[-1] + 1]]
+            if len(x) > len(buf):
+                buf = np.empty((len(x), num_perm), dtype=np.uint64)
+            w = buf[: len(x)]
+            np.multiply(x[:, None], a[None, :], out=w)
+            w += b
+            w >>= shift
+            sig[docs] = np.minimum.reduceat(w, offsets[docs] - offsets[docs[0]], axis=0)
+            if progress is not None:
+                progress(int(hi - lo))
+    return sig
+
+
+def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows) minimising false positives + false negatives around ``threshold`` (datasketch's choice)."""
+    try:
+        from datasketch.lsh import _optimal_param
+
+        return _optimal_param(threshold, num_perm, 0.5, 0.5)
+    except ImportError:  # pragma: no cover - datasketch is a dependency; keep a sane fallback
+        best = min(
+            ((b, num_perm // b) for b in range(1, num_perm + 1) if num_perm // b >= 1),
+            key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold),
+        )
+        return best
+
+
+def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200) -> np.ndarray:
+    """Pairs (i < j) sharing at least one band. A bucket larger than ``max_bucket`` links its members to its first
+    member only (a star), which keeps connectivity without a quadratic number of pairs."""
+    d = sig.shape[0]
+    rng = np.random.default_rng(12345)
+    coef = rng.integers(1, 1 << 63, size=rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    found: list[np.ndarray] = []
+    with np.errstate(over="ignore"):
+        for band in range(bands):
+            block = sig[:, band * rows : (band + 1) * rows].astype(np.uint64)
+            key = _mix((block * coef).sum(axis=1, dtype=np.uint64))
+            order = np.argsort(key, kind="stable")
+            ks = key[order]
+            brk = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+            bstart = np.concatenate([[0], brk])
+            bsize = np.diff(np.concatenate([bstart, [d]]))
+            for s, z in zip(bstart[bsize > 1], bsize[bsize > 1]):
+                members = np.sort(order[s : s + z])
+                if z <= max_bucket:
+                    i, j = np.triu_indices(z, 1)
+                    found.append(np.stack([members[i], members[j]], axis=1))
+                else:
+                    found.append(np.stack([np.full(z - 1, members[0]), members[1:]], axis=1))
+    if not found:
+        return np.zeros((0, 2), dtype=np.int64)
+    pairs = np.concatenate(found).astype(np.int64)
+    return np.unique(pairs, axis=0)
+
+
+def jaccard(hashes: np.ndarray, offsets: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """True Jaccard of the n-gram sets of each pair."""
+    sets: dict[int, np.ndarray] = {}
+
+    def get(i: int) -> np.ndarray:
+        s = sets.get(i)
+        if s is None:
+            s = sets[i] = np.unique(hashes[offsets[i] : offsets[i + 1]])
+        return s
+
+    out = np.empty(len(pairs), dtype=np.float64)
+    for k, (i, j) in enumerate(pairs.tolist()):
+        a, b = get(i), get(j)
+        inter = len(np.intersect1d(a, b, assume_unique=True))
+        union = len(a) + len(b) - inter
+        out[k] = inter / union if union else 1.0
+    return out
+
+
+@dataclass
+class NearDups:
+    pairs: np.ndarray  # (k, 2) indices i < j above the threshold
+    similarity: np.ndarray  # true Jaccard (or the signature estimate when verify is off)
+    candidates: int  # LSH candidate pairs before verification
+    bands: int
+    rows: int
+
+
+def near_duplicates(
+    texts: Sequence[str],
+    ngram: int,
+    num_perm: int,
+    threshold: float,
+    seed: int = 1,
+    verify: bool = True,
+    batch: int = 4096,
+    progress=None,
+) -> NearDups:
+    hashes, offsets = ngram_hashes(texts, ngram)
+    sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
+    bands, rows = lsh_params(threshold, num_perm)
+    cand = lsh_candidates(sig, bands, rows)
+    empty = np.diff(offsets) == 0
+    if len(cand):
+        cand = cand[~(empty[cand[:, 0]] | empty[cand[:, 1]])]  # two empty texts share the all-max signature
+    if verify:
+        sim = jaccard(hashes, offsets, cand)
+    else:
+        sim = (sig[cand[:, 0]] == sig[cand[:, 1]]).mean(axis=1) if len(cand) else np.zeros(0)
+    keep = sim >= threshold
+    return NearDups(cand[keep], sim[keep], len(cand), bands, rows)
+
+
+def components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """Connected-component label of each of ``n`` items linked by ``pairs``."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if len(pairs) == 0:
+        return np.arange(n)
+    g = coo_matrix((np.ones(len(pairs), dtype=np.int8), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
+    return connected_components(g, directed=False)[1]
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(value) -> tuple:
+    """"law:9" < "law:10"; None sorts last."""
+    if value is None:
+        return (1,)
+    parts = _DIGITS.split(str(value))
+    return (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts))
+
+
+def keep_rank(docs: Sequence[dict], prefer_status: Sequence[str], keep_order: Sequence[str]) -> list[int]:
+    """Indices of ``docs`` best first: preferred status, then each ``keep_order`` field (``-field``: descending)."""
+    status_rank = {s: r for r, s in enumerate(prefer_status)}
+    idx = list(range(len(docs)))
+    # Stable sorts from the least to the most significant key give a lexicographic order with mixed directions.
+    for spec in reversed(keep_order):
+        field, desc = (spec[1:], True) if spec.startswith("-") else (spec, False)
+        present = [i for i in idx if docs[i].get(field) is not None]
+        absent = [i for i in idx if docs[i].get(field) is None]  # missing values last either way
+        present.sort(key=lambda i: natural_key(docs[i].get(field)), reverse=desc)
+        idx = present + absent
+    idx.sort(key=lambda i: status_rank.get(docs[i].get("status"), len(status_rank)))
+    return idx

@@ -1,0 +1,266 @@
+"""Ingest: raw sources (txt, jsonl, csv, parquet, a SQLite query; files, directories, globs) -> documents.
+
+Every document is a dict with ``id``, ``text``, ``group``, ``source`` and the source's meta fields. Text decoding
+accepts UTF-8 (with or without BOM) and GB18030; anything else is an error naming the file, line and byte offset.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob as globlib
+import io
+import json
+import re
+import sqlite3
+from pathlib import Path
+from typing import Callable, Iterator
+
+from bertpipe.errors import BertpipeError
+from bertpipe.prepare.params import SourceParams
+
+SUFFIX_FORMATS = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".db": "sqlite",
+    ".sqlite": "sqlite",
+    ".sqlite3": "sqlite",
+}
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def is_glob(path: str) -> bool:
+    return bool(_GLOB_CHARS.search(path))
+
+
+def source_files(src: SourceParams, resolve: Callable[[str], Path], key: str) -> list[Path]:
+    """The files a source names, sorted; a missing path or an empty match is an error naming the params key."""
+    if is_glob(src.path):
+        pattern = str(resolve(src.path))
+        files = sorted(Path(p) for p in globlib.glob(pattern, recursive=True) if Path(p).is_file())
+        if not files:
+            raise BertpipeError(f"{key}.path: no file matches {pattern}")
+        return files
+    p = resolve(src.path)
+    if not p.exists():
+        raise BertpipeError(f"{key}.path: {p} does not exist")
+    if p.is_dir():
+        files = sorted(f for f in p.rglob(src.glob) if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise BertpipeError(f"{key}.path: directory {p} holds no file matching {src.glob!r}")
+        return files
+    return [p]
+
+
+def file_format(src: SourceParams, path: Path) -> str:
+    if src.format != "auto":
+        return src.format
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise BertpipeError(
+            f"{path}: cannot tell the format from the suffix {path.suffix!r}; set format to one of "
+            "txt, jsonl, csv, parquet, sqlite"
+        )
+    return fmt
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def decode(data: bytes, path: Path | str, encoding: str = "auto") -> str:
+    """Bytes -> text with ``\\n`` line ends. ``auto``: UTF-8 (BOM stripped), else GB18030 when the bytes before the
+    first UTF-8 error are plain ASCII (a broken UTF-8 file must not be silently read as GB18030 mojibake)."""
+    if encoding == "auto":
+        if data.startswith(b"\xef\xbb\xbf"):
+            text = _strict(data, "utf-8-sig", path)
+        else:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if any(b >= 0x80 for b in data[: e.start]):
+                    raise BertpipeError(_where(data, e.start, path) + "expected UTF-8 text (invalid byte sequence)")
+                try:
+                    text = data.decode("gb18030")
+                except UnicodeDecodeError:
+                    raise BertpipeError(
+                        _where(data, e.start, path) + "expected UTF-8 or GB18030 text (set `encoding` if it is another)"
+                    ) from None
+    else:
+        text = _strict(data, encoding, path)
+    if "\x00" in text:
+        raise BertpipeError(_where(data, data.find(b"\x00"), path) + "expected text, found a NUL byte (binary file?)")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _strict(data: bytes, encoding: str, path: Path | str) -> str:
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise BertpipeError(_where(data, e.start, path) + f"expected {encoding} text") from None
+
+
+def _where(data: bytes, offset: int, path: Path | str) -> str:
+    line = data.count(b"\n", 0, max(offset, 0)) + 1
+    return f"{path}:{line}: byte offset {offset}: "
+
+
+# ---------------------------------------------------------------- POS-tagged text
+
+_POS_TOKEN = re.compile(r"^\[?(.+?)/[A-Za-z]+\]?[A-Za-z]*$")
+
+
+def strip_pos_tags(line: str) -> str:
+    """``迈向/v  充满/v  [中央/n  电台/n]nt`` -> ``迈向充满中央电台``; Latin words keep a space between them."""
+    out: list[str] = []
+    for tok in line.split():
+        m = _POS_TOKEN.match(tok)
+        word = m.group(1) if m else tok
+        if out and out[-1][-1:].isascii() and out[-1][-1:].isalnum() and word[:1].isascii() and word[:1].isalnum():
+            out.append(" ")
+        out.append(word)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- readers
+
+
+class Ingest:
+    """Reads the sources of one corpus; counts skipped malformed records per source."""
+
+    def __init__(self, resolve: Callable[[str], Path]):
+        self.resolve = resolve
+        self.counts: dict[str, int] = {}
+
+    def documents(self, sources: list[SourceParams], corpus: str, max_docs: int = 0) -> Iterator[dict]:
+        """Documents of every source in order; ``max_docs`` > 0 caps the total, shared evenly by the sources."""
+        quotas = [max_docs // len(sources) + (i < max_docs % len(sources)) for i in range(len(sources))]
+        for i, src in enumerate(sources):
+            key = f"prepare.{corpus}.sources[{i}]"
+            left = quotas[i] if max_docs else -1
+            for path in source_files(src, self.resolve, key):
+                name = src.name or path.stem
+                reader = getattr(self, f"_read_{file_format(src, path)}")
+                for rec_id, loc, row in reader(src, path):
+                    if left == 0:
+                        break
+                    left -= 1
+                    yield self._doc(src, name, path, rec_id, loc, row)
+
+    def _doc(self, src: SourceParams, name: str, path: Path, rec_id: str, loc: int, row: dict) -> dict:
+        text = row.get(src.text_field)
+        if text is not None and not isinstance(text, str):
+            text = str(text)
+        doc_id = f"{name}:{row[src.id_field]}" if src.id_field and row.get(src.id_field) is not None else rec_id
+        group = row.get(src.group_field) if src.group_field else None
+        doc = {
+            "id": doc_id,
+            "text": text or "",
+            "group": str(group) if group not in (None, "") else doc_id,
+            "source": name,
+            "_loc": f"{path}:{loc}",
+        }
+        for f in src.meta_fields:
+            v = row.get(f)
+            doc[f] = None if v is None else str(v)
+        doc.update(src.constants)
+        return doc
+
+    def _bad(self, src: SourceParams, where: str, what: str) -> None:
+        if src.on_bad_record == "fail":
+            raise BertpipeError(f"{where}: {what} (set on_bad_record: skip to skip such records)")
+        self.counts["bad_records"] = self.counts.get("bad_records", 0) + 1
+
+    def _read_txt(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        text = decode(path.read_bytes(), path, src.encoding)
+        name = src.name or path.stem
+        tf = src.text_field
+        if src.txt_unit == "line":
+            for n, line in enumerate(text.split("\n"), 1):
+                if src.strip_pos_tags:
+                    line = strip_pos_tags(line)
+                if line.strip():
+                    yield f"{name}:{n}", n, {tf: line}
+            return
+        block: list[str] = []
+        start = 1
+        for n, line in enumerate([*text.split("\n"), ""], 1):
+            if line.strip():
+                if not block:
+                    start = n
+                block.append(strip_pos_tags(line) if src.strip_pos_tags else line)
+            elif block:
+                yield f"{name}:{start}", start, {tf: "\n".join(block)}
+                block = []
+
+    def _read_jsonl(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        text = decode(path.read_bytes(), path, src.encoding)
+        name = src.name or path.stem
+        for n, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                self._bad(src, f"{path}:{n}", f"expected one JSON object per line ({e.msg})")
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get(src.text_field), str):
+                self._bad(src, f"{path}:{n}", f"expected a JSON object with a string field {src.text_field!r}")
+                continue
+            yield f"{name}:{n}", n, row
+
+    def _read_csv(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        text = decode(path.read_bytes(), path, src.encoding)
+        name = src.name or path.stem
+        reader = csv.DictReader(io.StringIO(text), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        self._check_columns(path, reader.fieldnames or [], src)
+        width = len(reader.fieldnames or [])
+        for row in reader:
+            n = reader.line_num
+            if None in row or sum(v is not None for v in row.values()) != width:
+                self._bad(src, f"{path}:{n}", f"expected {width} comma-separated fields")
+                continue
+            yield f"{name}:{n}", n, row
+
+    def _read_parquet(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for a broken file
+            raise BertpipeError(f"{path}: expected a Parquet file ({type(e).__name__}: {e})") from None
+        self._check_columns(path, table.column_names, src)
+        name = src.name or path.stem
+        for n, row in enumerate(table.to_pylist(), 1):
+            yield f"{name}:{n}", n, row
+
+    def _read_sqlite(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        sql = f"SELECT * FROM ({src.query}) WHERE {src.where}" if src.where.strip() else src.query
+        name = src.name or path.stem
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        except sqlite3.Error as e:
+            raise BertpipeError(f"{path}: cannot open as SQLite ({e})") from None
+        try:
+            try:
+                cur = con.execute(sql)
+            except sqlite3.Error as e:
+                raise BertpipeError(f"{path}: the sqlite query failed ({e}); check query/where") from None
+            cols = [d[0] for d in cur.description or []]
+            self._check_columns(path, cols, src)
+            for n, values in enumerate(cur, 1):
+                yield f"{name}:{n}", n, dict(zip(cols, values))
+        finally:
+            con.close()
+
+    @staticmethod
+    def _check_columns(path: Path, have: list[str], src: SourceParams) -> None:
+        need = [src.text_field, *([src.id_field] if src.id_field else []), *([src.group_field] if src.group_field else [])]
+        need += src.meta_fields
+        missing = [c for c in need if c not in have]
+        if missing:
+            raise BertpipeError(f"{path}: no column {missing[0]!r} (have {', '.join(have) or 'none'})")

@@ -1,0 +1,337 @@
+"""Pretraining examples: documents -> sentences -> word-aligned token ids -> packed segments -> length-bucketed batches.
+
+Without a pair objective, sentences are packed greedily into segments of up to ``max_seq_len`` tokens (RoBERTa's
+FULL-SENTENCES: a segment may run on into the next document after a [SEP]). With NSP or SOP, a segment is
+``[CLS] A [SEP] B [SEP]`` built inside one document as in BERT's create_pretraining_data, except that a chunk stops
+before the sentence that would overflow it, so no text is truncated away (only a random NSP partner is cut to fit).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from bertpipe.errors import BertpipeError
+
+DOC_CHUNK = 512  # documents tokenized per call: bounded memory, and max_train_examples stops early
+
+
+@dataclass
+class Example:
+    ids: np.ndarray  # int32, with [CLS]/[SEP]
+    words: np.ndarray  # int32 word index per token (unique within the example), -1 for special tokens
+    n_first: int  # tokens of "[CLS] A [SEP]"; the rest has token_type 1
+    pair_label: int = -100  # NSP: 0 IsNext, 1 random; SOP: 0 in order, 1 swapped; -100 without a pair objective
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+# ---------------------------------------------------------------- reading and tokenizing
+
+
+def read_texts(corpus: Path, split: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    path = Path(corpus) / f"{split}.parquet"
+    if not path.is_file():
+        raise BertpipeError(f"{path}: missing; expected a prepared corpus with train.parquet and valid.parquet")
+    table = pq.read_table(path)
+    if "text" not in table.column_names:
+        raise BertpipeError(f"{path}: expected a column 'text' (have {table.column_names})")
+    return [t for t in table.column("text").to_pylist() if t and t.strip()]
+
+
+_SENT_END = re.compile(r"(?<=[。！？!?；;…])|(?<=[.](?=\s))|\n+")
+
+
+def split_sentences(text: str) -> list[str]:
+    try:  # the prepare stage's segmenter when it is installed; the same rules otherwise
+        from bertpipe.prepare.segment import split_sentences as prepared
+    except ImportError:
+        prepared = None
+    parts = prepared(text) if prepared is not None else _SENT_END.split(text)
+    return [s.strip() for s in parts if s and s.strip()]
+
+
+def _words_fallback(texts: list[str], tokenizer, language: str) -> list[tuple[list[int], list[int]]]:
+    """Token ids and a word index per token: jieba words for Chinese, the tokenizer's words (## pieces) otherwise."""
+    if language == "zh":
+        import jieba
+
+        jieba.setLogLevel(60)
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        out = []
+        for i, text in enumerate(texts):
+            starts, pos = [], 0
+            for w in jieba.cut(text):
+                starts.append(pos)
+                pos += len(w)
+            words = [bisect.bisect_right(starts, s) - 1 for s, _ in enc["offset_mapping"][i]]
+            out.append((enc["input_ids"][i], words))
+        return out
+    enc = tokenizer(texts, add_special_tokens=False)
+    return [(enc["input_ids"][i], [w if w is not None else -1 for w in enc.word_ids(i)]) for i in range(len(texts))]
+
+
+def tokenize_with_words(texts: list[str], tokenizer, language: str) -> list[tuple[list[int], list[int]]]:
+    try:  # the vocab stage's segmentation (domain words) when it is installed
+        from bertpipe.vocab.words import tokenize_with_words as vocab_words
+    except ImportError:
+        vocab_words = None
+    if not texts:
+        return []
+    return (vocab_words or _words_fallback)(texts, tokenizer, language)
+
+
+def _sentences(docs: list[str], tokenizer, language: str) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    per_doc = [split_sentences(d) for d in docs]
+    flat = [s for sents in per_doc for s in sents]
+    encoded = tokenize_with_words(flat, tokenizer, language)
+    out, k = [], 0
+    for sents in per_doc:
+        doc = []
+        for ids, words in encoded[k : k + len(sents)]:
+            if ids:
+                doc.append((np.asarray(ids, np.int32), _renumber(words)))
+        k += len(sents)
+        if doc:
+            out.append(doc)
+    return out
+
+
+def _renumber(words: Sequence[int]) -> np.ndarray:
+    """Word indices 0..n-1 in order of appearance: a new word starts wherever the index changes."""
+    w = np.asarray(words, np.int64)
+    if len(w) == 0:
+        return w.astype(np.int32)
+    starts = np.ones(len(w), bool)
+    starts[1:] = w[1:] != w[:-1]
+    return (np.cumsum(starts) - 1).astype(np.int32)
+
+
+def _split_long(ids: np.ndarray, words: np.ndarray, limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Cut a sentence longer than ``limit`` into pieces, at a word boundary when one is in the second half."""
+    while len(ids) > limit:
+        cut = limit
+        while cut > limit // 2 and words[cut] == words[cut - 1]:
+            cut -= 1
+        if cut <= limit // 2:
+            cut = limit
+        yield ids[:cut], words[:cut]
+        ids, words = ids[cut:], words[cut:] - words[cut]
+    if len(ids):
+        yield ids, words
+
+
+# ---------------------------------------------------------------- packing
+
+
+class Packer:
+    """Turns documents (lists of tokenized sentences) into examples; fed document chunk by chunk."""
+
+    def __init__(self, tokenizer, max_seq_len: int, pair_objective: str, cross_document: bool, seed: int):
+        self.cls, self.sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+        if self.cls is None or self.sep is None:
+            raise BertpipeError("tokenizer: expected a BERT-style tokenizer with [CLS] and [SEP] tokens")
+        self.max_len = max_seq_len
+        self.pair = pair_objective
+        self.cross = cross_document and pair_objective == "none"
+        self.rng = random.Random(seed)
+        self.examples: list[Example] = []
+        self._cur: list[tuple[np.ndarray, np.ndarray]] = []
+        self._cur_len = 0
+        self._docs: list[list[tuple[np.ndarray, np.ndarray]]] = []  # recent documents: NSP's random partners
+
+    # -- single segments
+    def _flush(self) -> None:
+        while self._cur and self._cur[-1][1][0] < 0:  # no trailing document separator
+            self._cur_len -= len(self._cur.pop()[0])
+        if self._cur:
+            ids, words = _concat(self._cur)
+            self.examples.append(_single(self.cls, self.sep, ids, words))
+        self._cur, self._cur_len = [], 0
+
+    def _feed_single(self, doc) -> None:
+        target = self.max_len - 2
+        if self._cur and (not self.cross or self._cur_len + 1 >= target):
+            self._flush()
+        elif self._cur:
+            self._cur.append((np.asarray([self.sep], np.int32), np.asarray([-1], np.int32)))
+            self._cur_len += 1
+        for sent in doc:
+            for ids, words in _split_long(*sent, target):
+                if self._cur_len + len(ids) > target:
+                    self._flush()
+                self._cur.append((ids, words))
+                self._cur_len += len(ids)
+
+    # -- pairs
+    def _random_span(self, avoid: int, budget: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        choices = [i for i in range(len(self._docs)) if i != avoid] or [avoid]
+        doc = self._docs[self.rng.choice(choices)]
+        start = self.rng.randrange(len(doc))
+        out, n = [], 0
+        for ids, words in doc[start:]:
+            if n >= budget:
+                break
+            out.append((ids[: budget - n], words[: budget - n]))
+            n += len(out[-1][0])
+        return out
+
+    def _emit_pair(self, chunk, doc_index: int) -> int:
+        """Emit one example from ``chunk``; returns how many trailing sentences were not used (NSP puts them back)."""
+        target = self.max_len - 3
+        halved = len(chunk) == 1
+        if halved:  # one long sentence: halve it at a word boundary, so it can still be a true pair
+            chunk = _halve(*chunk[0])
+            if chunk is None:
+                return 0
+        a_end = self.rng.randint(1, len(chunk) - 1)
+        a, b, unused, label = chunk[:a_end], chunk[a_end:], 0, 0
+        if self.pair == "nsp":
+            if self.rng.random() < 0.5:
+                unused = 0 if halved else len(b)  # whole sentences go back for the next pair; half of one cannot
+                a_len = sum(len(s[0]) for s in a)
+                b, label = self._random_span(doc_index, max(target - a_len, 1)), 1
+        elif self.rng.random() < 0.5:  # sop
+            a, b, label = b, a, 1
+        a_ids, a_words = _concat(a)
+        b_ids, b_words = _concat(b)
+        while len(a_ids) + len(b_ids) > target:  # longest-first truncation
+            if len(a_ids) >= len(b_ids):
+                a_ids, a_words = a_ids[:-1], a_words[:-1]
+            else:
+                b_ids, b_words = b_ids[:-1], b_words[:-1]
+        if len(a_ids) and len(b_ids):
+            self.examples.append(_pair(self.cls, self.sep, a_ids, a_words, b_ids, b_words, label))
+        return unused
+
+    def _feed_pair(self, doc, doc_index: int) -> None:
+        target = self.max_len - 3
+        sents = [p for s in doc for p in _split_long(*s, max(target - 1, 1))]
+        chunk, n, i = [], 0, 0
+        while i < len(sents):
+            s = sents[i]
+            if chunk and n + len(s[0]) > target:
+                i -= self._emit_pair(chunk, doc_index)
+                chunk, n = [], 0
+                continue
+            chunk.append(s)
+            n += len(s[0])
+            i += 1
+        if chunk:
+            self._emit_pair(chunk, doc_index)
+
+    def feed(self, docs) -> None:
+        if self.pair == "none":
+            for doc in docs:
+                self._feed_single(doc)
+            return
+        self._docs = (self._docs + list(docs))[-4 * DOC_CHUNK :]
+        base = len(self._docs) - len(docs)
+        for j, doc in enumerate(docs):
+            self._feed_pair(doc, base + j)
+
+    def finish(self) -> list[Example]:
+        if self.pair == "none":
+            self._flush()
+        return self.examples
+
+
+def _halve(ids: np.ndarray, words: np.ndarray):
+    """Split one sentence in two near its middle, at a word boundary where there is one; None if under 2 tokens."""
+    if len(ids) < 2:
+        return None
+    starts = np.flatnonzero(np.diff(words) != 0) + 1
+    mid = int(starts[np.argmin(np.abs(starts - len(ids) / 2))]) if len(starts) else len(ids) // 2
+    return [(ids[:mid], words[:mid]), (ids[mid:], words[mid:] - words[mid])]
+
+
+def _concat(parts) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate sentences, shifting each one's word indices so they stay unique (separators stay -1)."""
+    ids, words, offset = [], [], 0
+    for i, w in parts:
+        ids.append(i)
+        words.append(np.where(w >= 0, w + offset, -1))
+        if (w >= 0).any():
+            offset += int(w.max()) + 1
+    if not ids:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    return np.concatenate(ids).astype(np.int32), np.concatenate(words).astype(np.int32)
+
+
+def _single(cls: int, sep: int, ids, words) -> Example:
+    return Example(
+        np.concatenate([[cls], ids, [sep]]).astype(np.int32),
+        np.concatenate([[-1], words, [-1]]).astype(np.int32),
+        len(ids) + 2,
+    )
+
+
+def _pair(cls: int, sep: int, a_ids, a_words, b_ids, b_words, label: int) -> Example:
+    shift = int(a_words.max()) + 1 if len(a_words) and a_words.max() >= 0 else 0
+    b_words = np.where(b_words >= 0, b_words + shift, -1)
+    return Example(
+        np.concatenate([[cls], a_ids, [sep], b_ids, [sep]]).astype(np.int32),
+        np.concatenate([[-1], a_words, [-1], b_words, [-1]]).astype(np.int32),
+        len(a_ids) + 2,
+        label,
+    )
+
+
+def build_examples(texts: list[str], tokenizer, language: str, p, limit: int = 0, seed: int = 0) -> list[Example]:
+    """Pack ``texts`` (documents) into examples; stop once ``limit`` examples exist (0: use every document)."""
+    packer = Packer(tokenizer, p.max_seq_len, p.pair_objective, p.cross_document, seed)
+    for start in range(0, len(texts), DOC_CHUNK):
+        packer.feed(_sentences(texts[start : start + DOC_CHUNK], tokenizer, language))
+        if limit and len(packer.examples) > limit:
+            break
+    examples = packer.finish()
+    return examples[:limit] if limit else examples
+
+
+# ---------------------------------------------------------------- batches
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, bucket: bool) -> list[np.ndarray]:
+    """The batches of one epoch, a pure function of (seed, epoch): shuffled, then (bucket) sorted by length within
+    windows of 50 batches and the batches shuffled again, so each batch pads little yet the order stays random."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    if bucket:
+        window = batch_size * 50
+        order = np.concatenate(
+            [w[np.argsort(lengths[w], kind="stable")] for w in np.array_split(order, max(1, -(-len(order) // window)))]
+        )
+    batches = [order[i : i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    if bucket:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return batches
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    n = max(len(e) for e in examples)
+    b = len(examples)
+    ids = np.full((b, n), pad_id, np.int64)
+    words = np.full((b, n), -1, np.int64)
+    types = np.zeros((b, n), np.int64)
+    attn = np.zeros((b, n), np.int64)
+    for i, e in enumerate(examples):
+        k = len(e)
+        ids[i, :k], words[i, :k], attn[i, :k] = e.ids, e.words, 1
+        types[i, e.n_first : k] = 1
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "word_ids": torch.from_numpy(words),
+        "token_type_ids": torch.from_numpy(types),
+        "attention_mask": torch.from_numpy(attn),
+        "pair_labels": torch.tensor([e.pair_label for e in examples], dtype=torch.long),
+    }

@@ -1,0 +1,143 @@
+"""Loading the model to pretrain (a checkpoint, or a fresh one from params) and its MLM (+ pair) loss.
+
+The loss runs the encoder over the whole batch but the MLM head (transform + vocabulary projection, the costliest
+matmul of a small BERT) only at the chosen positions: ~15% of the tokens instead of every token and pad.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertpipe.errors import BertpipeError
+from bertpipe.pretrain.masking import IGNORE
+
+# model types whose AutoModelForMaskedLM has the BERT layout (encoder + MLM head over hidden states)
+BERT_FAMILY = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "nezha", "megatron-bert", "distilbert"}
+
+
+def load_tokenizer(ref: Path | str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(ref))
+    except Exception as e:  # noqa: BLE001 - transformers raises many types for a bad dir/id
+        raise BertpipeError(f"{ref}: cannot load a tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+
+
+def load_checkpoint(ref: Path | str, log=print):
+    """(model, tokenizer, fresh_head) from a save_pretrained dir or hub id holding a BERT-family encoder."""
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    if isinstance(ref, Path) and not ref.exists():
+        raise BertpipeError(f"{ref}: model checkpoint does not exist")
+    try:
+        config = AutoConfig.from_pretrained(str(ref))
+    except Exception as e:  # noqa: BLE001
+        raise BertpipeError(f"{ref}: not a model checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+    if config.model_type not in BERT_FAMILY:
+        raise BertpipeError(f"{ref}: model_type {config.model_type!r} is not a BERT-family encoder ({sorted(BERT_FAMILY)})")
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(str(ref), output_loading_info=True)
+    except Exception as e:  # noqa: BLE001
+        raise BertpipeError(f"{ref}: cannot load as AutoModelForMaskedLM ({type(e).__name__}: {str(e)[:160]})")
+    missing = [k for k in info.get("missing_keys", []) if "decoder.weight" not in k]
+    fresh_head = any(k.startswith(("cls.", "lm_head.", "vocab_", "generator_")) for k in missing)
+    if fresh_head:
+        log(f"{ref}: checkpoint has no MLM head; a fresh head is initialised ({len(missing)} tensors)")
+    tokenizer = load_tokenizer(ref)
+    return model, tokenizer, fresh_head
+
+
+def from_scratch(tokenizer, arch, max_seq_len: int):
+    from transformers import BertConfig, BertForMaskedLM
+
+    if arch.max_positions < max_seq_len:
+        raise BertpipeError(f"base.max_seq_len ({max_seq_len}) exceeds base.arch.max_positions ({arch.max_positions})")
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden,
+        num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads,
+        intermediate_size=arch.intermediate,
+        max_position_embeddings=arch.max_positions,
+        hidden_dropout_prob=arch.dropout,
+        attention_probs_dropout_prob=arch.dropout,
+        type_vocab_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return BertForMaskedLM(config)
+
+
+def check_compatible(model, tokenizer, max_seq_len: int, where: str) -> None:
+    cfg = model.config
+    if len(tokenizer) > cfg.vocab_size:
+        raise BertpipeError(
+            f"{where}: tokenizer has {len(tokenizer)} tokens but the model's embedding table {cfg.vocab_size}"
+            " (tokenizer/model vocab mismatch)"
+        )
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and max_seq_len > limit:
+        raise BertpipeError(f"max_seq_len ({max_seq_len}) exceeds {where}'s position table ({limit})")
+    if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
+        raise BertpipeError(f"{where}: tokenizer has no [MASK] or [PAD] token; expected a BERT-style tokenizer")
+
+
+def _split_head(model) -> tuple[nn.Module | None, nn.Module | None]:
+    """(encoder, head taking hidden states) when the layout allows computing the head at chosen positions only."""
+    for enc_name, head_name in (("bert", "cls"), ("roberta", "lm_head"), ("xlm_roberta", "lm_head"), ("ernie", "cls")):
+        enc, head = getattr(model, enc_name, None), getattr(model, head_name, None)
+        if enc is not None and head is not None:
+            return enc, head
+    return None, None
+
+
+class PretrainModel(nn.Module):
+    """The MLM model plus an optional pair (NSP/SOP) head on [CLS]; forward returns the losses.
+
+    The pair head is a training-only helper (dense+tanh+linear, like BERT's pooler and NSP head) and is not saved:
+    the output is a plain ``AutoModelForMaskedLM``.
+    """
+
+    def __init__(self, mlm, pair: bool, masked_only: bool = True):
+        super().__init__()
+        self.mlm = mlm
+        self.encoder, self.head = _split_head(mlm) if masked_only else (None, None)
+        h = mlm.config.hidden_size
+        self.pair_head = nn.Sequential(nn.Linear(h, h), nn.Tanh(), nn.Linear(h, 2)) if pair else None
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None) -> dict:
+        sel = labels != IGNORE
+        if self.encoder is not None:
+            hidden = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            logits = self.head(hidden[sel])
+            target = labels[sel]
+        else:  # an unknown layout: full logits (correct, just slower)
+            out = self.mlm(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                output_hidden_states=self.pair_head is not None,
+            )
+            logits, target = out.logits[sel], labels[sel]
+            hidden = out.hidden_states[-1] if self.pair_head is not None else None
+        mlm_loss = nn.functional.cross_entropy(logits.float(), target)
+        result = {"mlm_loss": mlm_loss, "loss": mlm_loss, "n_masked": sel.sum()}
+        if self.pair_head is not None and pair_labels is not None:
+            pair_logits = self.pair_head(hidden[:, 0])
+            pair_loss = nn.functional.cross_entropy(pair_logits.float(), pair_labels)
+            result["pair_loss"] = pair_loss
+            result["pair_acc"] = (pair_logits.argmax(-1) == pair_labels).float().mean()
+            result["loss"] = mlm_loss + pair_loss
+        return result
+
+
+def bf16_ok(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported()) or bool(torch.cpu._is_amx_tile_supported())
+    except AttributeError:
+        return False

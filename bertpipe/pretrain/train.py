@@ -1,0 +1,343 @@
+"""The training loop: bucketed batches, dynamic masking, bf16 autocast, DDP, atomic checkpoints and exact resume.
+
+Why a short loop of our own rather than transformers' Trainer: the speed-ups this stage exists for (MLM head only at
+the chosen positions, length buckets that DDP shards deterministically, masks that are a pure function of
+(seed, step, rank)) would each need a Trainer override (compute_loss, get_train_dataloader, the collator's RNG), and
+exact resume after SIGKILL needs atomic checkpoints that Trainer does not write. Everything that makes the result a
+pure function of (params, data, step) is in this file: data order = f(seed, epoch), mask = f(seed, step, micro, rank),
+dropout = f(seed, step, rank); a checkpoint holds model, optimiser, schedule and history, so a resumed run replays the
+same steps as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from bertpipe.pretrain.data import Example, collate, epoch_batches
+from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
+from bertpipe.pretrain.model import PretrainModel
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    """One process per device under torchrun (WORLD_SIZE/RANK/LOCAL_RANK set); a single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    if dist.is_initialized():
+        return Dist(dist.get_rank(), dist.get_world_size(), device)
+    return Dist(0, 1, device)
+
+
+def all_sum(values: list[float], d: Dist) -> list[float]:
+    if d.world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def atomic_save(obj, path: Path) -> None:
+    """Write then rename: a reader (or a resumed run after SIGKILL) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(scratch: Path) -> dict | None:
+    p = scratch / "last.pt"
+    return torch.load(p, map_location="cpu", weights_only=False) if p.is_file() else None
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
+
+    return f
+
+
+def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, w in model.named_parameters():
+        if w.requires_grad:
+            (no_decay if w.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(w)
+    groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
+
+
+# ---------------------------------------------------------------- batches on device
+
+
+class Batches:
+    """Micro-batch ``k`` of this process, for any global step: a pure function of (seed, epoch, rank)."""
+
+    def __init__(self, examples: list[Example], p, d: Dist, pad_id: int):
+        self.examples, self.p, self.d, self.pad_id = examples, p, d, pad_id
+        self.lengths = np.array([len(e) for e in examples])
+        n = len(epoch_batches(self.lengths, p.batch_size, p.seed, 0, p.bucket)) // d.world
+        self.per_epoch = (n // p.grad_accum) * p.grad_accum  # micro-batches per process per epoch
+        self._epoch, self._cache = -1, []
+
+    def get(self, k: int) -> list[Example]:
+        epoch, i = divmod(k, self.per_epoch)
+        if epoch != self._epoch:
+            all_b = epoch_batches(self.lengths, self.p.batch_size, self.p.seed, epoch, self.p.bucket)
+            self._cache, self._epoch = all_b[self.d.rank :: self.d.world], epoch
+        return [self.examples[j] for j in self._cache[i]]
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def static_masked(examples: list[Example], spec: MaskSpec, mask_id: int, replace_ids, seed: int, pad_id: int) -> dict:
+    """Mask each example once, from a generator seeded by its index (static masking; also the eval set)."""
+    out = {}
+    for i, e in enumerate(examples):
+        b = collate([e], pad_id)
+        ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, mask_id, replace_ids, seeded(seed, 7, i))
+        out[id(e)] = (ids[0], labels[0])
+    return out
+
+
+def apply_static(batch: dict, examples: list[Example], table: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = batch["input_ids"].clone()
+    labels = torch.full_like(ids, IGNORE)
+    for r, e in enumerate(examples):
+        m_ids, m_labels = table[id(e)]
+        ids[r, : len(m_ids)], labels[r, : len(m_labels)] = m_ids, m_labels
+    return ids, labels
+
+
+def eval_batches(examples: list[Example], p, spec: MaskSpec, mask_id: int, replace_ids, pad_id: int) -> list[dict]:
+    """Held-out batches with one fixed mask, so every evaluation (and every run) scores the same masked tokens."""
+    order = np.argsort([len(e) for e in examples], kind="stable")
+    out = []
+    for s in range(0, len(order), p.batch_size):
+        chunk = [examples[j] for j in order[s : s + p.batch_size]]
+        b = collate(chunk, pad_id)
+        b["input_ids"], b["labels"] = mask_batch(
+            b["input_ids"], b["word_ids"], spec, mask_id, replace_ids, seeded(p.seed, 99991, s)
+        )
+        out.append(b)
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> dict:
+    was = model.training
+    model.eval()
+    loss_sum = n = pair_ok = pairs = 0.0
+    for b in batches[d.rank :: d.world]:
+        b = to_device(b, d.device)
+        with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
+        k = float(out["n_masked"])
+        loss_sum += float(out["mlm_loss"]) * k
+        n += k
+        if "pair_acc" in out:
+            pair_ok += float(out["pair_acc"]) * len(b["pair_labels"])
+            pairs += len(b["pair_labels"])
+    loss_sum, n, pair_ok, pairs = all_sum([loss_sum, n, pair_ok, pairs], d)
+    model.train(was)
+    loss = loss_sum / max(n, 1.0)
+    res = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
+    if pairs:
+        res["eval_pair_acc"] = pair_ok / pairs
+    return res
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass
+class TrainResult:
+    step: int
+    history: list[dict]
+    best: dict  # {"eval_loss", "step"}
+    final_eval: dict
+    tokens: float  # non-padding tokens seen, all processes, this run and the runs it resumed
+    train_seconds: float  # this process's training time (excluding evals)
+    stopped: str  # max_steps | max_time_s | early_stop
+    resumed_from: int
+
+
+def train(
+    pm: PretrainModel,
+    train_ex: list[Example],
+    eval_set: list[dict],
+    p,
+    spec: MaskSpec,
+    tokenizer,
+    replace_ids: torch.Tensor,
+    scratch: Path,
+    d: Dist,
+    on_log: Callable[[dict, int], None] = lambda m, s: None,
+    extra_eval_steps: set[int] = frozenset(),
+) -> TrainResult:
+    bf16 = p.precision == "bf16" or (p.precision == "auto" and _bf16_ok(d.device))
+    pm.to(d.device)
+    opt = make_optimizer(pm, p)
+    warmup = int(math.ceil(p.warmup_ratio * p.max_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(p.schedule, warmup, p.max_steps))
+    state = {"step": 0, "history": [], "best": {"eval_loss": float("inf"), "step": -1}, "tokens": 0.0, "bad": 0}
+    scratch.mkdir(parents=True, exist_ok=True)
+    ck = load_checkpoint(scratch)
+    if ck is not None:
+        pm.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optim"])
+        sched.load_state_dict(ck["sched"])
+        state = ck["state"]
+        if d.main:
+            print(f"[pretrain] resuming from checkpoint at step {state['step']}", file=sys.stderr, flush=True)
+    resumed_from = state["step"]
+    model = pm
+    if d.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(pm, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    batches = Batches(train_ex, p, d, tokenizer.pad_token_id)
+    static = (
+        static_masked(train_ex, spec, tokenizer.mask_token_id, replace_ids, p.seed, tokenizer.pad_token_id)
+        if p.masking == "static" else None
+    )
+    if not state["history"]:  # the starting point, so the curve shows how far the loss fell
+        state["history"].append({"step": 0, "tokens": 0.0, **evaluate(pm, eval_set, d, bf16)})
+        if d.main:
+            on_log({k: v for k, v in state["history"][0].items() if k.startswith("eval")}, 0)
+    pm.train()
+    bar = tqdm(total=p.max_steps, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
+               desc="pretrain", unit="step")
+    window = [0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens
+    t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
+    final_eval: dict = {}
+
+    def save(step: int) -> None:
+        if d.main:
+            atomic_save({"model": pm.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
+                         "state": state}, scratch / "last.pt")
+
+    while state["step"] < p.max_steps:
+        step = state["step"]
+        t0 = time.perf_counter()
+        torch.manual_seed(int(seeded(p.seed, step, d.rank, 3).initial_seed()) % (1 << 62))  # dropout stream
+        for micro in range(p.grad_accum):
+            exs = batches.get(step * p.grad_accum + micro)
+            b = collate(exs, tokenizer.pad_token_id)
+            if static is not None:
+                ids, labels = apply_static(b, exs, static)
+            else:
+                gen = seeded(p.seed, step, micro, d.rank)
+                ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
+            b["input_ids"], b["labels"] = ids, labels
+            b = to_device(b, d.device)
+            sync = model.no_sync() if (d.world > 1 and micro < p.grad_accum - 1) else contextlib.nullcontext()
+            with sync:
+                with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
+                (out["loss"] / p.grad_accum).backward()
+            window[0] += float(out["mlm_loss"].detach())
+            window[1] += float(out["pair_loss"].detach()) if "pair_loss" in out else 0.0
+            window[2] += 1
+            window[3] += float(b["attention_mask"].sum())
+        if p.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(pm.parameters(), p.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        train_s += time.perf_counter() - t0
+        state["step"] = step = step + 1
+        bar.update(1)
+
+        if step % p.log_every == 0 or step == p.max_steps:
+            loss_s, pair_s, m, tok = all_sum(window, d)
+            now = time.perf_counter()
+            state["tokens"] += tok
+            rec = {"step": step, "loss": loss_s / m, "lr": sched.get_last_lr()[0], "tokens": state["tokens"],
+                   "tokens_per_s": tok / max(now - t_window, 1e-9)}
+            if p.pair_objective != "none":
+                rec["pair_loss"] = pair_s / m
+            state["history"].append(rec)
+            if d.main:
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                on_log({k: v for k, v in rec.items() if k != "step"}, step)
+            window, t_window = [0.0, 0.0, 0.0, 0.0], now
+
+        stop = None
+        if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps:
+            ev = evaluate(pm, eval_set, d, bf16)
+            final_eval = ev
+            state["history"].append({"step": step, "tokens": state["tokens"], **ev})
+            if d.main:
+                on_log(ev, step)
+                bar.write(f"[pretrain] step {step}: held-out MLM loss {ev['eval_loss']:.4f} (ppl {ev['eval_ppl']:.1f})",
+                          file=sys.stderr)
+            if ev["eval_loss"] < state["best"]["eval_loss"] - 1e-4:
+                state["best"] = {"eval_loss": ev["eval_loss"], "step": step}
+                state["bad"] = 0
+                if d.main:
+                    atomic_save({"step": step, "model": pm.mlm.state_dict()}, scratch / "best.pt")
+            else:
+                state["bad"] += 1
+                if p.early_stop_patience and state["bad"] >= p.early_stop_patience:
+                    stop = "early_stop"
+        if p.max_time_s and stop is None:
+            over = float(time.perf_counter() - started > p.max_time_s)
+            if all_sum([over], d)[0] > 0:  # every process stops at the same step
+                stop = "max_time_s"
+        if step % p.save_every == 0 or stop or step == p.max_steps:
+            save(step)
+        if stop:
+            stopped = stop
+            break
+    bar.close()
+    if not final_eval:  # resumed at the very end: the history holds the last evaluation
+        final_eval = next((h for h in reversed(state["history"]) if "eval_loss" in h), {})
+    return TrainResult(state["step"], state["history"], state["best"], final_eval, state["tokens"], train_s, stopped,
+                       resumed_from)
+
+
+def _bf16_ok(device: torch.device) -> bool:
+    from bertpipe.pretrain.model import bf16_ok
+
+    return bf16_ok(device)

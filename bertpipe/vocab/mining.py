@@ -1,0 +1,246 @@
+"""Domain word mining: segment the corpus with jieba, score candidates, find the characters the base vocab lacks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from tqdm import tqdm
+
+from bertpipe.errors import BertpipeError
+
+# Multi-character function words that are frequent everywhere and carry no domain meaning.
+STOPWORDS_ZH = frozenset(
+    "我们 你们 他们 她们 它们 自己 这个 那个 这些 那些 这样 那样 这种 那种 什么 怎么 为什么 如何 因为 所以 但是 "
+    "而且 并且 然后 如果 虽然 即使 还是 或是 已经 可能 一个 一些 没有 不是 就是 也是 还有 以及 之后 之前 时候 "
+    "现在 非常 比较 一样 一下 一直 而是 只是 只有 其中 其他 这里 那里 哪里".split()
+)
+STOPWORDS_EN = frozenset(
+    "the and that this with from have has had were was are been being which what when where who whom whose "
+    "there their they them then than these those into onto upon about above below would could should shall "
+    "will also only such other some any each more most very just because while however therefore".split()
+)
+
+_POS = re.compile(r"^[A-Za-z]+$")
+
+
+def is_cjk_char(ch: str) -> bool:
+    """BERT's definition of a CJK character (the ranges its normaliser puts spaces around)."""
+    cp = ord(ch)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    )
+
+
+def is_cjk_word(w: str) -> bool:
+    return bool(w) and all(is_cjk_char(c) for c in w)
+
+
+@dataclass
+class GlossaryTerm:
+    word: str
+    freq: int | None
+    pos: str | None
+    source: str  # "file:line"
+
+
+def read_glossary(path: Path) -> list[GlossaryTerm]:
+    """Parse a jieba user dict ("term [freq] [pos]" per line). Blank lines are skipped; a file with no term fails."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise BertpipeError(f"{path}: glossary file does not exist") from None
+    except UnicodeDecodeError as e:
+        raise BertpipeError(f"{path}: expected UTF-8 text ({e.reason} at byte {e.start})") from None
+    terms = []
+    for i, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields:
+            continue
+        where = f"{path}:{i}"
+        word, freq, pos = fields[0], None, None
+        rest = fields[1:]
+        if len(rest) > 2:
+            raise BertpipeError(f"{where}: expected 'term [freq] [pos]', got {len(fields)} fields")
+        if rest and rest[0].isdigit():
+            freq = int(rest.pop(0))
+        if rest:
+            if not _POS.match(rest[0]) or len(rest) > 1:
+                raise BertpipeError(f"{where}: expected 'term [freq] [pos]' with an integer freq and a letters-only pos")
+            pos = rest[0]
+        terms.append(GlossaryTerm(word, freq, pos, where))
+    if not terms:
+        raise BertpipeError(f"{path}: glossary is empty (expected one 'term [freq] [pos]' per line)")
+    return terms
+
+
+def make_segmenter(glossary: Sequence[GlossaryTerm]):
+    """A private jieba.Tokenizer with the glossary terms added, so mining never touches jieba's global dictionary."""
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    seg = jieba.Tokenizer()
+    seg.initialize()
+    for t in glossary:
+        seg.add_word(t.word, t.freq, t.pos)
+    return seg
+
+
+@dataclass
+class Candidate:
+    word: str  # the text added as a token (normalised form for English)
+    freq: int
+    pieces: list[int]  # base-tokenizer ids the word was split into
+    pmi: float
+    score: float
+    glossary: bool = False
+
+
+@dataclass
+class MiningResult:
+    candidates: list[Candidate]  # ranked, filtered, top_k applied, glossary terms included
+    unk_forms: list[tuple[str, int]]  # vocab entries ("x" or "##x") for [UNK] characters, with their frequency
+    n_texts: int = 0
+    n_chars: int = 0
+    n_words: int = 0  # jieba words seen
+    n_candidates: int = 0  # before top_k
+    glossary_in_base: list[str] = field(default_factory=list)  # glossary terms already one token
+    seconds: float = 0.0
+
+
+def _limit_chars(texts: Iterable[str], max_chars: int) -> list[str]:
+    out, total = [], 0
+    for t in texts:
+        if max_chars and total >= max_chars:
+            break
+        out.append(t)
+        total += len(t)
+    return out
+
+
+def _is_word_form(word: str, language: str) -> bool:
+    if language == "zh":
+        return is_cjk_word(word)
+    return word.isascii() and word.isalpha()  # numbers and punctuation never qualify
+
+
+def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
+    """The vocab entries missing for characters that make a word [UNK]: "x" at a word's start, "##x" inside it."""
+    if min_freq <= 0:
+        return []
+    backend = tokenizer.backend_tokenizer
+    model = backend.model
+    vocab = tokenizer.get_vocab()
+    prefix = getattr(model, "continuing_subword_prefix", None)
+    max_chars = getattr(model, "max_input_chars_per_word", 100)
+    unk_id = tokenizer.unk_token_id
+    if prefix is None or unk_id is None:  # not WordPiece: nothing maps to [UNK] per character
+        return []
+    missing: Counter = Counter()
+    for text in texts:
+        norm = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        words = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer is not None else [(norm, None)]
+        for w, _ in words:
+            if len(w) > max_chars:
+                continue
+            for j, ch in enumerate(w):
+                form = ch if j == 0 else prefix + ch
+                if form not in vocab:
+                    missing[form] += 1
+    return sorted(((f, n) for f, n in missing.items() if n >= min_freq), key=lambda x: (-x[1], x[0]))
+
+
+def mine(
+    texts: Sequence[str],
+    tokenizer,
+    language: str,
+    params,
+    glossary: Sequence[GlossaryTerm] = (),
+) -> MiningResult:
+    """Rank domain words of ``texts`` (the train split) that the base ``tokenizer`` splits into 2..max_len pieces."""
+    started = time.time()
+    texts = _limit_chars(texts, params.max_chars)
+    seg = make_segmenter(glossary)
+    stop = (STOPWORDS_ZH if language == "zh" else STOPWORDS_EN) if params.stopwords else frozenset()
+    backend = tokenizer.backend_tokenizer
+    lower = bool(backend.normalizer is not None and backend.normalizer.normalize_str("A") == "a")
+
+    counts: Counter = Counter()
+    n_chars = 0
+    bar = tqdm(total=sum(len(t) for t in texts), desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr)
+    for text in texts:
+        for w in seg.cut(text, HMM=params.hmm):
+            if len(w) > 1 and not w.isspace():
+                counts[w.lower() if lower else w] += 1
+        n_chars += len(text)
+        bar.update(len(text))
+    bar.close()
+    n_words = sum(counts.values())
+
+    # Piece frequencies over the whole split give the denominator of each candidate's PMI.
+    piece_counts: Counter = Counter()
+    batch = 256
+    for i in range(0, len(texts), batch):
+        for ids in tokenizer(list(texts[i : i + batch]), add_special_tokens=False)["input_ids"]:
+            piece_counts.update(ids)
+    n_pieces = max(1, sum(piece_counts.values()))
+
+    glossary_words = {(t.word.lower() if lower else t.word) for t in glossary}
+    pool = [
+        w
+        for w, n in counts.items()
+        if (n >= params.min_freq and _is_word_form(w, language) and w not in stop) or w in glossary_words
+    ]
+    for w in glossary_words:
+        if w not in counts:
+            pool.append(w)
+    encoded = tokenizer(pool, add_special_tokens=False)["input_ids"] if pool else []
+    cands: list[Candidate] = []
+    in_base: list[str] = []
+    for w, pieces in zip(pool, encoded):
+        is_gloss = w in glossary_words
+        if len(pieces) <= 1:
+            if is_gloss:
+                in_base.append(w)
+            continue
+        if not is_gloss and len(pieces) > params.max_len:
+            continue
+        freq = counts.get(w, 0)
+        pmi = (
+            math.log(max(freq, 1) / n_pieces) - sum(math.log(max(piece_counts.get(p, 0), 1) / n_pieces) for p in pieces)
+            if freq
+            else 0.0
+        )
+        if not is_gloss and pmi < params.min_pmi:
+            continue
+        score = freq * pmi if params.score == "freq_pmi" else freq * (len(pieces) - 1)
+        cands.append(Candidate(w, freq, list(pieces), pmi, score, is_gloss))
+    n_candidates = len(cands)
+    mined = sorted((c for c in cands if not c.glossary), key=lambda c: (-c.score, -c.freq, c.word))[: params.top_k]
+    chosen = sorted([c for c in cands if c.glossary], key=lambda c: c.word) + mined
+    forms = unk_forms(texts, tokenizer, params.unk_char_min_freq)
+    return MiningResult(
+        candidates=chosen,
+        unk_forms=forms,
+        n_texts=len(texts),
+        n_chars=n_chars,
+        n_words=n_words,
+        n_candidates=n_candidates,
+        glossary_in_base=sorted(in_base),
+        seconds=time.time() - started,
+    )
