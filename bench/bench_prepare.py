@@ -117,7 +117,7 @@ def child_dedup(method: str, texts_file: str, pairs_out: str, n: int, num_perm: 
     if method == "bertpipe":
         from bertpipe.prepare.dedup import near_duplicates
 
-        pairs = near_duplicates(texts, n, num_perm, threshold, seed=1, verify=True).pairs
+        pairs = near_duplicates(texts, n, num_perm, threshold, seed=1, verify=True, recall_weight=0.9).pairs
     else:
         pairs = datasketch_loop(texts, n, num_perm, threshold)
     wall = time.perf_counter() - t
@@ -133,7 +133,7 @@ def datasketch_loop(texts: list[str], n: int, num_perm: int, threshold: float):
     def grams(t: str) -> set[str]:
         return {t[i : i + n] for i in range(len(t) - n + 1)} if len(t) >= n else ({t} if t else set())
 
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.1, 0.9))  # the stage's recall_weight
     sigs = []
     for i, t in enumerate(texts):
         m = MinHash(num_perm=num_perm, seed=1)

@@ -144,6 +144,24 @@ def run_cmd(
     typer.echo(summary(results, load(params, profile, set_)))
 
 
+@app.command("serve", help="Serve a scheduled Prefect deployment of domain_adaptation (cron from flow.cron).")
+@user_errors
+def serve_cmd(
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
+    name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
+):
+    load(params, profile, set_)
+    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    if not os.environ.get("PREFECT_API_URL"):
+        typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
+                   "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+                   err=True)
+    from flows.serve import serve
+
+    serve(params, profile, list(set_ or []), until, name)
+
+
 @app.command("dvc-yaml", help="Write dvc.yaml from the stage graph and params (or --check that it is current).")
 @user_errors
 def dvc_yaml_cmd(

@@ -29,7 +29,20 @@ def _command(name: str) -> str:
     return f"bertpipe {name}"
 
 
+def _present(raw: dict, dotted: str) -> bool:
+    node = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def dvc_yaml(cfg: Config) -> dict:
+    # DVC refuses params keys that are missing from the file: list only those present (the rest are code defaults,
+    # covered by the stage version).
+    raw = yaml.safe_load(cfg.source.read_text(encoding="utf-8")) if cfg.source else {}
+    raw = raw or {}
     stages = {}
     for name, st in all_stages(cfg).items():
         deps = []
@@ -40,12 +53,13 @@ def dvc_yaml(cfg: Config) -> dict:
             rel = os.path.relpath(cfg.path(path), cfg.root)
             if rel not in deps:
                 deps.append(rel)
-        params = list(dict.fromkeys(st.sections)) + ["profile", "profiles"]
+        wanted = list(dict.fromkeys(st.sections)) + ["profile", "profiles"]
+        params = [k for k in wanted if _present(raw, k)]
         out = os.path.relpath(st.output(cfg), cfg.root)
         stages[dvc_stage_name(name)] = {
             "cmd": _command(name),
             "deps": deps,
-            "params": params,
+            **({"params": params} if params else {}),
             "outs": [{out: {"persist": True}}],
         }
     return {"stages": stages}

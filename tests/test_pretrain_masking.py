@@ -13,7 +13,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.pretrain.data import build_examples, collate
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, normal_token_ids, seeded
 from bertpipe.pretrain.params import PretrainParams
-from test_pretrain_support import english_texts, law_texts
+from tests.test_pretrain_support import english_texts, law_texts
 
 torch.set_num_threads(1)
 

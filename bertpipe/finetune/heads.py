@@ -64,6 +64,8 @@ def featurize(tok, exs: list[Example], p: TaskParams, tp: TrainParams, label2id:
               ) -> Split:
     budget = tp.max_seq_len - W.n_specials(tok)
     feats: list[dict] = []
+    if not exs:
+        return Split(exs, feats)
     if p.type == "qa":
         feats = Q.qa_features(tok, exs, tp.max_seq_len, p.doc_stride, p.max_query_len, train=split == "train")
         counts[f"{split}_features"] = len(feats)

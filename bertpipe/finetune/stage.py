@@ -25,7 +25,7 @@ PIPELINE_TASK = {
     "classification": "text-classification",
     "pair_classification": "text-classification",
     "ner": "token-classification",
-    "qa": "question-answering",
+    "qa": None,  # transformers 5 removed the question-answering pipeline; AutoModelForQuestionAnswering loads it
 }
 
 

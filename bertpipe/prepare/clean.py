@@ -25,7 +25,8 @@ _URL = re.compile(r"(?:https?://|ftp://|www\.)[^\s\u3000-\u303f\uff00-\uffef\u4e
 # Mainland mobile (1[3-9]x, 11 digits) and landline (0xx-xxxxxxx) numbers, not inside a longer digit run.
 _PHONE = re.compile(r"(?<!\d)(?:\+?86[- ]?)?(?:1[3-9]\d{9}|0\d{2,3}-?\d{7,8})(?!\d)")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
-_LETTER = re.compile(r"[^\W\d_]")  # letters of any script, CJK ideographs included
+# A run of non-CJK letters (an English word, "iPhone", "URL") weighs as much as one ideograph in the CJK ratio.
+_WORD = re.compile(r"[^\W\d_\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+")
 _SYMBOL = re.compile(r"[^\w\s]")
 
 # NFKC's mappings of the full-width ASCII block and the ideographic space, applied with str.translate first: after it
@@ -93,8 +94,9 @@ class Cleaner:
         if n > p.max_chars:
             return "too_long"
         if p.min_cjk_ratio > 0:
-            letters = n - len(_LETTER.sub("", text))
-            if letters == 0 or (n - len(_CJK.sub("", text))) / letters < p.min_cjk_ratio:
+            cjk = n - len(_CJK.sub("", text))
+            words = len(_WORD.findall(text))
+            if cjk + words == 0 or cjk / (cjk + words) < p.min_cjk_ratio:
                 return "low_cjk_ratio"
         if self._repeat.search(text):
             return "char_repeat"

@@ -99,7 +99,7 @@ def prepare_corpus(
     if d.near and len(docs) > 1:
         bar = tqdm(total=len(docs), desc=f"prepare {name}: minhash", unit="doc", file=sys.stderr, leave=False)
         nd = near_duplicates(
-            [doc["text"] for doc in docs], d.ngram, d.num_perm, d.threshold, d.seed, d.verify, d.batch_ngrams, bar.update
+            [doc["text"] for doc in docs], d.ngram, d.num_perm, d.threshold, d.seed, d.verify, d.batch_ngrams, bar.update, d.recall_weight
         )
         bar.close()
         labels = components(len(docs), nd.pairs)

@@ -73,8 +73,11 @@ def file_format(src: SourceParams, path: Path) -> str:
 
 
 def decode(data: bytes, path: Path | str, encoding: str = "auto") -> str:
-    """Bytes -> text with ``\\n`` line ends. ``auto``: UTF-8 (BOM stripped), else GB18030 when the bytes before the
-    first UTF-8 error are plain ASCII (a broken UTF-8 file must not be silently read as GB18030 mojibake)."""
+    """Bytes -> text with ``\\n`` line ends. ``auto``: UTF-8 (BOM stripped); else GB18030, unless nearly all of the
+    non-ASCII bytes are valid UTF-8 (then it is a broken UTF-8 file, which must not be read as GB18030 mojibake)."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise BertpipeError(_where(data, nul, path) + "expected text, found a NUL byte (binary or UTF-16 file?)")
     if encoding == "auto":
         if data.startswith(b"\xef\xbb\xbf"):
             text = _strict(data, "utf-8-sig", path)
@@ -82,7 +85,9 @@ def decode(data: bytes, path: Path | str, encoding: str = "auto") -> str:
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as e:
-                if any(b >= 0x80 for b in data[: e.start]):
+                non_ascii = len(data) - len(data.decode("ascii", "ignore"))
+                bad = data.decode("utf-8", "replace").count("\ufffd")
+                if bad < 0.02 * non_ascii:
                     raise BertpipeError(_where(data, e.start, path) + "expected UTF-8 text (invalid byte sequence)")
                 try:
                     text = data.decode("gb18030")
@@ -92,8 +97,6 @@ def decode(data: bytes, path: Path | str, encoding: str = "auto") -> str:
                     ) from None
     else:
         text = _strict(data, encoding, path)
-    if "\x00" in text:
-        raise BertpipeError(_where(data, data.find(b"\x00"), path) + "expected text, found a NUL byte (binary file?)")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

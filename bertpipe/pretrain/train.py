@@ -60,6 +60,17 @@ def setup_distributed() -> Dist:
     return Dist(0, 1, device)
 
 
+def state_digest(module: torch.nn.Module) -> str:
+    """sha256 of a module's tensors (sorted by name): equal digests mean bit-identical weights."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in sorted(module.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def all_sum(values: list[float], d: Dist) -> list[float]:
     if d.world == 1:
         return values
@@ -251,6 +262,9 @@ def train(
     window = [0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens
     t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
     final_eval: dict = {}
+    # BERTPIPE_PRETRAIN_TRACE=<dir>: each process records what it trained on and its final weights (DDP tests)
+    trace_dir = os.environ.get("BERTPIPE_PRETRAIN_TRACE")
+    trace = {"rank": d.rank, "world": d.world, "batches": []} if trace_dir else None
 
     def save(step: int) -> None:
         if d.main:
@@ -263,6 +277,8 @@ def train(
         torch.manual_seed(int(seeded(p.seed, step, d.rank, 3).initial_seed()) % (1 << 62))  # dropout stream
         for micro in range(p.grad_accum):
             exs = batches.get(step * p.grad_accum + micro)
+            if trace is not None:
+                trace["batches"].append([int(e.ids.sum()) for e in exs])  # a cheap identity of each example
             b = collate(exs, tokenizer.pad_token_id)
             if static is not None:
                 ids, labels = apply_static(b, exs, static)
@@ -331,6 +347,12 @@ def train(
             stopped = stop
             break
     bar.close()
+    if trace is not None:
+        import json
+
+        trace["digest"] = state_digest(pm.mlm)
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        (Path(trace_dir) / f"rank{d.rank}.json").write_text(json.dumps(trace))
     if not final_eval:  # resumed at the very end: the history holds the last evaluation
         final_eval = next((h for h in reversed(state["history"]) if "eval_loss" in h), {})
     return TrainResult(state["step"], state["history"], state["best"], final_eval, state["tokens"], train_s, stopped,

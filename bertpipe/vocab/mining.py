@@ -140,7 +140,8 @@ def _is_word_form(word: str, language: str) -> bool:
 
 
 def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
-    """The vocab entries missing for characters that make a word [UNK]: "x" at a word's start, "##x" inside it."""
+    """Vocab entries for the characters that make a word [UNK]: both "x" and "##x" (whichever are missing), with the
+    character's frequency in ``texts``, most frequent first."""
     if min_freq <= 0:
         return []
     backend = tokenizer.backend_tokenizer
@@ -148,8 +149,7 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     vocab = tokenizer.get_vocab()
     prefix = getattr(model, "continuing_subword_prefix", None)
     max_chars = getattr(model, "max_input_chars_per_word", 100)
-    unk_id = tokenizer.unk_token_id
-    if prefix is None or unk_id is None:  # not WordPiece: nothing maps to [UNK] per character
+    if prefix is None or tokenizer.unk_token_id is None:  # not WordPiece: nothing maps to [UNK] per character
         return []
     missing: Counter = Counter()
     for text in texts:
@@ -159,10 +159,13 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
             if len(w) > max_chars:
                 continue
             for j, ch in enumerate(w):
-                form = ch if j == 0 else prefix + ch
-                if form not in vocab:
-                    missing[form] += 1
-    return sorted(((f, n) for f, n in missing.items() if n >= min_freq), key=lambda x: (-x[1], x[0]))
+                if (ch if j == 0 else prefix + ch) not in vocab:
+                    missing[ch] += 1
+    out = []
+    for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])):
+        if n >= min_freq:
+            out += [(f, n) for f in (ch, prefix + ch) if f not in vocab]
+    return out
 
 
 def mine(

@@ -31,6 +31,9 @@ class VocabParams(BaseModel):
     max_chars: int = Field(0, ge=0)
     # New embedding rows: mean of the base pieces' rows, mean-and-covariance sampling, or random (ablation).
     init: Literal["mean", "mean_cov", "random"] = "mean"
+    # A base checkpoint without an MLM head (an encoder-only BertModel) gets a fresh head, fitted this many steps on
+    # the train split with everything else frozen (batches of 16); a random head would make any MLM loss meaningless.
+    head_fit_steps: int = Field(200, ge=0, le=100_000)
     # Held-out (valid) texts on which the MLM loss right after extension is compared across inits; 0 skips it.
     eval_texts: int = Field(64, ge=0, le=100_000)
     eval_max_length: int = Field(128, ge=8, le=4096)

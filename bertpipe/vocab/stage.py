@@ -1,13 +1,191 @@
-"""Placeholder: the vocab stage's build lands with its issue."""
+"""The vocab stage: mine domain words, extend the base tokenizer, resize the model and initialise the new rows.
+
+Output (``ctx.out``): ``tokenizer/``, ``model/`` (model + the same tokenizer, loadable with the Auto classes alone),
+``added_tokens.tsv``, ``report.md``, ``vocab.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
 
 from bertpipe.errors import BertpipeError
+from bertpipe.vocab import embeddings, extend, mining, report
 
-VERSION = "0"
-
-
-def own_inputs(cfg):
-    return {}
+VERSION = "1"
 
 
-def build(ctx):
-    raise BertpipeError("the vocab stage is not implemented yet")
+def own_inputs(cfg) -> dict:
+    return {f"glossary:{i}": cfg.path(g) for i, g in enumerate(cfg.params.vocab.glossaries)}
+
+
+def read_texts(corpus: Path, split: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    path = Path(corpus) / f"{split}.parquet"
+    if not path.is_file():
+        raise BertpipeError(f"{path}: prepared corpus split missing (expected a parquet file with a 'text' column)")
+    try:
+        table = pq.read_table(path, columns=["text"])
+    except Exception as e:
+        raise BertpipeError(f"{path}: expected a parquet file with a 'text' column ({type(e).__name__})") from None
+    return [t for t in table.column("text").to_pylist() if isinstance(t, str) and t.strip()]
+
+
+def _glossaries(ctx) -> list[mining.GlossaryTerm]:
+    terms = []
+    for key in sorted(k for k in ctx.inputs if k.startswith("glossary:")):
+        terms += mining.read_glossary(Path(ctx.inputs[key]))
+    return terms
+
+
+def build(ctx) -> dict:
+    p = ctx.params
+    language = ctx.cfg.params.model.language
+    torch.manual_seed(p.seed)
+    glossary = _glossaries(ctx)
+    train = read_texts(ctx.inputs["corpus"], "train")
+    valid = read_texts(ctx.inputs["corpus"], "valid")
+    if not train:
+        raise BertpipeError(f"{ctx.inputs['corpus']}/train.parquet: no non-empty 'text' rows to mine")
+    base_tok = extend.load_tokenizer(ctx.inputs["tokenizer"])
+
+    ctx.log(f"mining {len(train)} train texts with jieba (HMM {'on' if p.hmm else 'off'})")
+    mined = mining.mine(train, base_tok, language, p, glossary)
+    forms = [f for f, _ in mined.unk_forms]
+    ext_tok = extend.extend_tokenizer(base_tok, [c.word for c in mined.candidates], forms)
+    new_ids = extend.new_token_ids(base_tok, ext_tok)
+    ctx.log(f"added {len(new_ids)} ids ({len(mined.candidates)} words, {len(forms)} [UNK]-character forms)")
+
+    model, head_missing = embeddings.load_mlm(ctx.inputs["model"], log=ctx.log)
+    head_note = "loaded from the checkpoint"
+    if head_missing:
+        head_note = "absent from the checkpoint: initialised fresh"
+        if p.head_fit_steps > 0:
+            last = embeddings.fit_head(model, base_tok, train, p.head_fit_steps, seed=p.seed, log=ctx.log)
+            head_note += f", then fitted {p.head_fit_steps} steps on the train split, encoder frozen (loss {last:.3f})"
+    ctx.log(f"MLM head {head_note}")
+
+    eval_texts = valid[: p.eval_texts]
+    losses: dict[str, float] = {}
+    if eval_texts:
+        kw = dict(max_length=p.eval_max_length, seed=p.seed)
+        losses["base (base tokenizer)"] = embeddings.mlm_loss(model, base_tok, eval_texts, **kw)
+        if p.init != "random" and new_ids:
+            ablation = copy.deepcopy(model)
+            embeddings.extend_model(ablation, base_tok, ext_tok, "random", seed=p.seed)
+            losses["random init"] = embeddings.mlm_loss(ablation, ext_tok, eval_texts, **kw)
+            del ablation
+    init_stats = embeddings.extend_model(model, base_tok, ext_tok, p.init, seed=p.seed)
+    if eval_texts:
+        losses[f"{p.init} init"] = embeddings.mlm_loss(model, ext_tok, eval_texts, **kw)
+
+    out = Path(ctx.out)
+    ext_tok.save_pretrained(out / "tokenizer")
+    model.save_pretrained(out / "model")
+    ext_tok.save_pretrained(out / "model")
+
+    ctx.log(f"measuring the tokenizers on {len(valid)} valid texts")
+    stats_texts = valid or train[:1000]
+    before = extend.tokenizer_stats(base_tok, stats_texts)
+    after = extend.tokenizer_stats(ext_tok, stats_texts)
+
+    rows = _rows(ext_tok, base_tok, mined, new_ids)
+    report.write_added_tokens(out / "added_tokens.tsv", rows)
+    glossary_rows = _glossary_rows(glossary, base_tok, ext_tok, mined)
+    report.write_report(
+        out / "report.md",
+        language=language,
+        base_src=str(ctx.inputs["tokenizer"]),
+        model_src=str(ctx.inputs["model"]),
+        mining=mined,
+        rows=rows,
+        before=before,
+        after=after,
+        losses=losses,
+        glossary_rows=glossary_rows,
+        head_note=head_note,
+        params=ctx.cfg.section_dict("vocab"),
+    )
+    if report.write_figure(out / "vocab.png", before, after, losses):
+        ctx.log_artifact(out / "vocab.png")
+    ctx.log_artifact(out / "report.md")
+    ctx.log_artifact(out / "added_tokens.tsv")
+
+    ctx.counts.update(
+        {
+            "train_texts": len(train),
+            "valid_texts": len(valid),
+            "added_tokens": len(new_ids),
+            "added_words": sum(r["kind"] != "unk_char" for r in rows),
+            "added_unk_chars": sum(r["kind"] == "unk_char" for r in rows),
+            "glossary_terms": len(glossary),
+            "candidates": mined.n_candidates,
+            "vocab_size": len(ext_tok),
+            "embedding_rows": int(init_stats.get("rows", len(ext_tok))),
+        }
+    )
+    metrics = {
+        "added_tokens": float(len(new_ids)),
+        "tokens_per_char_before": before["tokens_per_char"],
+        "tokens_per_char_after": after["tokens_per_char"],
+        "unk_rate_before": before["unk_rate"],
+        "unk_rate_after": after["unk_rate"],
+        "speed_ratio": after["chars_per_s"] / max(before["chars_per_s"], 1e-9),
+        "chars_per_s_before": before["chars_per_s"],
+        "chars_per_s_after": after["chars_per_s"],
+        "mining_seconds": mined.seconds,
+    }
+    for name, value in losses.items():
+        metrics["mlm_loss_" + name.split(" ")[0]] = value
+    ctx.log_metrics(metrics)
+    ctx.log(
+        f"tokens/char {before['tokens_per_char']:.4f} -> {after['tokens_per_char']:.4f}, "
+        f"UNK {before['unk_rate']:.2e} -> {after['unk_rate']:.2e}, speed {metrics['speed_ratio']:.2f}x"
+    )
+    return metrics
+
+
+def _rows(ext_tok, base_tok, mined, new_ids) -> list[dict]:
+    by_word = {c.word: c for c in mined.candidates}
+    unk_freq = dict(mined.unk_forms)
+    tokens = ext_tok.convert_ids_to_tokens(new_ids)
+    pieces = embeddings.piece_ids(base_tok, tokens)
+    rows = []
+    for i, tok, pc in zip(new_ids, tokens, pieces):
+        c = by_word.get(tok)
+        rows.append(
+            {
+                "id": i,
+                "token": tok,
+                "kind": ("glossary" if c.glossary else "word") if c else "unk_char",
+                "freq": c.freq if c else unk_freq.get(tok, 0),
+                "pieces": len(pc),
+                "base_pieces": base_tok.convert_ids_to_tokens(pc),
+                "pmi": c.pmi if c else float("nan"),
+                "score": c.score if c else float("nan"),
+            }
+        )
+    return rows
+
+
+def _glossary_rows(glossary, base_tok, ext_tok, mined) -> list[dict]:
+    freq = {c.word: c.freq for c in mined.candidates}
+    rows, seen = [], set()
+    for t in glossary:
+        if t.word in seen:
+            continue
+        seen.add(t.word)
+        rows.append(
+            {
+                "term": t.word,
+                "source": t.source,
+                "freq": freq.get(t.word, freq.get(t.word.lower(), 0)),
+                "in_base": len(base_tok(t.word, add_special_tokens=False)["input_ids"]) == 1,
+                "one_token": len(ext_tok(t.word, add_special_tokens=False)["input_ids"]) == 1,
+            }
+        )
+    return rows

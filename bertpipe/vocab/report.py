@@ -1,0 +1,152 @@
+"""What the vocab stage writes for people: added_tokens.tsv, report.md and a before/after figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+
+def _fmt(x: float, digits: int = 4) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def write_added_tokens(path: Path, rows: Sequence[dict]) -> None:
+    """One line per new id: id, token, kind (glossary/word/unk_char), train frequency, base pieces, PMI, score."""
+    cols = ["id", "token", "kind", "freq", "pieces", "base_pieces", "pmi", "score"]
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\t".join(cols) + "\n")
+        for r in rows:
+            fh.write(
+                "\t".join(
+                    [
+                        str(r["id"]),
+                        r["token"],
+                        r["kind"],
+                        str(r["freq"]),
+                        str(r["pieces"]),
+                        " ".join(r["base_pieces"]),
+                        _fmt(r["pmi"], 3),
+                        _fmt(r["score"], 1),
+                    ]
+                )
+                + "\n"
+            )
+
+
+def write_figure(path: Path, before: dict, after: dict, losses: dict[str, float]) -> bool:
+    """Bars of tokens/char, [UNK] rate, speed (and MLM loss by init); False when matplotlib is unavailable."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [
+        ("tokens per character", "tokens_per_char"),
+        ("[UNK] rate", "unk_rate"),
+        ("throughput (chars/s)", "chars_per_s"),
+    ]
+    n = len(panels) + (1 if losses else 0)
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.2))
+    for ax, (title, key) in zip(axes, panels):
+        ax.bar(["base", "extended"], [before[key], after[key]], color=["#888888", "#2a7ab9"])
+        ax.set_title(title, fontsize=10)
+    if losses:
+        ax = axes[-1]
+        names = list(losses)
+        ax.bar(names, [losses[k] for k in names], color="#c0504d")
+        ax.set_title("valid MLM loss after extension", fontsize=10)
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(
+    path: Path,
+    *,
+    language: str,
+    base_src: str,
+    model_src: str,
+    mining,
+    rows: Sequence[dict],
+    before: dict,
+    after: dict,
+    losses: dict[str, float],
+    glossary_rows: Sequence[dict],
+    head_note: str,
+    params: dict,
+    top_n: int = 200,
+) -> None:
+    speed = after["chars_per_s"] / max(before["chars_per_s"], 1e-9)
+    words = [r for r in rows if r["kind"] != "unk_char"]
+    chars = [r for r in rows if r["kind"] == "unk_char"]
+    lines = [
+        "# vocab: domain words added to the tokenizer",
+        "",
+        f"- base tokenizer: `{base_src}`; base model: `{model_src}`; language: {language}",
+        f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} multi-character jieba "
+        f"words) in {mining.seconds:.1f} s; {mining.n_candidates} candidates passed the filters",
+        f"- added {len(rows)} ids: {len(words)} words as added tokens "
+        f"({sum(r['kind'] == 'glossary' for r in rows)} from glossaries), "
+        f"{len(chars)} vocab entries for characters the base maps to [UNK]",
+        "- mechanism: words are added tokens of the fast tokenizer (matched on the raw text before BERT's normaliser "
+        "spaces CJK characters out; Latin words only as whole words); [UNK] characters are appended to the WordPiece "
+        "vocab with their ## forms. Everything else tokenises exactly as before.",
+        f"- MLM head: {head_note}",
+        "",
+        "## Valid split, before and after",
+        "",
+        "| | base | extended |",
+        "|---|---|---|",
+        f"| tokens per character | {_fmt(before['tokens_per_char'])} | {_fmt(after['tokens_per_char'])} |",
+        f"| [UNK] rate (per token) | {_fmt(before['unk_rate'], 6)} | {_fmt(after['unk_rate'], 6)} |",
+        f"| tokens | {int(before['tokens'])} | {int(after['tokens'])} |",
+        f"| throughput (chars/s, best of 3) | {before['chars_per_s']:.0f} | {after['chars_per_s']:.0f} |",
+        "",
+        f"Extended/base speed: {speed:.2f}x.",
+        "",
+    ]
+    if losses:
+        lines += [
+            "## MLM loss on held-out valid text right after extension",
+            "",
+            "Same masked positions for every extended model (15% of tokens, fixed seed); `base` uses the base "
+            "tokenizer, so its positions differ.",
+            "",
+            "| model | loss |",
+            "|---|---|",
+        ]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in losses.items()]
+        lines.append("")
+    if glossary_rows:
+        covered = sum(1 for g in glossary_rows if g["one_token"])
+        lines += [
+            f"## Glossary coverage: {covered}/{len(glossary_rows)} terms are one token after extension",
+            "",
+            "| term | source | train freq | in base vocab | one token after |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['term']} | {g['source']} | {g['freq']} | {'yes' if g['in_base'] else 'no'} | "
+            f"{'yes' if g['one_token'] else 'no'} |"
+            for g in glossary_rows
+        ]
+        lines.append("")
+    lines += [
+        f"## Added tokens (first {min(top_n, len(rows))} of {len(rows)}; all in added_tokens.tsv)",
+        "",
+        "| id | token | kind | train freq | base pieces | PMI | score |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows[:top_n]:
+        lines.append(
+            f"| {r['id']} | {r['token']} | {r['kind']} | {r['freq']} | {r['pieces']} | {_fmt(r['pmi'], 2)} | "
+            f"{_fmt(r['score'], 1)} |"
+        )
+    lines += ["", "## Params", "", "```", *(f"{k}: {v}" for k, v in params.items()), "```", ""]
+    Path(path).write_text("\n".join(lines), encoding="utf-8")

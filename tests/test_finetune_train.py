@@ -1,0 +1,114 @@
+"""The training loop on a tiny real BERT: unfreezing phases, layer-wise lr decay, early stopping with restore."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertpipe.finetune import heads as H
+from bertpipe.finetune import train as TR
+from bertpipe.finetune import windows as W
+from bertpipe.finetune.data import Example
+from bertpipe.finetune.params import TaskParams, TrainParams
+from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, zh_tokenizer_dir):
+    return tiny_encoder(tmp_path_factory.mktemp("enc"), zh_tokenizer_dir, layers=4, hidden=32)
+
+
+@pytest.fixture(scope="module")
+def feats(encoder):
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(encoder))
+    exs = [Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in keyword_classification(64)]
+    p = TaskParams(type="classification", format="jsonl", train="x")
+    return H.featurize(tok, exs, p, TrainParams(max_seq_len=32), {"neg": 0, "pos": 1}, Counter(), "train").feats
+
+
+def _model(encoder):
+    return H.load_model("classification", encoder, ["neg", "pos"])
+
+
+def _snapshot(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_gradual_unfreezing_changes_only_the_phase_parameters(encoder, feats):
+    tp = TrainParams(lr=1e-3, epochs=3, batch_size=16, warmup_ratio=0.0, seeds=[0], bf16=False,
+                     unfreeze=[{"epochs": 1, "top_layers": 0}, {"epochs": 1, "top_layers": 2}],
+                     early_stopping={"patience": 0})
+    model = _model(encoder)
+    before = _snapshot(model)
+    changed: dict[int, set] = {}
+
+    def on_phase_end(phase, m):
+        nonlocal before
+        now = _snapshot(m)
+        changed[phase] = {k for k in now if not torch.equal(now[k], before[k])}
+        before = now
+
+    TR.train(model, feats, tp, lambda m: (0.0, {}), 0, seed=0, on_phase_end=on_phase_end)
+    assert sorted(changed) == [0, 1, 2]
+    depth = {k: TR.depth(k, 4) for k in before}
+    head = {k for k, d in depth.items() if d == 4}
+    top2 = {k for k, d in depth.items() if d in (2, 3)}
+    assert changed[0] and changed[0] <= head  # head only
+    assert changed[1] - head and changed[1] <= head | top2 and any(depth[k] == 3 for k in changed[1])
+    assert any(depth[k] == -1 for k in changed[2]) and any(depth[k] == 0 for k in changed[2])  # everything
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_layer_wise_lr_decay_groups(encoder):
+    model = _model(encoder)
+    tp = TrainParams(lr=1e-3, head_lr=5e-3, layer_lr_decay=0.5)
+    lr_of = {}
+    for g in TR.param_groups(model, tp):
+        for p in g["params"]:
+            lr_of[id(p)] = (g["lr"], g["weight_decay"])
+    named = dict(model.named_parameters())
+    assert lr_of[id(named["classifier.weight"])][0] == pytest.approx(5e-3)
+    for i in range(4):
+        assert lr_of[id(named[f"bert.encoder.layer.{i}.attention.self.query.weight"])] == pytest.approx(
+            (1e-3 * 0.5 ** (4 - i), 0.01))
+        assert lr_of[id(named[f"bert.encoder.layer.{i}.output.LayerNorm.weight"])][1] == 0.0
+    assert lr_of[id(named["bert.embeddings.word_embeddings.weight"])][0] == pytest.approx(1e-3 * 0.5**5)
+
+
+def test_early_stopping_restores_the_best_weights(encoder, feats):
+    tp = TrainParams(lr=1e-3, epochs=10, batch_size=16, seeds=[0], bf16=False, evals_per_epoch=1,
+                     early_stopping={"patience": 2})
+    model = _model(encoder)
+    seen = []
+    scores = iter([0.1, 0.5, 0.3, 0.2, 0.9, 0.9])  # best at the 2nd evaluation, then two without improvement
+
+    def evaluate(m):
+        seen.append(_snapshot(m))
+        return next(scores), {}
+
+    res = TR.train(model, feats, tp, evaluate, 0, seed=0)
+    assert res.stopped_early and len(seen) == 4 and res.best_primary == 0.5 and res.best_step == 8
+    final = _snapshot(model)
+    assert all(torch.equal(final[k], seen[1][k]) for k in final)
+    assert not all(torch.equal(final[k], seen[3][k]) for k in final)
+
+
+def test_grad_accumulation_counts_optimizer_steps(encoder, feats):
+    tp = TrainParams(lr=1e-3, epochs=1, batch_size=8, grad_accum=2, seeds=[0], bf16=True)
+    res = TR.train(_model(encoder), feats, tp, lambda m: (0.0, {}), 0, seed=0)
+    assert res.steps == 4  # 64 examples / (8 x 2)
+    assert res.losses and all(loss > 0 for _, loss in res.losses)
+
+
+def test_collate_pads_and_masks():
+    batch = TR.collate([{"input_ids": [1, 2, 3], "labels": [0, 1, 0]}, {"input_ids": [4], "labels": [1]}], pad_id=0)
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[0, 1, 0], [1, -100, -100]]
+    assert W.windows(0, 5, 2) == [(0, 0)]

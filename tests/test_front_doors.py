@@ -1,0 +1,81 @@
+"""The three front doors over one library agree on what is fresh: the CLI, a real Prefect flow, a real `dvc repro`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from tests.e2e_project import run, write_project
+
+pytestmark = pytest.mark.slow
+
+FLOW_TWICE = r"""
+import json, sys
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from flows.domain_adaptation import domain_adaptation
+
+def states(flow_run_id):
+    with get_client(sync_client=True) as c:
+        trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return {tr.name: tr.state.name for tr in trs}
+
+out = []
+for _ in range(2):
+    state = domain_adaptation("params.yaml", None, [], "prepare", return_state=True)
+    assert state.is_completed(), state
+    out.append(states(state.state_details.flow_run_id))
+print("STATES=" + json.dumps(out))
+"""
+
+
+def test_prefect_flow_twice_reports_prepare_cached(tmp_path, sample_raw):
+    import sys
+
+    write_project(tmp_path, sample_raw)
+    proc = run([sys.executable, "-c", FLOW_TWICE], tmp_path)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1]
+    first, second = json.loads(line[len("STATES="):])
+    assert first == {"prepare": "Completed"}, first
+    assert second == {"prepare": "Cached"}, second
+    manifest = json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text())
+    # The flow's parent run and the stage run are in the embedded MLflow store, nested.
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / '.bertpipe' / 'mlflow.db'}")
+    stage_run = c.get_run(manifest["mlflow_run_id"])
+    parent = c.get_run(stage_run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["bertpipe.flow"] == "domain_adaptation"
+    assert stage_run.data.metrics and stage_run.data.tags["bertpipe.fingerprint"] == manifest["fingerprint"]
+    # Deleting the output makes the stage stale for every door: the next flow run rebuilds instead of trusting
+    # Prefect's cache record.
+    shutil.rmtree(tmp_path / "work" / "prepare")
+    proc = run([sys.executable, "-c", FLOW_TWICE.replace("range(2)", "range(1)")], tmp_path)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1]
+    assert json.loads(line[len("STATES="):]) == [{"prepare": "Completed"}]
+    assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text())["fingerprint"] == manifest[
+        "fingerprint"]
+
+
+def test_dvc_repro_runs_once_then_is_a_noop(tmp_path, sample_raw):
+    write_project(tmp_path, sample_raw)
+    run(["git", "init", "-q"], tmp_path)
+    run(["dvc", "init", "-q"], tmp_path)
+    run(["bertpipe", "dvc-yaml"], tmp_path)
+    first = run(["dvc", "repro", "prepare"], tmp_path)
+    assert "Running stage 'prepare'" in first.stdout, first.stdout
+    manifest = (tmp_path / "work" / "prepare" / "manifest.json").read_text()
+    second = run(["dvc", "repro", "prepare"], tmp_path)
+    assert "Running stage" not in second.stdout and "didn't change" in second.stdout, second.stdout
+    assert (tmp_path / "work" / "prepare" / "manifest.json").read_text() == manifest
+    assert "prepare" in run(["bertpipe", "stages"], tmp_path).stdout.split("fresh")[0]
+    # Changing a prepare param makes DVC run the stage again, and the CLI agrees it was stale.
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["prepare"]["dedup"] = {"threshold": 0.8}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True))
+    assert "stale" in run(["bertpipe", "stages"], tmp_path).stdout.splitlines()[0]
+    third = run(["dvc", "repro", "prepare"], tmp_path)
+    assert "Running stage 'prepare'" in third.stdout
