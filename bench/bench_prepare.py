@@ -118,6 +118,8 @@ def child_dedup(method: str, texts_file: str, pairs_out: str, n: int, num_perm: 
         from bertpipe.prepare.dedup import near_duplicates
 
         pairs = near_duplicates(texts, n, num_perm, threshold, seed=1, verify=True, recall_weight=0.9).pairs
+    elif method == "rensa":
+        pairs = rensa_loop(texts, n, num_perm, threshold)
     else:
         pairs = datasketch_loop(texts, n, num_perm, threshold)
     wall = time.perf_counter() - t
@@ -138,6 +140,33 @@ def datasketch_loop(texts: list[str], n: int, num_perm: int, threshold: float):
     for i, t in enumerate(texts):
         m = MinHash(num_perm=num_perm, seed=1)
         m.update_batch([g.encode("utf-8") for g in grams(t)])
+        lsh.insert(i, m)
+        sigs.append(m)
+    pairs = []
+    for i, m in enumerate(sigs):
+        for j in lsh.query(m):
+            if j > i:
+                a, b = grams(texts[i]), grams(texts[j])
+                if len(a & b) / len(a | b) >= threshold:
+                    pairs.append((i, j))
+    return sorted(pairs)
+
+
+def rensa_loop(texts: list[str], n: int, num_perm: int, threshold: float):
+    """The same loop with rensa's Rust MinHash and LSH (same bands as the stage), for the choice of implementation."""
+    from rensa import RMinHash, RMinHashLSH
+
+    from bertpipe.prepare.dedup import lsh_params
+
+    def grams(t: str) -> set[str]:
+        return {t[i : i + n] for i in range(len(t) - n + 1)} if len(t) >= n else ({t} if t else set())
+
+    bands, _ = lsh_params(threshold, num_perm, 0.9)
+    lsh = RMinHashLSH(threshold=threshold, num_perm=num_perm, num_bands=bands)
+    sigs = []
+    for i, t in enumerate(texts):
+        m = RMinHash(num_perm=num_perm, seed=1)
+        m.update(list(grams(t)))
         lsh.insert(i, m)
         sigs.append(m)
     pairs = []
@@ -183,6 +212,9 @@ def main() -> None:
     ap.add_argument("--db", default=str(REPO / "data/raw/china_law/laws.db"))
     ap.add_argument("--scales", default="1,10")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--skip-prepare", action="store_true", help="only the near-dup comparison on the largest scale")
+    ap.add_argument("--methods", default="bertpipe,datasketch", help="near-dup implementations to compare "
+                    "(bertpipe, datasketch, rensa); the first is the reference for pair agreement")
     ap.add_argument("--ngram", type=int, default=5)
     ap.add_argument("--num-perm", type=int, default=128)
     ap.add_argument("--threshold", type=float, default=0.7)
@@ -197,6 +229,8 @@ def main() -> None:
         for k in scales:
             db = tmp / f"laws_x{k}.db"
             replicate_db(Path(args.db), db, k)
+            if args.skip_prepare:
+                continue
             work = tmp / f"work_x{k}"
             work.mkdir()
             r = run_child("--child-prepare", str(db), str(work))
@@ -211,7 +245,7 @@ def main() -> None:
                 f"{s['near']['pairs']:,}, kept {s['kept']:,}, phases {s['timings']}",
                 flush=True,
             )
-        if len(rows) > 1:
+        if len(rows) > 1 and not args.skip_prepare:
             (k0, _, mb0, w0, *_), (k1, _, mb1, w1, *_) = rows[0], rows[-1]
             print(f"scaling x{k0}->x{k1}: data x{mb1 / mb0:.1f}, time x{w1 / w0:.1f} "
                   f"(linear = {mb1 / mb0:.1f})", flush=True)
@@ -224,15 +258,18 @@ def main() -> None:
         tf.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
         common = [str(args.ngram), str(args.num_perm), str(args.threshold)]
         res = {}
-        for method in ("bertpipe", "datasketch"):
+        methods = args.methods.split(",")
+        for method in methods:
             res[method] = run_child("--child-dedup", method, str(tf), str(tmp / f"{method}.npy"), *common)
             print(f"near-dup {method} on laws x{k} ({len(texts):,} docs): {res[method]['wall_s']:.1f} s, "
                   f"peak RSS {res[method]['peak_rss_mb']:.0f} MB, {res[method]['pairs']:,} pairs", flush=True)
-        a = {tuple(p) for p in np.load(tmp / "bertpipe.npy").tolist()}
-        b = {tuple(p) for p in np.load(tmp / "datasketch.npy").tolist()}
-        both = len(a & b)
-        print(f"speed-up: {res['datasketch']['wall_s'] / res['bertpipe']['wall_s']:.1f}x; pairs: bertpipe {len(a):,}, "
-              f"datasketch {len(b):,}, both {both:,} (agreement {both / max(1, len(a | b)):.3f} Jaccard)", flush=True)
+        ref = methods[0]
+        a = {tuple(p) for p in np.load(tmp / f"{ref}.npy").tolist()}
+        for other in methods[1:]:
+            b = {tuple(p) for p in np.load(tmp / f"{other}.npy").tolist()}
+            both = len(a & b)
+            print(f"{ref} vs {other}: {res[other]['wall_s'] / res[ref]['wall_s']:.1f}x faster; pairs {ref} {len(a):,}, "
+                  f"{other} {len(b):,}, both {both:,} (agreement {both / max(1, len(a | b)):.3f} Jaccard)", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}", flush=True)
 
 

@@ -44,6 +44,7 @@ def write_project(root: Path, raw: Path, extra: dict | None = None, where: str =
 
 
 def env_for(root: Path) -> dict:
+    (root / ".bertpipe" / "prefect").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "BERTPIPE_ROOT": str(root),
                 "PREFECT_HOME": str(root / ".bertpipe" / "prefect"), "PYTHONUNBUFFERED": "1",

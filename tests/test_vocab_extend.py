@@ -138,3 +138,10 @@ def test_not_a_tokenizer(src, tmp_path):
     (tmp_path / "junk.txt").write_text("x")
     with pytest.raises(BertpipeError):
         load_tokenizer(tmp_path)
+
+
+def test_mixed_script_and_latin_words(base):
+    ext = extend_tokenizer(base, ["A股", "wto", "合同法"])
+    # Non-ASCII words match the raw text as written; ASCII words match the lower-cased text as whole words.
+    assert ext.tokenize("买A股 WTO规则 合同法") == ["买", "A股", "wto", "规", "则", "合同法"]
+    assert ext.tokenize("WTOs") == base.tokenize("WTOs")

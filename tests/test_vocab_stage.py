@@ -63,7 +63,7 @@ def test_outputs_load_without_bertpipe(built, zh_tokenizer_dir):
     cfg, res = built
     out = res.out
     for f in ("tokenizer/tokenizer.json", "model/config.json", "model/tokenizer.json", "added_tokens.tsv",
-              "report.md", "manifest.json"):
+              "report.md", "manifest.json", "vocab.png"):
         assert (out / f).is_file(), f
     tok = AutoTokenizer.from_pretrained(out / "model")
     tok2 = AutoTokenizer.from_pretrained(out / "tokenizer")

@@ -179,8 +179,9 @@ def _cluster_record(corpus: str, kind: str, ranked: list[dict], sims: list[float
         "members": [x["id"] for x in ranked],
         "groups": sorted({x["group"] for x in ranked})[:20],
         "preview": _preview(ranked[0]["text"], preview),
-        "preview_other": _preview(ranked[1]["text"], preview),
     }
+    if kind == "near":  # an exact duplicate's other members read the same
+        rec["preview_other"] = _preview(ranked[1]["text"], preview)
     if sims:
         rec["similarity_min"] = round(min(sims), 4)
         rec["similarity_max"] = round(max(sims), 4)

@@ -17,7 +17,6 @@ from typing import Sequence
 
 import numpy as np
 
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _PRIME = np.uint64(0x100000001B3)  # FNV-64 prime: the rolling n-gram polynomial's base
 _WS = re.compile(r"\s+")
 
@@ -37,45 +36,55 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def ngram_hashes(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+def ngram_hashes(texts: Sequence[str], n: int, chunk_chars: int = 1 << 21) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of every character n-gram of every text, concatenated, plus per-text offsets (len D+1).
-    A text shorter than ``n`` contributes one hash of the whole text; an empty text contributes none."""
+    A text shorter than ``n`` contributes one hash of the whole text; an empty text contributes none.
+    Texts are hashed in chunks of about ``chunk_chars`` characters, which bounds the temporary arrays."""
     lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    starts = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(lens, out=starts[1:])
-    cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-    total = len(cps)
     count = np.where(lens >= n, lens - n + 1, np.minimum(lens, 1))
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(count, out=offsets[1:])
+    out = np.empty(offsets[-1], dtype=np.uint64)
+    ends = np.cumsum(lens)
+    lo = 0
+    while lo < len(texts):
+        hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + chunk_chars, side="right")))
+        out[offsets[lo] : offsets[hi]] = _chunk_hashes(texts[lo:hi], lens[lo:hi], count[lo:hi], n)
+        lo = hi
+    return out, offsets
+
+
+def _chunk_hashes(texts: Sequence[str], lens: np.ndarray, count: np.ndarray, n: int) -> np.ndarray:
+    starts = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=starts[1:])
+    total = int(starts[-1])
     if total == 0:
-        return np.zeros(0, dtype=np.uint64), offsets
+        return np.zeros(0, dtype=np.uint64)
+    padded = np.zeros(total + n, dtype=np.uint64)
+    padded[:total] = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    padded[:total] += np.uint64(1)  # so that a code point never hashes like the zero padding
     # h[i] after k steps = hash of cps[i : i+k]; positions past the end read zeros and are never selected.
-    padded = np.concatenate([cps, np.zeros(n, dtype=np.uint64)])
     h = np.zeros(total, dtype=np.uint64)
     short = np.flatnonzero((lens < n) & (lens > 0))
     short_h = np.zeros(len(short), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for k in range(n):
             h *= _PRIME
-            h += padded[k : k + total] + np.uint64(1)
-            hit = lens[short] == k + 1
-            short_h[hit] = h[starts[short[hit]]]
-    # Valid n-gram starts: i in [start, start + len - n] of each text with len >= n.
-    full = lens >= n
-    idx = np.repeat(starts[:-1][full], count[full]) + _ranges(count[full])
-    out = np.empty(offsets[-1], dtype=np.uint64)
-    mask_full = np.repeat(full, count)
-    out[mask_full] = h[idx]
+            h += padded[k : k + total]
+            if len(short):
+                hit = lens[short] == k + 1
+                short_h[hit] = h[starts[short[hit]]]
+    # Valid n-gram starts are all positions but the last n-1 of each text (all of a short text's): mark those
+    # tails with a difference array rather than building index ranges per text.
+    tail = starts[:-1] + np.maximum(lens - n + 1, 0)
+    delta = np.bincount(tail, minlength=total + 1) - np.bincount(starts[1:], minlength=total + 1)
+    valid = np.cumsum(delta[:total]) == 0
+    out = np.empty(int(count.sum()), dtype=np.uint64)
+    mask_full = np.repeat(lens >= n, count)
+    out[mask_full] = h[valid]
     out[~mask_full] = short_h
     with np.errstate(over="ignore"):
-        return _mix(out), offsets
-
-
-def _ranges(counts: np.ndarray) -> np.ndarray:
-    """[0..c0-1, 0..c1-1, ...] without a Python loop."""
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.arange(int(counts.sum()), dtype=np.int64) - starts
+        return _mix(out)
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,19 +95,23 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def minhash_signatures(
-    hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int = 1, batch: int = 1024, progress=None
+    hashes: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int = 1, batch: int = 4096, progress=None
 ) -> np.ndarray:
     """(D, num_perm) uint32 MinHash signatures: min over a document's n-grams of ``(a*h + b) >> 32``.
-    Batches of about ``batch`` n-grams (whole documents) keep the (batch, num_perm) work matrix in cache."""
+
+    Work goes in batches of about ``batch`` n-grams (whole documents) laid out permutation-major, (num_perm, batch),
+    so ``np.minimum.reduceat`` runs along contiguous rows; the high 32 bits are read through a uint32 view instead
+    of a shift pass. The result is a transposed view of a (num_perm, D) array, whose bands are contiguous."""
     a, b = permutations(num_perm, seed)
+    a, b = a[:, None], b[:, None]
     d = len(offsets) - 1
-    sig = np.full((d, num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    sig = np.full((num_perm, d), np.iinfo(np.uint32).max, dtype=np.uint32)
     counts = np.diff(offsets)
     # Document boundaries that split the n-grams into batches of about `batch`.
     cut = np.searchsorted(offsets, np.arange(0, offsets[-1] + batch, batch), side="left")
     cut = np.unique(np.concatenate([[0], np.clip(cut, 0, d), [d]]))
-    buf = np.empty((2 * batch, num_perm), dtype=np.uint64)
-    shift = np.uint64(32)
+    buf = np.empty((num_perm, 2 * batch), dtype=np.uint64)
+    high = 1 if np.little_endian else 0  # index of the high uint32 half of each uint64
     with np.errstate(over="ignore"):
         for lo, hi in zip(cut[:-1], cut[1:]):
             docs = np.arange(lo, hi)
@@ -106,16 +119,16 @@ def minhash_signatures(
             if len(docs) == 0:
                 continue
             x = hashes[offsets[docs[0]] : offsets[docs[-1] + 1]]
-            if len(x) > len(buf):
-                buf = np.empty((len(x), num_perm), dtype=np.uint64)
-            w = buf[: len(x)]
-            np.multiply(x[:, None], a[None, :], out=w)
+            if len(x) > buf.shape[1]:
+                buf = np.empty((num_perm, len(x)), dtype=np.uint64)
+            w = buf[:, : len(x)]
+            np.multiply(x[None, :], a, out=w)
             w += b
-            w >>= shift
-            sig[docs] = np.minimum.reduceat(w, offsets[docs] - offsets[docs[0]], axis=0)
+            top = w.view(np.uint32)[:, high::2]
+            sig[:, docs] = np.minimum.reduceat(top, offsets[docs] - offsets[docs[0]], axis=1)
             if progress is not None:
                 progress(int(hi - lo))
-    return sig
+    return sig.T
 
 
 @functools.lru_cache(maxsize=32)
@@ -132,6 +145,11 @@ def lsh_params(threshold: float, num_perm: int, recall_weight: float = 0.5) -> t
             key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold),
         )
         return best
+
+
+@functools.lru_cache(maxsize=256)
+def _triu(z: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(z, 1)
 
 
 def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200) -> np.ndarray:
@@ -153,7 +171,7 @@ def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200
             for s, z in zip(bstart[bsize > 1], bsize[bsize > 1]):
                 members = np.sort(order[s : s + z])
                 if z <= max_bucket:
-                    i, j = np.triu_indices(z, 1)
+                    i, j = _triu(int(z))
                     found.append(np.stack([members[i], members[j]], axis=1))
                 else:
                     found.append(np.stack([np.full(z - 1, members[0]), members[1:]], axis=1))
@@ -198,7 +216,7 @@ def near_duplicates(
     threshold: float,
     seed: int = 1,
     verify: bool = True,
-    batch: int = 1024,
+    batch: int = 4096,
     progress=None,
     recall_weight: float = 0.9,
 ) -> NearDups:

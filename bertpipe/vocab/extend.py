@@ -42,7 +42,8 @@ def load_tokenizer(src: Path | str):
 
 
 def added_token(word: str) -> AddedToken:
-    if is_cjk_word(word) or any(not c.isascii() for c in word):
+    """Chinese (or any non-ASCII) words match the raw text, case-sensitive; ASCII words match normalised whole words."""
+    if is_cjk_word(word) or not word.isascii():
         return AddedToken(word, single_word=False, normalized=False, lstrip=False, rstrip=False, special=False)
     return AddedToken(word, single_word=True, normalized=True, lstrip=False, rstrip=False, special=False)
 
@@ -100,7 +101,7 @@ def tokenizer_stats(tok, texts: Sequence[str], repeats: int = 3, batch: int = 25
         t0 = time.perf_counter()
         out = []
         for i in range(0, len(texts), batch):
-            out.extend(tok(texts[i : i + batch], add_special_tokens=False)["input_ids"])
+            out.extend(tok(texts[i : i + batch], add_special_tokens=False, verbose=False)["input_ids"])
         best = min(best, time.perf_counter() - t0)
         if r == 0:
             n_tok = sum(len(x) for x in out)

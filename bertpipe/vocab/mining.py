@@ -89,15 +89,27 @@ def read_glossary(path: Path) -> list[GlossaryTerm]:
     return terms
 
 
+_SEGMENTERS: dict[tuple, object] = {}
+
+
 def make_segmenter(glossary: Sequence[GlossaryTerm]):
-    """A private jieba.Tokenizer with the glossary terms added, so mining never touches jieba's global dictionary."""
+    """A private jieba.Tokenizer with the glossary terms added, so mining never touches jieba's global dictionary.
+
+    Kept per glossary for the process: loading jieba's dictionary costs about a second each time.
+    """
     import jieba
 
-    jieba.setLogLevel(logging.WARNING)
-    seg = jieba.Tokenizer()
-    seg.initialize()
-    for t in glossary:
-        seg.add_word(t.word, t.freq, t.pos)
+    key = tuple((t.word, t.freq, t.pos) for t in glossary)
+    seg = _SEGMENTERS.get(key)
+    if seg is None:
+        jieba.setLogLevel(logging.WARNING)
+        seg = jieba.Tokenizer()
+        seg.initialize()
+        for t in glossary:
+            seg.add_word(t.word, t.freq, t.pos)
+        if len(_SEGMENTERS) > 8:
+            _SEGMENTERS.clear()
+        _SEGMENTERS[key] = seg
     return seg
 
 
@@ -117,9 +129,10 @@ class MiningResult:
     unk_forms: list[tuple[str, int]]  # vocab entries ("x" or "##x") for [UNK] characters, with their frequency
     n_texts: int = 0
     n_chars: int = 0
-    n_words: int = 0  # jieba words seen
+    n_words: int = 0  # jieba words seen (whitespace excluded)
     n_candidates: int = 0  # before top_k
     glossary_in_base: list[str] = field(default_factory=list)  # glossary terms already one token
+    glossary_freq: dict[str, int] = field(default_factory=dict)  # jieba-word frequency of each glossary term
     seconds: float = 0.0
 
 
@@ -178,18 +191,26 @@ def mine(
     """Rank domain words of ``texts`` (the train split) that the base ``tokenizer`` splits into 2..max_len pieces."""
     started = time.time()
     texts = _limit_chars(texts, params.max_chars)
+    if params.top_k == 0 and not glossary:  # nothing to rank: only the [UNK] characters are wanted
+        forms = unk_forms(texts, tokenizer, params.unk_char_min_freq)
+        return MiningResult([], forms, len(texts), sum(len(t) for t in texts), seconds=time.time() - started)
     seg = make_segmenter(glossary)
     stop = (STOPWORDS_ZH if language == "zh" else STOPWORDS_EN) if params.stopwords else frozenset()
     backend = tokenizer.backend_tokenizer
     lower = bool(backend.normalizer is not None and backend.normalizer.normalize_str("A") == "a")
+
+    def key(w: str) -> str:
+        # ASCII words are matched after normalisation (lower-cased); anything with other scripts is matched on the
+        # raw text (see extend.added_token), so it keeps its case.
+        return w.lower() if lower and w.isascii() else w
 
     counts: Counter = Counter()
     n_chars = 0
     bar = tqdm(total=sum(len(t) for t in texts), desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr)
     for text in texts:
         for w in seg.cut(text, HMM=params.hmm):
-            if len(w) > 1 and not w.isspace():
-                counts[w.lower() if lower else w] += 1
+            if not w.isspace():
+                counts[key(w)] += 1
         n_chars += len(text)
         bar.update(len(text))
     bar.close()
@@ -199,11 +220,11 @@ def mine(
     piece_counts: Counter = Counter()
     batch = 256
     for i in range(0, len(texts), batch):
-        for ids in tokenizer(list(texts[i : i + batch]), add_special_tokens=False)["input_ids"]:
+        for ids in tokenizer(list(texts[i : i + batch]), add_special_tokens=False, verbose=False)["input_ids"]:
             piece_counts.update(ids)
     n_pieces = max(1, sum(piece_counts.values()))
 
-    glossary_words = {(t.word.lower() if lower else t.word) for t in glossary}
+    glossary_words = {key(t.word) for t in glossary}
     pool = [
         w
         for w, n in counts.items()
@@ -245,5 +266,6 @@ def mine(
         n_words=n_words,
         n_candidates=n_candidates,
         glossary_in_base=sorted(in_base),
+        glossary_freq={w: counts.get(w, 0) for w in glossary_words},
         seconds=time.time() - started,
     )

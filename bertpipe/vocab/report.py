@@ -89,7 +89,7 @@ def write_report(
         "# vocab: domain words added to the tokenizer",
         "",
         f"- base tokenizer: `{base_src}`; base model: `{model_src}`; language: {language}",
-        f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} multi-character jieba "
+        f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} jieba "
         f"words) in {mining.seconds:.1f} s; {mining.n_candidates} candidates passed the filters",
         f"- added {len(rows)} ids: {len(words)} words as added tokens "
         f"({sum(r['kind'] == 'glossary' for r in rows)} from glossaries), "

@@ -173,7 +173,7 @@ def _rows(ext_tok, base_tok, mined, new_ids) -> list[dict]:
 
 
 def _glossary_rows(glossary, base_tok, ext_tok, mined) -> list[dict]:
-    freq = {c.word: c.freq for c in mined.candidates}
+    freq = mined.glossary_freq
     rows, seen = [], set()
     for t in glossary:
         if t.word in seen:

@@ -113,7 +113,7 @@ def tokenize_with_words(
     texts = list(texts)
     if not texts:
         return []
-    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     results = []
     for b, text in enumerate(texts):
         ids = list(enc["input_ids"][b])

@@ -1,0 +1,228 @@
+"""Benchmark: bertpipe's pretrain loop vs the plain transformers recipe, same corpus/model/sequence length/batch/steps.
+
+    .venv/bin/python bench/bench_pretrain.py [--steps 60] [--batch 32] [--seq 128] [--layers 2] [--hidden 128] ...
+
+The plain recipe: each article tokenized, truncated and padded to --seq, `DataCollatorForLanguageModeling` (token
+masking, 15%, 80/10/10), `Trainer` with full-vocabulary logits in fp32. bertpipe: packed segments, length buckets,
+whole-word dynamic masking, MLM head at the chosen positions only, bf16 autocast where the CPU has bf16.
+Each side runs in its own process (so peak RSS is its own); both are scored on the same held-out segments with the
+same fixed token-level masks. Prints non-padding tokens/s, the ratio, held-out loss after the same number of
+tokens, peak memory and model-FLOPs utilisation against a matmul peak measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def law_texts(raw: Path, n: int, offset: int) -> list[str]:
+    with sqlite3.connect(raw / "china_law" / "laws.db") as c:
+        rows = c.execute("select article_text from articles where length(article_text) > 10 order by id limit ? offset ?",
+                         (n, offset)).fetchall()
+    return [r[0] for r in rows]
+
+
+def matmul_peak(dtype, n: int = 1024, reps: int = 20) -> float:
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def model_config(args, vocab: int):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                      num_attention_heads=args.heads, intermediate_size=args.intermediate,
+                      max_position_embeddings=max(args.seq, 128), type_vocab_size=2)
+
+
+def heldout(args, tok):
+    """Held-out segments with fixed token-level masks (the plain recipe's own objective, so the scoring is fair)."""
+    from bertpipe.pretrain.data import build_examples
+    from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
+    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.pretrain.train import eval_batches
+
+    p = PretrainParams(max_seq_len=args.seq, batch_size=32, seed=123)
+    ex = build_examples(law_texts(Path(args.raw), 400, args.docs), tok, "zh", p, 256)
+    spec = MaskSpec(whole_word=False)
+    return eval_batches(ex, p, spec, tok.mask_token_id, normal_token_ids(tok), tok.pad_token_id)
+
+
+def score(mlm, batches) -> float:
+    from bertpipe.pretrain.model import PretrainModel
+    from bertpipe.pretrain.train import Dist, evaluate
+
+    return evaluate(PretrainModel(mlm, pair=False), batches, Dist(), bf16=False)["eval_loss"]
+
+
+def run_plain(args, tok) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    texts = law_texts(Path(args.raw), args.docs, 0)
+    ds = Dataset.from_dict({"text": texts}).map(
+        lambda b: tok(b["text"], truncation=True, max_length=args.seq, padding="max_length"),
+        batched=True, remove_columns=["text"])
+    base = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.15)
+    seen = {"tokens": 0}
+
+    def collate(features):
+        batch = base(features)
+        seen["tokens"] += int(batch["attention_mask"].sum())
+        return batch
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(model_config(args, len(tok)))
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(
+            output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=args.lr,
+            warmup_ratio=0.1, lr_scheduler_type="linear", weight_decay=0.01, logging_strategy="no",
+            save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collate)
+        t = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t
+    return {"tokens": seen["tokens"], "seconds": seconds, "loss_at_end": score(model, heldout(args, tok)),
+            "loss_same_tokens": None}
+
+
+def run_bertpipe(args, tok) -> dict:
+    import torch
+
+    from bertpipe.pretrain.data import build_examples
+    from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
+    from bertpipe.pretrain.model import PretrainModel
+    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.pretrain.train import Dist, train
+    from transformers import BertForMaskedLM
+
+    p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, max_steps=args.steps, lr=args.lr,
+                       warmup_ratio=0.1, eval_every=10**9, save_every=10**9, log_every=1, precision=args.precision,
+                       whole_word=not args.token_masking, seed=0)
+    ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(model_config(args, len(tok)))
+    ho = heldout(args, tok)
+    same = {}
+
+    def on_log(metrics, step):
+        if step == args.match_step and "eval_loss" in metrics:
+            same["loss"] = metrics["eval_loss"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = train(PretrainModel(mlm, pair=False), ex, ho, p, MaskSpec.from_params(p), tok, normal_token_ids(tok),
+                    Path(tmp), Dist(), on_log, extra_eval_steps={args.match_step})
+    tokens_at = {h["step"]: h["tokens"] for h in res.history if "loss" in h}
+    return {"tokens": res.tokens, "seconds": res.train_seconds, "loss_at_end": res.final_eval["eval_loss"],
+            "loss_same_tokens": same.get("loss"), "tokens_at_match": tokens_at.get(args.match_step)}
+
+
+def child(args) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.raw + "/bert-base-chinese")
+    res = run_plain(args, tok) if args.which == "plain" else run_bertpipe(args, tok)
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(res))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--docs", type=int, default=3000, help="law articles to train on")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
+    ap.add_argument("--token-masking", action="store_true", help="bertpipe with token (not whole-word) masking")
+    ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
+    ap.add_argument("--which", choices=("plain", "bertpipe"), help=argparse.SUPPRESS)
+    ap.add_argument("--match-step", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.which:
+        return child(args)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from bertpipe.pretrain.data import build_examples
+    from bertpipe.pretrain.params import PretrainParams
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.raw + "/bert-base-chinese")
+    texts = law_texts(Path(args.raw), args.docs, 0)
+    plain_len = sum(min(len(ids) + 2, args.seq) for ids in tok(texts, add_special_tokens=False)["input_ids"]) / len(texts)
+    packed = build_examples(texts, tok, "zh", PretrainParams(max_seq_len=args.seq))
+    packed_len = sum(len(e) for e in packed) / len(packed)
+    match = max(1, round(args.steps * plain_len / packed_len))
+    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    cfg = model_config(args, len(tok))
+    h, v = cfg.hidden_size, cfg.vocab_size
+    per_layer = 4 * h * h + 2 * h * cfg.intermediate_size
+    # useful model FLOPs per non-padding token: 6 x non-embedding params, plus the MLM head at the 15% chosen tokens
+    flops_per_token = 6 * (cfg.num_hidden_layers * per_layer) + 6 * 0.15 * (h * h + h * v)
+
+    results = {}
+    for which in ("plain", "bertpipe"):
+        cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:]
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            sys.exit(f"{which} failed:\n{out.stderr[-3000:]}")
+        results[which] = json.loads(line[0][7:])
+
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}")
+    print(f"model: {cfg.num_hidden_layers} layers, hidden {h}, vocab {v}; seq {args.seq}, batch {args.batch}, "
+          f"{args.steps} steps; matmul peak fp32 {peak32 / 1e9:.1f} GFLOP/s, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+    print(f"mean non-padding tokens per example: plain {plain_len:.1f}, bertpipe (packed) {packed_len:.1f}")
+    print(f"{'':10s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
+          f"{'peak MB':>8s} {'MFU fp32':>9s} {'MFU bf16':>9s}")
+    for which, r in results.items():
+        tps = r["tokens"] / r["seconds"]
+        r["tokens_per_s"] = tps
+        same = r["loss_at_end"] if which == "plain" else r["loss_same_tokens"]
+        print(f"{which:10s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
+              f"{same if same is not None else math.nan:17.3f} {r['peak_rss_mb']:8.0f} "
+              f"{tps * flops_per_token / peak32:9.1%} {tps * flops_per_token / peak16:9.1%}")
+    ratio = results["bertpipe"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
+    print(f"speed ratio (non-padding tokens/s): {ratio:.2f}x; bertpipe's loss after the plain run's "
+          f"{results['plain']['tokens']:.0f} tokens is taken at step {match} "
+          f"({results['bertpipe'].get('tokens_at_match') or 0:.0f} tokens)")
+    print("JSON " + json.dumps({"ratio": ratio, **results}))
+
+
+if __name__ == "__main__":
+    main()

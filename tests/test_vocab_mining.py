@@ -1,0 +1,109 @@
+"""Mining: glossary parsing, candidate filters and ranking, [UNK] characters."""
+
+from __future__ import annotations
+
+import pytest
+
+from bertpipe.errors import BertpipeError
+from bertpipe.vocab.extend import load_tokenizer
+from bertpipe.vocab.mining import GlossaryTerm, is_cjk_word, mine, read_glossary, unk_forms
+from bertpipe.vocab.params import VocabParams
+from tests.test_vocab_helpers import legal_texts
+
+
+@pytest.fixture(scope="module")
+def zh(zh_tokenizer_dir):
+    return load_tokenizer(zh_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def legal(sample_raw):
+    return legal_texts(sample_raw, 400)
+
+
+def test_read_glossary_formats(tmp_path):
+    p = tmp_path / "g.txt"
+    p.write_text("不可抗力 100 n\n知识产权\n\n民事法律行为 nz\n缔约过失 7\n", encoding="utf-8")
+    terms = read_glossary(p)
+    assert [(t.word, t.freq, t.pos) for t in terms] == [
+        ("不可抗力", 100, "n"),
+        ("知识产权", None, None),
+        ("民事法律行为", None, "nz"),
+        ("缔约过失", 7, None),
+    ]
+    assert terms[2].source == f"{p}:4"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", "glossary is empty"),
+        ("\n   \n\t\n", "glossary is empty"),
+        ("合同\n违约 金 10 n\n", "g.txt:2"),
+        ("合同 10 n extra\n", "g.txt:1"),
+        ("合同 n 10\n", "g.txt:1"),
+        ("合同 1.5\n", "g.txt:1"),
+    ],
+)
+def test_bad_glossary(tmp_path, text, expected):
+    p = tmp_path / "g.txt"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(BertpipeError) as e:
+        read_glossary(p)
+    assert expected in str(e.value)
+
+
+def test_missing_and_binary_glossary(tmp_path):
+    with pytest.raises(BertpipeError, match="does not exist"):
+        read_glossary(tmp_path / "nope.txt")
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(BertpipeError, match="UTF-8"):
+        read_glossary(tmp_path / "b.txt")
+
+
+def test_candidates_are_filtered_and_ranked(zh, legal):
+    p = VocabParams(top_k=200, min_freq=5, max_len=4)
+    r = mine(legal, zh, "zh", p)
+    assert 50 < len(r.candidates) <= 200 and r.n_candidates >= len(r.candidates)
+    words = [c.word for c in r.candidates]
+    assert len(set(words)) == len(words)
+    for c in r.candidates:
+        assert is_cjk_word(c.word) and 2 <= len(c.pieces) <= 4 and c.freq >= 5
+        assert c.word not in ("我们", "他们", "这些")
+        assert c.pmi >= 0
+    scores = [c.score for c in r.candidates]
+    assert scores == sorted(scores, reverse=True)
+    assert "人民法院" in words or "当事人" in words
+
+
+def test_savings_score_and_top_k(zh, legal):
+    r = mine(legal, zh, "zh", VocabParams(top_k=30, min_freq=5, score="savings"))
+    assert len(r.candidates) == 30
+    for c in r.candidates:
+        assert c.score == c.freq * (len(c.pieces) - 1)
+    assert mine(legal, zh, "zh", VocabParams(top_k=0)).candidates == []
+
+
+def test_glossary_terms_always_kept(zh, legal):
+    gl = [GlossaryTerm("量子纠缠态", None, None, "g:1"), GlossaryTerm("法", None, None, "g:2")]
+    r = mine(legal, zh, "zh", VocabParams(top_k=5, min_freq=5), gl)
+    words = {c.word: c for c in r.candidates}
+    assert words["量子纠缠态"].glossary and len(r.candidates) == 6
+    assert r.glossary_in_base == ["法"]
+
+
+def test_english_mining_lowercases_and_skips_numbers(minilm_dir):
+    tok = load_tokenizer(minilm_dir)
+    texts = ["The Indemnitor shall indemnify the indemnitee; indemnitor 2023 x9y9z9."] * 5
+    r = mine(texts, tok, "en", VocabParams(top_k=10, min_freq=3))
+    words = [c.word for c in r.candidates]
+    assert "indemnitor" in words and "indemnitee" in words
+    assert all(w.isalpha() and w == w.lower() for w in words)
+
+
+def test_unk_forms(zh):
+    forms = dict(unk_forms(["㸃㸃字 hi😀 😀", "正常文本"], zh, 1))
+    assert forms["㸃"] == 2 and forms["##㸃"] == 2
+    assert forms["😀"] == 2 and forms["##😀"] == 2
+    assert "字" not in forms
+    assert unk_forms(["㸃"], zh, 0) == [] and unk_forms(["㸃"], zh, 2) == []
