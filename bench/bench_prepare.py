@@ -207,6 +207,24 @@ def cleaned_texts(db: Path) -> list[str]:
     return out
 
 
+def labelled_precision(threshold: float, ngram: int, num_perm: int) -> str:
+    """Precision of the detector's pairs on the hand-labelled laws.db sample in tests/data/prepare."""
+    from bertpipe.prepare.dedup import near_duplicates
+
+    lines = (REPO / "tests/data/prepare/labelled_near_dup_pairs.jsonl").read_text(encoding="utf-8").splitlines()
+    pairs = [json.loads(x) for x in lines[1:]]
+    texts, index = [], {}
+    for p in pairs:
+        for side in ("a", "b"):
+            index.setdefault(p[f"{side}_id"], len(texts))
+            if len(texts) < len(index):
+                texts.append(p[side])
+    found = {tuple(sorted(x)) for x in near_duplicates(texts, ngram, num_perm, threshold).pairs.tolist()}
+    hits = [p for p in pairs if tuple(sorted((index[p["a_id"]], index[p["b_id"]]))) in found]
+    good = sum(p["label"] for p in hits)
+    return f"{len(pairs)} labelled pairs, {len(hits)} detected, {good} of them real near-duplicates: precision {good / len(hits):.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default=str(REPO / "data/raw/china_law/laws.db"))
@@ -222,6 +240,7 @@ def main() -> None:
     import numpy as np
 
     scales = [int(s) for s in args.scales.split(",")]
+    print("hand-labelled sample: " + labelled_precision(args.threshold, args.ngram, args.num_perm), flush=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         tmp = Path(tmp)

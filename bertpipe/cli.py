@@ -144,6 +144,25 @@ def run_cmd(
     typer.echo(summary(results, load(params, profile, set_)))
 
 
+@app.command("retrain", help="Add new domain files, re-run what they invalidate, challenger vs champion.")
+@user_errors
+def retrain_cmd(
+    add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+):
+    load(params, profile, set_)
+    for p in add:
+        if not Path(p).is_file():
+            raise BertpipeError(f"--add {p}: not a file")
+    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    from flows.domain_adaptation import summary
+    from flows.retrain import retrain
+
+    out = retrain(params, list(add), profile, list(set_ or []))
+    typer.echo(f"added: {', '.join(out['added'])}")
+    typer.echo(summary(out["results"], load(params, profile, out["overrides"])))
+
+
 @app.command("serve", help="Serve a scheduled Prefect deployment of domain_adaptation (cron from flow.cron).")
 @user_errors
 def serve_cmd(

@@ -46,6 +46,9 @@ class ModelParams(Section):
     # Tokenizer of the base model. Empty means "the one saved with `base`".
     tokenizer: str = ""
     language: Literal["zh", "en"] = "zh"
+    # Continue pretraining from this encoder (a save_pretrained dir) instead of the vocab stage's extended base;
+    # `bertpipe retrain` sets it to the exported champion encoder when flow.retrain_from is "champion".
+    continue_from: str = ""
 
 
 class TrackingParams(Section):
@@ -57,7 +60,14 @@ class TrackingParams(Section):
 class FlowParams(Section):
     cron: str = "0 3 * * 1"  # the `bertpipe serve` deployment's schedule
     timezone: str = "UTC"
-    drop_dir: str = "data/incoming"  # new domain files land here for `retrain`
+    # New domain files land here (`bertpipe retrain --add`). When it holds files matching the incoming source's glob,
+    # they join the domain corpus as one more prepare source, for every front door alike.
+    drop_dir: str = "data/incoming"
+    incoming_source: dict[str, Any] = Field(
+        default_factory=lambda: {"format": "jsonl", "glob": "*.jsonl", "text_field": "text", "id_field": "id",
+                                 "group_field": "group", "name": "incoming"}
+    )
+    retrain_from: Literal["champion", "base"] = "champion"
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.
@@ -219,4 +229,24 @@ def load_config(
         data["profile"] = chosen
     for item in overrides or []:
         _apply_override(data, item)
-    return Config(_validate(data, str(src)), root, src.resolve() if src.exists() else None)
+    params = _with_incoming(_validate(data, str(src)), root, str(src))
+    return Config(params, root, src.resolve() if src.exists() else None)
+
+
+def _with_incoming(params: Params, root: Path, source: str) -> Params:
+    """Append the drop dir as a domain source when it holds new files (see FlowParams.drop_dir)."""
+    from bertpipe.prepare.params import SourceParams
+
+    drop = Path(params.flow.drop_dir)
+    drop = drop if drop.is_absolute() else root / drop
+    tmpl = dict(params.flow.incoming_source)
+    if not drop.is_dir() or not any(f.is_file() and not f.name.startswith(".") for f in drop.glob(tmpl.get("glob", "*"))):
+        return params
+    try:
+        src = SourceParams.model_validate({**tmpl, "path": str(drop)})
+    except ValidationError as e:
+        raise BertpipeError(_format_validation(e, f"{source}: flow.incoming_source")) from None
+    if any(Path(s.path) == Path(src.path) or s.path == params.flow.drop_dir for s in params.prepare.domain.sources):
+        return params
+    params.prepare.domain.sources.append(src)
+    return params

@@ -85,9 +85,12 @@ def pretrain_stage() -> Stage:
     from bertpipe.pretrain import stage as m
 
     def inputs(cfg: Config) -> dict:
-        return {"corpus": corpus_dir(cfg, "domain"), "model": cfg.work / "vocab" / "model"}
+        start = cfg.params.model.continue_from.strip()
+        model = cfg.path(start) if start else cfg.work / "vocab" / "model"
+        return {"corpus": corpus_dir(cfg, "domain"), "model": model}
 
-    return Stage("pretrain", m.VERSION, ("pretrain",), inputs, lambda c: c.work / "pretrain", m.build)
+    return Stage("pretrain", m.VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain", m.build,
+                 params_section="pretrain")
 
 
 def finetune_stage(task: str, encoder: str) -> Stage:

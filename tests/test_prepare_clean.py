@@ -187,6 +187,8 @@ def test_strip_pos_tags(tagged, plain):
         ("\n\n  \n", []),
         ("没有标点的一句话", ["没有标点的一句话"]),
         ("「好。」『行！』", ["「好。」", "『行！』"]),
+        ("It costs 1.5 yuan. Buy it!", ["It costs 1.5 yuan.", "Buy it!"]),
+        ("！！开头的标点", ["！！", "开头的标点"]),
     ],
 )
 def test_split_sentences(text, sentences):

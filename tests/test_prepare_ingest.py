@@ -122,3 +122,10 @@ def test_not_a_parquet_file(tmp_path):
     p.write_text("不是parquet", encoding="utf-8")
     with pytest.raises(BertpipeError, match=r"fake\.parquet: expected a Parquet file"):
         read(SourceParams(path=str(p)))
+
+
+def test_txt_block_groups(tmp_path):
+    p = tmp_path / "pd.txt"
+    p.write_text("甲/n  一/m\n甲/n  二/m\n\n乙/n  一/m\n", encoding="utf-8")
+    docs, _ = read(SourceParams(path=str(p), strip_pos_tags=True, group_field="_block", name="pd"))
+    assert [(d["text"], d["group"]) for d in docs] == [("甲一", "pd:1"), ("甲二", "pd:1"), ("乙一", "pd:4")]

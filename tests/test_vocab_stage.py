@@ -31,7 +31,7 @@ MIXED = [
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, sample_raw, zh_tokenizer_dir):
     root = tmp_path_factory.mktemp("vocab")
-    train = legal_texts(sample_raw, 1200) + ["本案涉及㸃字和🙂表情。"] * 3
+    train = legal_texts(sample_raw, 800) + ["本案涉及㸃字和🙂表情。"] * 3
     valid = legal_texts(sample_raw, 150, offset=5000)
     write_corpus(root / "work" / "prepare" / "domain", train, valid)
     model = tiny_zh_model(zh_tokenizer_dir, root / "base-model")

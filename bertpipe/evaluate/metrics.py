@@ -42,18 +42,15 @@ def classification_metrics(gold: Sequence[str], pred: Sequence[str], labels: Seq
 
 def ner_metrics(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> tuple[dict, dict]:
     """Entity-level precision/recall/F1 with seqeval in strict mode (IOB2: an entity counts only if exact)."""
-    from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
+    from seqeval.metrics import classification_report
     from seqeval.scheme import IOB2
 
     if not gold_tags:
         return {}, {}
-    kw = dict(mode="strict", scheme=IOB2, zero_division=0)
-    flat = {
-        "precision": float(precision_score(gold_tags, pred_tags, **kw)),
-        "recall": float(recall_score(gold_tags, pred_tags, **kw)),
-        "f1": float(f1_score(gold_tags, pred_tags, **kw)),
-    }
-    rep = classification_report(gold_tags, pred_tags, output_dict=True, **kw)
+    # One pass: the report's micro average is the entity-level precision/recall/F1.
+    rep = classification_report(gold_tags, pred_tags, mode="strict", scheme=IOB2, zero_division=0, output_dict=True)
+    micro = rep.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0})
+    flat = {"precision": float(micro["precision"]), "recall": float(micro["recall"]), "f1": float(micro["f1-score"])}
     per_type = {
         k: {"precision": float(v["precision"]), "recall": float(v["recall"]), "f1": float(v["f1-score"]),
             "support": int(v["support"])}
@@ -145,6 +142,7 @@ def mlm_perplexity(
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForMaskedLM.from_pretrained(str(model_dir))
     model.eval()
+    head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
     specials = set(tok.all_special_ids)
     gen = torch.Generator().manual_seed(seed)
     total_loss, total_tokens = 0.0, 0
@@ -159,12 +157,14 @@ def mlm_perplexity(
             chosen = (torch.rand(ids.shape, generator=gen) < mask_prob) & can
             if not chosen.any():
                 continue
-            labels = torch.where(chosen, ids, torch.full_like(ids, -100))
             inputs = dict(enc)
             inputs["input_ids"] = torch.where(chosen, torch.full_like(ids, tok.mask_token_id), ids)
-            logits = model(**inputs).logits
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
-                                                     ignore_index=-100, reduction="sum")
+            if head is not None:  # the vocabulary projection only where a token is masked: most of the compute
+                hidden = model.base_model(**inputs).last_hidden_state
+                logits, target = head(hidden[chosen]), ids[chosen]
+            else:
+                logits, target = model(**inputs).logits[chosen], ids[chosen]
+            loss = torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
             total_loss += float(loss)
             total_tokens += int(chosen.sum())
             bar.set_postfix(tokens=total_tokens)

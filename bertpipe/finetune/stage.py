@@ -81,6 +81,8 @@ def build(ctx, task: str, encoder: str) -> dict:
     data["train"] = D.cap(data["train"], tp.max_train_examples, p.split_seed)
     for s in ("dev", "test"):
         data[s] = D.cap(data[s], tp.max_eval_examples, p.split_seed)
+    for s in D.SPLITS:  # what was read, then what is used after the demo caps
+        counts[f"{s}_available"], counts[f"{s}_examples"] = counts[f"{s}_examples"], len(data[s])
     labels = D.label_list(p, data, counts)
     label2id = {lab: i for i, lab in enumerate(labels)}
     src = ctx.inputs["encoder"]

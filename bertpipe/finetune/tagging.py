@@ -8,6 +8,7 @@ with seqeval on the source tokens.
 from __future__ import annotations
 
 import unicodedata
+from itertools import accumulate
 from typing import Sequence
 
 IGNORE = -100  # label of pieces the loss skips (special tokens, non-first pieces of a word)
@@ -96,8 +97,9 @@ def _is_cjk(ch: str) -> bool:
 
 def join_tokens(tokens: Sequence[str], mode: str = "auto") -> tuple[str, list[tuple[int, int]]]:
     """The text of a tokenised sentence and each token's character range in it."""
-    if mode == "auto" and all(len(t) == 1 for t in tokens):
-        mode = "none"
+    if mode == "none" or (mode == "auto" and all(len(t) == 1 for t in tokens)):
+        ends = list(accumulate(len(t) for t in tokens))
+        return "".join(tokens), [(e - len(t), e) for t, e in zip(tokens, ends)]
     parts, units, pos = [], [], 0
     for i, tok in enumerate(tokens):
         if i and mode != "none" and not (mode == "auto" and _is_cjk(parts[-1][-1]) and _is_cjk(tok[0])):

@@ -183,11 +183,14 @@ class Ingest:
         name = src.name or path.stem
         tf = src.text_field
         if src.txt_unit == "line":
+            block = 1  # "_block": where the blank-line separated block of this line starts (e.g. one article)
             for n, line in enumerate(text.split("\n"), 1):
                 if src.strip_pos_tags:
                     line = strip_pos_tags(line)
                 if line.strip():
-                    yield f"{name}:{n}", n, {tf: line}
+                    yield f"{name}:{n}", n, {tf: line, "_block": f"{name}:{block}"}
+                else:
+                    block = n + 1
             return
         block: list[str] = []
         start = 1

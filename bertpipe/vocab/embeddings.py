@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -203,6 +202,3 @@ def mlm_loss(
         count += int(mask.sum())
     return total / count if count else float("nan")
 
-
-def perplexity(loss: float) -> float:
-    return math.exp(loss) if loss == loss and loss < 50 else float("inf")

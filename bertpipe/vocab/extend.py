@@ -113,3 +113,14 @@ def tokenizer_stats(tok, texts: Sequence[str], repeats: int = 3, batch: int = 25
         "unk_rate": n_unk / max(n_tok, 1),
         "chars_per_s": n_chars / max(best, 1e-9),
     }
+
+
+def compare_tokenizers(base, ext, texts: Sequence[str], repeats: int = 5) -> tuple[dict, dict]:
+    """``tokenizer_stats`` of both, timed in alternation (base, ext, base, ...) so that load from other processes
+    hits both alike; each keeps its best pass."""
+    before = tokenizer_stats(base, texts, repeats=1)
+    after = tokenizer_stats(ext, texts, repeats=1)
+    for _ in range(max(0, repeats - 1)):
+        before["chars_per_s"] = max(before["chars_per_s"], tokenizer_stats(base, texts, repeats=1)["chars_per_s"])
+        after["chars_per_s"] = max(after["chars_per_s"], tokenizer_stats(ext, texts, repeats=1)["chars_per_s"])
+    return before, after

@@ -164,9 +164,19 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     max_chars = getattr(model, "max_input_chars_per_word", 100)
     if prefix is None or tokenizer.unk_token_id is None:  # not WordPiece: nothing maps to [UNK] per character
         return []
+    normalize = backend.normalizer.normalize_str if backend.normalizer is not None else (lambda x: x)
+    # Only texts holding a character without both vocab forms can produce [UNK]: find those characters first.
+    chars: set[str] = set()
+    for text in texts:
+        chars.update(text)
+    suspect = {
+        c for c in chars if any(f not in vocab for n in normalize(c) if not n.isspace() for f in (n, prefix + n))
+    }
     missing: Counter = Counter()
     for text in texts:
-        norm = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        if suspect.isdisjoint(text):
+            continue
+        norm = normalize(text)
         words = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer is not None else [(norm, None)]
         for w, _ in words:
             if len(w) > max_chars:

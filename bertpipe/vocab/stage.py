@@ -7,7 +7,6 @@ Output (``ctx.out``): ``tokenizer/``, ``model/`` (model + the same tokenizer, lo
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import torch
@@ -90,8 +89,7 @@ def build(ctx) -> dict:
 
     ctx.log(f"measuring the tokenizers on {len(valid)} valid texts")
     stats_texts = valid or train[:1000]
-    before = extend.tokenizer_stats(base_tok, stats_texts)
-    after = extend.tokenizer_stats(ext_tok, stats_texts)
+    before, after = extend.compare_tokenizers(base_tok, ext_tok, stats_texts)
 
     rows = _rows(ext_tok, base_tok, mined, new_ids)
     report.write_added_tokens(out / "added_tokens.tsv", rows)
