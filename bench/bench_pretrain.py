@@ -96,7 +96,7 @@ def run_plain(args, tok) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
             output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=args.lr,
-            warmup_ratio=0.1, lr_scheduler_type="linear", weight_decay=0.01, logging_strategy="no",
+            warmup_steps=max(1, args.steps // 10), lr_scheduler_type="linear", weight_decay=0.01, logging_strategy="no",
             save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
             disable_tqdm=True,
         )

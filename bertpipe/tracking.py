@@ -142,7 +142,8 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     tracker = StageRun(cfg, run.info.run_id, c)
     params = {}
     for s in stage.sections:
-        params.update(dict(flatten(cfg.section_dict(s), f"{s}.")))
+        value = cfg.section_dict(s)
+        params.update(dict(flatten(value, f"{s}.")) if isinstance(value, dict) else {s: value})
     tracker.log_params(params)
     try:
         yield tracker

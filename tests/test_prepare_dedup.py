@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 import sqlite3
 from pathlib import Path
 
@@ -47,12 +48,16 @@ def distinct(articles) -> list[str]:
     """Real articles and reviews, greedily chosen so that every pair's 5-gram Jaccard is below 0.3."""
     reviews = [x for x in (DATA / "pos_small.txt").read_text(encoding="utf-8").split("\n") if len(x) >= 30]
     chosen: list[str] = []
-    chosen_sets: list[set[str]] = []
+    sizes: list[int] = []
+    index: dict[str, list[int]] = {}  # n-gram -> chosen texts holding it, to count overlaps without all pairs
     for t in articles[::2] + reviews[:150]:
         g = grams(t)
-        if all(len(g & s) / len(g | s) < 0.3 for s in chosen_sets):
+        shared = Counter(k for x in g for k in index.get(x, ()))
+        if all(c / (len(g) + sizes[k] - c) < 0.3 for k, c in shared.items()):
+            for x in g:
+                index.setdefault(x, []).append(len(chosen))
             chosen.append(t)
-            chosen_sets.append(g)
+            sizes.append(len(g))
     assert len(chosen) > 300
     return chosen
 

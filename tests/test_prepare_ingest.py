@@ -129,3 +129,10 @@ def test_txt_block_groups(tmp_path):
     p.write_text("甲/n  一/m\n甲/n  二/m\n\n乙/n  一/m\n", encoding="utf-8")
     docs, _ = read(SourceParams(path=str(p), strip_pos_tags=True, group_field="_block", name="pd"))
     assert [(d["text"], d["group"]) for d in docs] == [("甲一", "pd:1"), ("甲二", "pd:1"), ("乙一", "pd:4")]
+
+
+def test_txt_has_no_named_fields(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("一行文本\n", encoding="utf-8")
+    with pytest.raises(BertpipeError, match=r"a\.txt: a txt source has no field 'law_name'"):
+        read(SourceParams(path=str(p), group_field="law_name"))

@@ -54,6 +54,8 @@ def tags_to_spans(tags: Sequence[str], scheme: str, repair: bool = True) -> tupl
         open_start, open_type = -1, ""
 
     for i, tag in enumerate(tags):
+        if tag == "O" and open_start < 0:  # the common case, kept cheap
+            continue
         p, t = _split(tag, i)
         if p not in ("O", "B", inside, single or "B", end or inside):
             raise TagError(i, f"tag {tag!r}: prefix {p!r} is not part of the {scheme} scheme")

@@ -43,12 +43,13 @@ def prepare_corpus(
     docs: list[dict] = []
     per_source: dict[str, int] = defaultdict(int)
     seen: dict[str, str] = {}
-    ingested = chars_in = 0
+    ingested = chars_in = bytes_in = 0
     bar = tqdm(desc=f"prepare {name}: ingest+clean", unit="doc", file=sys.stderr, mininterval=1.0, leave=False)
     for doc in ingest.documents(cp.sources, name, cp.max_docs):
         ingested += 1
         per_source[doc["source"]] += 1
         chars_in += len(doc["text"])
+        bytes_in += len(doc["text"].encode("utf-8"))
         if doc["id"] in seen:
             raise BertpipeError(
                 f"{doc.pop('_loc')}: document id {doc['id']!r} repeats {seen[doc['id']]}; "
@@ -99,7 +100,15 @@ def prepare_corpus(
     if d.near and len(docs) > 1:
         bar = tqdm(total=len(docs), desc=f"prepare {name}: minhash", unit="doc", file=sys.stderr, leave=False)
         nd = near_duplicates(
-            [doc["text"] for doc in docs], d.ngram, d.num_perm, d.threshold, d.seed, d.verify, d.batch_ngrams, bar.update, d.recall_weight
+            [doc["text"] for doc in docs],
+            d.ngram,
+            d.num_perm,
+            d.threshold,
+            seed=d.seed,
+            verify=d.verify,
+            batch=d.batch_ngrams,
+            progress=bar.update,
+            recall_weight=d.recall_weight,
         )
         bar.close()
         labels = components(len(docs), nd.pairs)
@@ -157,6 +166,7 @@ def prepare_corpus(
         "ingested": ingested,
         "bad_records_skipped": ingest.counts.get("bad_records", 0),
         "chars_in": chars_in,
+        "utf8_bytes_in": bytes_in,
         "clean": cleaner.stats(),
         "after_clean": ingested - sum(cleaner.removed.values()),
         "exact": {"removed": exact_removed, "clusters": sum(c["kind"] == "exact" for c in clusters)},

@@ -179,6 +179,9 @@ class Ingest:
         self.counts["bad_records"] = self.counts.get("bad_records", 0) + 1
 
     def _read_txt(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
+        extra = [f for f in (src.id_field, src.group_field, *src.meta_fields) if f and f != "_block"]
+        if extra:
+            raise BertpipeError(f"{path}: a txt source has no field {extra[0]!r} (only the text and '_block')")
         text = decode(path.read_bytes(), path, src.encoding)
         name = src.name or path.stem
         tf = src.text_field
@@ -265,8 +268,7 @@ class Ingest:
 
     @staticmethod
     def _check_columns(path: Path, have: list[str], src: SourceParams) -> None:
-        need = [src.text_field, *([src.id_field] if src.id_field else []), *([src.group_field] if src.group_field else [])]
-        need += src.meta_fields
+        need = [src.text_field, *(f for f in (src.id_field, src.group_field) if f), *src.meta_fields]
         missing = [c for c in need if c not in have]
         if missing:
             raise BertpipeError(f"{path}: no column {missing[0]!r} (have {', '.join(have) or 'none'})")

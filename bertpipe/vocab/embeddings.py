@@ -195,9 +195,14 @@ def mlm_loss(
             continue
         labels = torch.where(mask, enc["input_ids"], torch.full_like(enc["input_ids"], -100))
         enc["input_ids"] = torch.where(mask, torch.full_like(enc["input_ids"], tok.mask_token_id), enc["input_ids"])
-        logits = model(**enc).logits
-        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
-                                                 reduction="sum", ignore_index=-100)
+        head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+        if head is not None:  # vocabulary logits only where a prediction is scored
+            logits = head(model.base_model(**enc).last_hidden_state[mask])
+            targets = labels[mask]
+        else:
+            logits = model(**enc).logits.view(-1, len(tok))
+            targets = labels.view(-1)
+        loss = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=-100)
         total += float(loss)
         count += int(mask.sum())
     return total / count if count else float("nan")
