@@ -161,11 +161,12 @@ def rensa_loop(texts: list[str], n: int, num_perm: int, threshold: float):
     def grams(t: str) -> set[str]:
         return {t[i : i + n] for i in range(len(t) - n + 1)} if len(t) >= n else ({t} if t else set())
 
-    bands, _ = lsh_params(threshold, num_perm, 0.9)
-    lsh = RMinHashLSH(threshold=threshold, num_perm=num_perm, num_bands=bands)
+    bands, rows = lsh_params(threshold, num_perm, 0.9)
+    used = bands * rows  # rensa wants num_perm = bands x rows; the stage's banding reads exactly these rows too
+    lsh = RMinHashLSH(threshold=threshold, num_perm=used, num_bands=bands)
     sigs = []
     for i, t in enumerate(texts):
-        m = RMinHash(num_perm=num_perm, seed=1)
+        m = RMinHash(num_perm=used, seed=1)
         m.update(list(grams(t)))
         lsh.insert(i, m)
         sigs.append(m)
@@ -184,10 +185,10 @@ def rensa_loop(texts: list[str], n: int, num_perm: int, threshold: float):
 
 def run_child(*args: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, __file__, *args], check=True, capture_output=True, text=True, env=env
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{args[0]} {args[1]} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def cleaned_texts(db: Path) -> list[str]:

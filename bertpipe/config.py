@@ -68,6 +68,8 @@ class FlowParams(Section):
                                  "group_field": "group", "name": "incoming"}
     )
     retrain_from: Literal["champion", "base"] = "champion"
+    # Finetune tasks run concurrently in the flow, this many at a time (each also uses torch's intra-op threads).
+    max_parallel: int = Field(2, ge=1, le=64)
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.

@@ -21,6 +21,19 @@ from bertpipe.tracking import flow_run  # noqa: E402
 from tasks.stages import task_for  # noqa: E402
 
 
+def _warm_imports() -> None:
+    """transformers resolves its lazy attributes on first access, and that is not thread-safe: import what the
+    concurrent finetune tasks need once, here, before the task runner starts them in threads."""
+    import transformers  # noqa: F401
+    from transformers import (  # noqa: F401
+        AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer, pipeline,
+    )
+
+    import bertpipe.evaluate.stage  # noqa: F401
+    import bertpipe.finetune.stage  # noqa: F401
+
+
 def _order(names: list[str], until: str | None) -> list[str]:
     if until is None:
         return names
@@ -46,11 +59,15 @@ def domain_adaptation(
         while i < len(names):
             name = names[i]
             if name.startswith("finetune/"):
-                # Independent finetune runs go to the task runner together.
+                # Independent finetune runs go to the task runner together, at most flow.max_parallel at a time.
+                _warm_imports()
                 batch = [n for n in names[i:] if n.startswith("finetune/")]
-                futures = {n: task_for(stages[n], cfg).submit(n, params, profile, overrides) for n in batch}
-                for n, fut in futures.items():
-                    results[n] = fut.result()
+                width = max(1, cfg.params.flow.max_parallel)
+                for j in range(0, len(batch), width):
+                    futures = {n: task_for(stages[n], cfg).submit(n, params, profile, overrides)
+                               for n in batch[j : j + width]}
+                    for n, fut in futures.items():
+                        results[n] = fut.result()
                 i += len(batch)
                 continue
             results[name] = task_for(stages[name], cfg)(name, params, profile, overrides)

@@ -25,6 +25,7 @@ from prefect import flow  # noqa: E402
 
 from bertpipe.config import Config, load_config  # noqa: E402
 from bertpipe.errors import BertpipeError  # noqa: E402
+from bertpipe.register.registry import export_model  # noqa: E402
 from flows.domain_adaptation import domain_adaptation, summary  # noqa: E402
 
 
@@ -49,29 +50,6 @@ def add_files(cfg: Config, paths: list[str]) -> list[Path]:
     return added
 
 
-def export_champion_encoder(cfg: Config) -> Path | None:
-    """The champion encoder as a save_pretrained dir (model + tokenizer) under paths.state, or None if none yet."""
-    from bertpipe.tracking import client, fluent_mlflow
-
-    name = f"{cfg.params.register.prefix}-encoder"
-    c = client(cfg)
-    try:
-        mv = c.get_model_version_by_alias(name, "champion")
-    except Exception:
-        return None
-    dest = cfg.state / "champions" / f"{name}-v{mv.version}"
-    if (dest / "config.json").exists():
-        return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with fluent_mlflow(cfg) as mlflow:
-        pipe = mlflow.transformers.load_model(f"models:/{name}@champion")
-    pipe.model.save_pretrained(str(tmp))
-    pipe.tokenizer.save_pretrained(str(tmp))
-    os.replace(tmp, dest)
-    return dest
-
-
 @flow(name="retrain", log_prints=True)
 def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: str | None = None,
             overrides: list[str] | None = None) -> dict:
@@ -90,7 +68,7 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
             if dvc_yaml.read_text(encoding="utf-8").startswith(HEADER):
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
     if cfg.params.flow.retrain_from == "champion":
-        champion = export_champion_encoder(cfg)
+        champion = export_model(cfg, f"{cfg.params.register.prefix}-encoder")
         if champion is not None:
             print(f"continuing pretraining from the champion encoder {champion}")
             overrides.append(f"model.continue_from={champion}")

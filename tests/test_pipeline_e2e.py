@@ -34,7 +34,7 @@ TINY = {
                  "eval_examples": 32, "lr": 1e-3},
     "finetune": {"train": {"epochs": 1, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
                            "batch_size": 16, "lr": 1e-3}},
-    "evaluate": {"mlm_max_texts": 50},
+    "evaluate": {"mlm_max_texts": 50, "mlm_max_seq_len": 64},
 }
 
 FLOW_STATES = r"""

@@ -30,7 +30,8 @@ def tiny_classifier(path: Path, tokenizer_dir: Path, seed: int) -> Path:
 def finetune_output(root: Path, tokenizer_dir: Path, accuracy: float, seed: int) -> Path:
     ft = root / f"ft-{seed}"
     tiny_classifier(ft / "model", tokenizer_dir, seed)
-    write_json(ft / "metrics.json", {"primary": "accuracy", "test": {"accuracy": accuracy, "macro_f1": accuracy}})
+    stat = {"mean": accuracy, "std": 0.0, "values": [accuracy]}
+    write_json(ft / "metrics.json", {"primary": "accuracy", "summary": {"test": {"accuracy": stat, "macro_f1": stat}}})
     write_json(ft / "manifest.json", {"fingerprint": f"fp{seed}", "inputs": {"train": {"digest": "same-data"}},
                                       "params": {"finetune.tasks.sentiment": {"type": "classification"}}})
     return ft

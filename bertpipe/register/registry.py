@@ -128,3 +128,31 @@ def describe_versions(client, name: str) -> list[dict]:
             "run_id": v.run_id,
         })
     return rows
+
+
+def export_model(cfg, name: str, alias: str = CHAMPION):
+    """A registered version as a plain save_pretrained dir (model + tokenizer) under paths.state/exported, or None
+    when ``name@alias`` does not exist. Cached by version: exporting the same version twice reads nothing."""
+    import os
+    import shutil
+
+    from bertpipe.tracking import client, fluent_mlflow
+
+    c = client(cfg)
+    try:
+        mv = c.get_model_version_by_alias(name, alias)
+    except Exception:
+        return None
+    dest = cfg.state / "exported" / f"{name}-v{mv.version}"
+    if (dest / "config.json").exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with fluent_mlflow(cfg) as mlflow:
+        pipe = mlflow.transformers.load_model(f"models:/{name}/{mv.version}")
+    pipe.model.save_pretrained(str(tmp))
+    pipe.tokenizer.save_pretrained(str(tmp))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest

@@ -47,20 +47,29 @@ def input_example(task: str, language: str):
 
 
 def primary_result(metrics: dict) -> tuple[str, float]:
-    """(primary metric name, mean test value) from a finetune stage's metrics.json."""
+    """(primary metric name, test value averaged over seeds) from a finetune stage's metrics.json."""
     name = metrics.get("primary")
     if not name:
         raise BertpipeError("finetune metrics.json: key 'primary' (the primary metric name) is missing")
-    test = metrics.get("test_mean") or metrics.get("test") or {}
-    if isinstance(test, dict) and isinstance(test.get(name), (int, float)):
-        return name, float(test[name])
-    if isinstance(test, dict) and isinstance(test.get(name), dict) and "mean" in test[name]:
-        return name, float(test[name]["mean"])
-    seeds = metrics.get("seeds") or metrics.get("runs") or []
-    vals = [float(s["test"][name]) for s in seeds if isinstance(s, dict) and name in s.get("test", {})]
-    if vals:
-        return name, sum(vals) / len(vals)
-    raise BertpipeError(f"finetune metrics.json: no test value for primary metric {name!r}")
+    test = (metrics.get("summary") or {}).get("test") or metrics.get("test") or {}
+    value = test.get(name)
+    if isinstance(value, dict) and "mean" in value:
+        return name, float(value["mean"])
+    if isinstance(value, (int, float)):
+        return name, float(value)
+    raise BertpipeError(f"finetune metrics.json: summary.test.{name} (the primary metric) is missing")
+
+
+def _encoder_loss(model_dir: Path | str, cfg) -> float:
+    """Held-out MLM loss on the current domain valid split, scored exactly as the evaluate stage scores it."""
+    from bertpipe.evaluate.metrics import mlm_perplexity
+    from bertpipe.evaluate.stage import _valid_texts
+    from bertpipe.pipeline import corpus_dir
+
+    e = cfg.params.evaluate
+    texts = _valid_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts)
+    return float(mlm_perplexity(model_dir, texts, e.mlm_max_seq_len, e.mlm_mask_prob, e.mlm_batch_size,
+                                e.mlm_seed)["loss"])
 
 
 def test_set_hash(ft_dir: Path) -> str:
@@ -126,6 +135,18 @@ def lineage(ctx: StageContext, ft_dir: Path | None) -> dict:
     return out
 
 
+def _rescore_champion(cfg, client, name: str, thash: str) -> float | None:
+    """When the champion encoder was scored on another valid split (new data arrived), score it again on this one,
+    so challenger and champion are compared on the same held-out text."""
+    from bertpipe.register.registry import current_champion, export_model
+
+    champ = current_champion(client, name)
+    if champ is None or (champ.tags or {}).get("bertpipe.test_hash") == thash:
+        return None
+    exported = export_model(cfg, name)
+    return -_encoder_loss(exported, cfg) if exported is not None else None
+
+
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
     from transformers import AutoTokenizer, pipeline
 
@@ -169,10 +190,9 @@ def build(ctx: StageContext) -> dict:
                     metric, value = primary_result(json.loads((ft_dir / "metrics.json").read_text()))
                     thash = test_set_hash(ft_dir)
                 else:
-                    ev = read_manifest(evaluate_dir) or {}
-                    metric = "neg_mlm_perplexity"
-                    ppl = (ev.get("metrics") or {}).get("mlm_perplexity_adapted")
-                    value = -float(ppl) if isinstance(ppl, (int, float)) else 0.0
+                    # The encoder's primary metric: minus the held-out MLM loss on the domain valid split.
+                    metric = "neg_mlm_loss"
+                    value = -_encoder_loss(model_dir, cfg)
                     thash = hashlib.sha256(str((read_manifest(cfg.work / "prepare") or {}).get("fingerprint"))
                                            .encode()).hexdigest()[:32]
                 ctx.log(f"registering {name} ({task}) from {model_dir}")
@@ -181,7 +201,8 @@ def build(ctx: StageContext) -> dict:
                         "bertpipe.test_hash": thash, "bertpipe.fingerprint": ctx.fingerprint}
                 for k, v in tags.items():
                     client.set_model_version_tag(name, version, k, v)
-                d = decide(client, name, version, metric, value, thash, p.min_delta)
+                champ_now = _rescore_champion(cfg, client, name, thash) if ft_dir is None else None
+                d = decide(client, name, version, metric, value, thash, p.min_delta, champ_now)
                 client.set_model_version_tag(name, version, "bertpipe.decision",
                                              ("promoted: " if d.promoted else "not promoted: ") + d.reason)
                 card = model_card(name, task, metric, value, lineage(ctx, ft_dir),
