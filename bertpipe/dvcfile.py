@@ -22,11 +22,12 @@ def dvc_stage_name(name: str) -> str:
     return name.replace("/", "_")
 
 
-def _command(name: str) -> str:
+def cli_args(name: str) -> list[str]:
+    """The `bertpipe` subcommand that runs stage ``name``."""
     if name.startswith("finetune/"):
         _, task, encoder = name.split("/")
-        return f"bertpipe finetune --task {task} --encoder {encoder}"
-    return f"bertpipe {name}"
+        return ["finetune", "--task", task, "--encoder", encoder]
+    return [name]
 
 
 def _present(raw: dict, dotted: str) -> bool:
@@ -57,7 +58,7 @@ def dvc_yaml(cfg: Config) -> dict:
         params = [k for k in wanted if _present(raw, k)]
         out = os.path.relpath(st.output(cfg), cfg.root)
         stages[dvc_stage_name(name)] = {
-            "cmd": _command(name),
+            "cmd": " ".join(["bertpipe", *cli_args(name)]),
             "deps": deps,
             **({"params": params} if params else {}),
             "outs": [{out: {"persist": True}}],

@@ -59,12 +59,14 @@ def domain_adaptation(
         while i < len(names):
             name = names[i]
             if name.startswith("finetune/"):
-                # Independent finetune runs go to the task runner together, at most flow.max_parallel at a time.
+                # Independent finetune runs go to the task runner together, at most flow.max_parallel at a time;
+                # when several run at once each gets its own process (see tasks.stages._isolated).
                 _warm_imports()
                 batch = [n for n in names[i:] if n.startswith("finetune/")]
                 width = max(1, cfg.params.flow.max_parallel)
+                isolated = width > 1 and len(batch) > 1
                 for j in range(0, len(batch), width):
-                    futures = {n: task_for(stages[n], cfg).submit(n, params, profile, overrides)
+                    futures = {n: task_for(stages[n], cfg).submit(n, params, profile, overrides, isolated)
                                for n in batch[j : j + width]}
                     for n, fut in futures.items():
                         results[n] = fut.result()

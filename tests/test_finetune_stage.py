@@ -54,7 +54,7 @@ finetune:
     long_tail: {{type: classification, format: jsonl, train: long.jsonl, truncation: tail,
                 train_overrides: {{epochs: 6, max_seq_len: 24}}}}
     long_window: {{type: classification, format: jsonl, train: long.jsonl, truncation: window, stride: 48,
-                  window_aggregate: vote, train_overrides: {{max_seq_len: 128, epochs: 1}}}}
+                  window_aggregate: vote, train_overrides: {{max_seq_len: 128, epochs: 1, max_train_examples: 48}}}}
 """,
         encoding="utf-8",
     )

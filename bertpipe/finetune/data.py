@@ -189,7 +189,10 @@ def _ner_jsonl(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
 
 
 def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
-    """SQuAD v1/v2 and CMRC 2018 / DuReader-robust JSON: data[].paragraphs[].{context, qas[].{id, question, answers}}."""
+    """SQuAD v1/v2, CMRC 2018 and DuReader-robust JSON.
+
+    Layout: data[].paragraphs[].{context, qas[].{id, question, answers[].{text, answer_start}}}.
+    """
     try:
         with _open_text(path) as f:
             doc = json.load(f)
@@ -350,7 +353,10 @@ def label_list(p: TaskParams, data: dict[str, list[Example]], counts: Counter) -
     known = set(seen)
     for split in ("dev", "test"):
         for ex in data[split]:
-            bad = [t for *_, t in ex.spans if t not in known] if p.type == "ner" else [ex.label] * (ex.label not in known)
+            if p.type == "ner":
+                bad = [t for *_, t in ex.spans if t not in known]
+            else:
+                bad = [ex.label] if ex.label not in known else []
             if not bad:
                 continue
             if p.unknown_label == "error":
@@ -365,5 +371,6 @@ def label_list(p: TaskParams, data: dict[str, list[Example]], counts: Counter) -
     if p.type == "ner":
         return tagging.label_names(seen, p.model_scheme)
     if len(seen) < 2:
-        raise BertpipeError(f"{p.train or p.label_files}: classification needs at least two labels in train, got {seen}")
+        where = p.train or p.label_files
+        raise BertpipeError(f"{where}: classification needs at least two labels in train, got {seen}")
     return seen

@@ -94,7 +94,8 @@ def build(ctx, task: str, encoder: str) -> dict:
         raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
     splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in D.SPLITS}
     H.describe(counts)
-    ctx.log(f"{task}/{encoder}: " + ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in D.SPLITS))
+    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in D.SPLITS)
+    ctx.log(f"{task}/{encoder}: {sizes}")
     primary = PRIMARY[p.type]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bf16 = tp.bf16 and bf16_ok(device)
@@ -112,7 +113,8 @@ def build(ctx, task: str, encoder: str) -> dict:
             def dev_eval(m):
                 return time.monotonic(), {}
         res = train(model, splits["train"].feats, tp, dev_eval, pad, seed,
-                    log_metrics=lambda m, step, _s=seed: ctx.log_metrics({f"seed{_s}_{k}": v for k, v in m.items()}, step),
+                    log_metrics=lambda m, step, _s=seed: ctx.log_metrics({f"seed{_s}_{k}": v for k, v in m.items()},
+                                                                         step),
                     desc=f"{task}/{encoder} seed {seed}")
         runs[seed] = res
         dev, _, _ = H.score(model, splits["dev"], p, labels, pad, tp.eval_batch_size, bf16)
@@ -123,9 +125,9 @@ def build(ctx, task: str, encoder: str) -> dict:
         }
         ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "
                 f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)")
-        score_for_choice = dev.get(primary, test.get(primary, 0.0))
-        if score_for_choice > best_dev or not (ctx.out / "model").exists():
-            best_dev = score_for_choice
+        choice = dev.get(primary, 0.0)  # never test: choosing on it would leak; without dev the first seed stays
+        if choice > best_dev:
+            best_dev = choice
             shutil.rmtree(ctx.out / "model", ignore_errors=True)
             model.save_pretrained(ctx.out / "model")
             tok.save_pretrained(ctx.out / "model")

@@ -148,7 +148,9 @@ def align_labels(
     """
     first = word_first_mask(word_ids)
     labelled = [
-        i for i, w in enumerate(word_ids) if w is not None and (first[i] or label_all_pieces) and offsets[i][1] > offsets[i][0]
+        i
+        for i, w in enumerate(word_ids)
+        if w is not None and (first[i] or label_all_pieces) and offsets[i][1] > offsets[i][0]
     ]
     labels = [IGNORE] * len(offsets)
     for i in labelled:

@@ -215,7 +215,8 @@ def train(
             opt.zero_grad(set_to_none=True)
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{running / running_n:.3f}", ex_s=f"{micro * tp.batch_size / (time.time() - started):.1f}")
+            rate = micro * tp.batch_size / (time.time() - started)
+            bar.set_postfix(loss=f"{running / running_n:.3f}", ex_s=f"{rate:.1f}")
             if step % max(1, total // 50) == 0 or step == total:
                 res.losses.append((step, running / running_n))
                 if log_metrics:

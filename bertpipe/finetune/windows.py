@@ -24,7 +24,9 @@ class Pieces:
 def encode_pieces(tokenizer, texts: Sequence[str], batch: int = 1000) -> list[Pieces]:
     out: list[Pieces] = []
     for i in range(0, len(texts), batch):
-        enc = tokenizer(list(texts[i : i + batch]), add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        enc = tokenizer(
+            list(texts[i : i + batch]), add_special_tokens=False, return_offsets_mapping=True, verbose=False
+        )
         for j in range(len(enc["input_ids"])):
             out.append(Pieces(enc["input_ids"][j], [tuple(o) for o in enc["offset_mapping"][j]], enc.word_ids(j)))
     return out
