@@ -118,7 +118,7 @@ def run_bertpipe(args, tok) -> dict:
     from bertpipe.pretrain.train import Dist, train
     from transformers import BertForMaskedLM
 
-    p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, max_steps=args.steps, lr=args.lr,
+    p = PretrainParams(max_seq_len=args.seq, batch_size=args.bertpipe_batch or args.batch, max_steps=args.bertpipe_steps or args.steps, lr=args.lr,
                        warmup_ratio=0.1, eval_every=10**9, save_every=10**9, log_every=1, precision=args.precision,
                        whole_word=not args.token_masking, seed=0)
     ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
@@ -165,6 +165,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--token-masking", action="store_true", help="bertpipe with token (not whole-word) masking")
+    ap.add_argument("--bertpipe-steps", type=int, default=0,
+                    help="bertpipe's schedule length (default --steps); e.g. the step where it matches plain's tokens")
+    ap.add_argument("--bertpipe-batch", type=int, default=0,
+                    help="bertpipe's batch (default --batch); packed segments are longer, so a smaller batch gives "
+                         "the same tokens per step")
+    ap.add_argument("--plain-result", default="", help="reuse the JSON of an earlier plain run (same settings)")
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
     ap.add_argument("--which", choices=("plain", "bertpipe"), help=argparse.SUPPRESS)
     ap.add_argument("--match-step", type=int, default=0, help=argparse.SUPPRESS)
@@ -186,7 +192,11 @@ def main() -> None:
     packed = build_examples(texts, tok, "zh", PretrainParams(max_seq_len=args.seq))
     packed_len = sum(len(e) for e in packed) / len(packed)
     match = max(1, round(args.steps * plain_len / packed_len))
-    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    from bertpipe.pretrain.model import bf16_ok
+
+    has_bf16 = bf16_ok(torch.device("cpu"))
+    peak32 = matmul_peak(torch.float32)
+    peak16 = matmul_peak(torch.bfloat16) if has_bf16 else float("nan")  # no bf16 units: autocast stays off
     cfg = model_config(args, len(tok))
     h, v = cfg.hidden_size, cfg.vocab_size
     per_layer = 4 * h * h + 2 * h * cfg.intermediate_size
@@ -194,7 +204,9 @@ def main() -> None:
     flops_per_token = 6 * (cfg.num_hidden_layers * per_layer) + 6 * 0.15 * (h * h + h * v)
 
     results = {}
-    for which in ("plain", "bertpipe"):
+    if args.plain_result:
+        results["plain"] = json.loads(Path(args.plain_result).read_text())["plain"]
+    for which in [w for w in ("plain", "bertpipe") if w not in results]:
         cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)

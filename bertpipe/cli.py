@@ -222,6 +222,21 @@ def samples_cmd(
         dvc_add_if_repo(cfg.raw, cfg.root, log=typer.echo)
 
 
+@data_app.command("new-laws", help="Export the laws published on/after --since as jsonl: new data for `retrain`.")
+@user_errors
+def new_laws_cmd(
+    out: str = typer.Option(..., "--out", help="The jsonl file to write."),
+    since: str = typer.Option("2022-01-01", "--since", help="publish_date cutoff (YYYY-MM-DD)."),
+    limit: int = typer.Option(0, "--limit", help="At most this many articles (0: all)."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+):
+    from bertpipe.samples import export_laws_since
+
+    cfg = load(params, profile, set_)
+    n = export_laws_since(cfg.raw / "china_law" / "laws.db", since, Path(out), limit)
+    typer.echo(f"wrote {n} articles of laws published since {since} to {out}")
+
+
 def _registry(params: str, profile, set_):
     from bertpipe.tracking import client
 

@@ -216,3 +216,26 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
     tmp_rec.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     os.replace(tmp_rec, sources_path)
     return record
+
+
+def export_laws_since(db: Path, since: str, out: Path, limit: int = 0) -> int:
+    """Articles of the laws published on or after ``since`` as jsonl (id, text, group = law name): the "new domain
+    data" of the retraining demo, whose first corpus holds the laws published before that date."""
+    import sqlite3
+
+    if not Path(db).is_file():
+        raise BertpipeError(f"{db}: laws.db not found (run `bertpipe data samples` first)")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    sql = ("SELECT a.id, a.article_text, a.law_name, l.publish_date FROM articles a JOIN laws l ON l.law_id = a.law_id "
+           "WHERE l.publish_date >= ? ORDER BY l.publish_date, a.id")
+    rows = con.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (since,)).fetchall()
+    con.close()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for i, text, law, date in rows:
+            f.write(json.dumps({"id": f"law-{i}", "text": text, "group": law, "publish_date": date},
+                               ensure_ascii=False) + "\n")
+    os.replace(tmp, out)
+    return len(rows)

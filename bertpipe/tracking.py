@@ -35,12 +35,32 @@ def artifact_root(cfg: Config) -> str:
     return (cfg.state / "mlartifacts").resolve().as_uri()
 
 
+_READY: set[str] = set()
+
+
 def client(cfg: Config):
     quiet_env()
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(cfg)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if not uri.startswith("sqlite:") or uri in _READY:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    # Opening an sqlite store creates and migrates its tables; two flow runs starting at once would race on that,
+    # so this process's first open of the store happens under a file lock.
+    import fcntl
+
+    lock = cfg.state / "mlflow.db.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            c.search_experiments(max_results=1)
+            c.search_registered_models(max_results=1)
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    _READY.add(uri)
+    return c
 
 
 def experiment_id(cfg: Config, c=None) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -67,19 +66,6 @@ def registry_versions(root: Path) -> dict[str, list[tuple[str, tuple]]]:
         out[rm.name] = sorted((str(v.version), tuple(sorted((v.tags or {}).items())))
                               for v in c.search_model_versions(f"name='{rm.name}'"))
     return out
-
-
-def export_new_laws(raw: Path, dest: Path) -> int:
-    """Articles of laws published on/after the cutoff, as the incoming jsonl the drop dir expects."""
-    con = sqlite3.connect(raw / "china_law" / "laws.db")
-    rows = con.execute(
-        "SELECT a.id, a.article_text, a.law_name FROM articles a JOIN laws l ON l.law_id = a.law_id "
-        "WHERE l.publish_date >= ? ORDER BY l.publish_date, a.id LIMIT 300", (CUTOFF,)
-    ).fetchall()
-    with open(dest, "w", encoding="utf-8") as f:
-        for i, text, law in rows:
-            f.write(json.dumps({"id": f"new-{i}", "text": text, "group": law}, ensure_ascii=False) + "\n")
-    return len(rows)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +134,9 @@ def test_a_finetune_param_reruns_only_finetune_evaluate_register(project):
 def test_retrain_on_newer_laws_decides_and_keeps_history(project):
     before = registry_versions(project)
     new = project.parent / "new_laws.jsonl"
-    assert export_new_laws(project / "data" / "raw", new) > 50
+    from bertpipe.samples import export_laws_since
+
+    assert export_laws_since(project / "data" / "raw" / "china_law" / "laws.db", CUTOFF, new, limit=300) > 50
     old_prepare = json.loads((project / "work" / "prepare" / "manifest.json").read_text())["fingerprint"]
     proc = run(["bertpipe", "retrain", "--add", str(new)], project)
     assert "continuing pretraining from the champion encoder" in proc.stdout + proc.stderr

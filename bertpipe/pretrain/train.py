@@ -304,8 +304,13 @@ def train(
         train_s += time.perf_counter() - t0
         state["step"] = step = step + 1
         bar.update(1)
+        stop = None
+        if p.max_time_s:
+            over = float(time.perf_counter() - started > p.max_time_s)
+            if all_sum([over], d)[0] > 0:  # every process stops at the same step
+                stop = "max_time_s"
 
-        if step % p.log_every == 0 or step == p.max_steps:
+        if step % p.log_every == 0 or step == p.max_steps or stop:
             loss_s, pair_s, m, tok = all_sum(window, d)
             now = time.perf_counter()
             state["tokens"] += tok
@@ -319,8 +324,7 @@ def train(
                 on_log({k: v for k, v in rec.items() if k != "step"}, step)
             window, t_window = [0.0, 0.0, 0.0, 0.0], now
 
-        stop = None
-        if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps:
+        if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps or stop:
             ev = evaluate(pm, eval_set, d, bf16)
             final_eval = ev
             state["history"].append({"step": step, "tokens": state["tokens"], **ev})
@@ -335,12 +339,8 @@ def train(
                     atomic_save({"step": step, "model": pm.mlm.state_dict()}, scratch / "best.pt")
             else:
                 state["bad"] += 1
-                if p.early_stop_patience and state["bad"] >= p.early_stop_patience:
+                if p.early_stop_patience and state["bad"] >= p.early_stop_patience and stop is None:
                     stop = "early_stop"
-        if p.max_time_s and stop is None:
-            over = float(time.perf_counter() - started > p.max_time_s)
-            if all_sum([over], d)[0] > 0:  # every process stops at the same step
-                stop = "max_time_s"
         if step % p.save_every == 0 or stop or step == p.max_steps:
             save(step)
         if stop:
