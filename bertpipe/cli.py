@@ -61,7 +61,15 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
     stages = all_stages(cfg)
     if stage_name not in stages:
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
-    res = run_stage(stages[stage_name], cfg, force=force)
+    if stage_name in ("base", "pretrain"):
+        # Under torchrun every rank trains; only rank 0 writes the output (see bertpipe.pretrain.run).
+        from bertpipe.pretrain.run import run as run_ranked
+
+        res = run_ranked(stages[stage_name], cfg, force=force)
+        if res is None:  # a rank > 0: rank 0 reports
+            return
+    else:
+        res = run_stage(stages[stage_name], cfg, force=force)
     typer.echo(f"{res.name}: {'up to date' if res.skipped else 'built'} -> {res.out}")
 
 

@@ -102,7 +102,11 @@ class Config:
         self.source = source
 
     def path(self, p: str | Path) -> Path:
-        p = Path(p).expanduser()
+        """A path from params: ``{raw}`` stands for paths.raw; relative paths resolve against the params file."""
+        s = str(p)
+        if "{raw}" in s:
+            s = s.replace("{raw}", self.params.paths.raw)
+        p = Path(s).expanduser()
         return p if p.is_absolute() else (self.root / p)
 
     @property

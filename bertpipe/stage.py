@@ -232,6 +232,11 @@ def write_json(path: Path, obj: Any) -> None:
     Path(path).write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n", encoding="utf-8")
 
 
+def scratch_dir(stage: Stage, cfg: Config, fp: str) -> Path:
+    """Where a stage keeps what must survive a crash (checkpoints), keyed by fingerprint so a rerun resumes."""
+    return cfg.state / "scratch" / f"{stage.name.replace('/', '__')}-{fp[:16]}"
+
+
 def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: Callable | None = None) -> StageResult:
     """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run."""
     out = stage.output(cfg)
@@ -248,7 +253,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
-        scratch = cfg.state / "scratch" / f"{stage.name.replace('/', '__')}-{fp[:16]}"
+        scratch = scratch_dir(stage, cfg, fp)
         section = stage.params_section or stage.sections[0]
         params = cfg.section(section)
         if tracker_factory is None:

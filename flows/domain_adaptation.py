@@ -92,6 +92,9 @@ def summary(results: dict, cfg) -> str:
     if registry.exists():
         reg = json.loads(registry.read_text())
         for m in reg.get("models", []):
+            if not m.get("registered", True):
+                lines.append(f"not registered: {m['name']} ({m['reason']})")
+                continue
             aliases = ",".join(m.get("aliases", [])) or "-"
             lines.append(f"registered: {m['name']} version {m['version']} aliases [{aliases}]")
     uri = tracking_uri(cfg)

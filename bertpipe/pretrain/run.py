@@ -24,14 +24,9 @@ def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def scratch_dir(stage, cfg, fp: str) -> Path:
-    # must match bertpipe.stage.run_stage's scratch path
-    return cfg.state / "scratch" / f"{stage.name.replace('/', '__')}-{fp[:16]}"
-
-
 def run(stage, cfg, force: bool = False, tracker_factory=None):
     """``run_stage`` that also works in every rank of a torchrun job (returns None on ranks > 0)."""
-    from bertpipe.stage import StageContext, fingerprint, read_manifest, run_stage
+    from bertpipe.stage import StageContext, fingerprint, read_manifest, run_stage, scratch_dir
 
     rank, world = _rank()
     if world == 1 or rank == 0:
