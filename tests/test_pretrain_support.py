@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from tests.corpus import law_texts  # noqa: F401
+
 QUIET = {"log_every": 5, "fill_mask_samples": 2, "threads": 1}
 TINY_ARCH = {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 128}
-
-
-def law_texts(raw: Path, n: int, offset: int = 0) -> list[str]:
-    """Real article texts of Chinese laws (the domain corpus of the demo)."""
-    with sqlite3.connect(raw / "china_law" / "laws.db") as c:
-        rows = c.execute(
-            "select article_text from articles where length(article_text) > 20 order by id limit ? offset ?",
-            (n, offset),
-        ).fetchall()
-    return [r[0] for r in rows]
 
 
 def english_texts() -> list[str]:

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
-def legal_texts(raw: Path, n: int, offset: int = 0) -> list[str]:
-    with sqlite3.connect(raw / "china_law" / "laws.db") as db:
-        rows = db.execute(
-            "SELECT article_text FROM articles WHERE length(article_text) > 20 ORDER BY id LIMIT ? OFFSET ?",
-            (n, offset),
-        ).fetchall()
-    return [r[0] for r in rows]
+from tests.corpus import law_texts as legal_texts  # noqa: F401
 
 
 def write_corpus(d: Path, train: list[str], valid: list[str]) -> Path:
