@@ -64,7 +64,10 @@ def base_stage() -> Stage:
     def inputs(cfg: Config) -> dict:
         return {"corpus": corpus_dir(cfg, "general"), "tokenizer": base_tokenizer(cfg)}
 
-    return Stage("base", m.VERSION, ("base", "model"), inputs, lambda c: c.work / "base", m.build)
+    # The base model and tokenizer are inputs (hashed by content); of `model:` only the language matters here, so
+    # e.g. retrain's model.continue_from does not rebuild the bootstrap base.
+    return Stage("base", m.VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base", m.build,
+                 params_section="base")
 
 
 def vocab_stage() -> Stage:
@@ -78,7 +81,8 @@ def vocab_stage() -> Stage:
             **m.own_inputs(cfg),
         }
 
-    return Stage("vocab", m.VERSION, ("vocab", "model"), inputs, lambda c: c.work / "vocab", m.build)
+    return Stage("vocab", m.VERSION, ("vocab", "model.language"), inputs, lambda c: c.work / "vocab", m.build,
+                 params_section="vocab")
 
 
 def pretrain_stage() -> Stage:

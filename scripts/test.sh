@@ -7,7 +7,7 @@ bash scripts/setup.sh
 MARK=(-m "not slow")
 if [ "${1:-}" = "--full" ]; then MARK=(); shift; fi
 set +e
-python -m pytest "${MARK[@]}" "$@"
+python -m pytest "${MARK[@]}" --durations=20 "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": that is a failure for us, not a pass.

@@ -19,8 +19,14 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from flows.domain_adaptation import domain_adaptation
 
 def states(flow_run_id):
+    import time
+    # Task-run states reach the API as events, asynchronously: wait until the server has them all as final.
     with get_client(sync_client=True) as c:
-        trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        for _ in range(60):
+            trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if trs and all(tr.state is not None and tr.state.is_final() for tr in trs):
+                break
+            time.sleep(1)
         return {tr.name: tr.state.name for tr in trs}
 
 out = []

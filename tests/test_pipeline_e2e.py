@@ -44,8 +44,14 @@ from flows.domain_adaptation import domain_adaptation
 overrides = json.loads(sys.argv[1])
 state = domain_adaptation("params.yaml", None, overrides, None, return_state=True)
 assert state.is_completed(), state
+import time
+# Task-run states reach the API as events, asynchronously: wait until the server has them all as final.
 with get_client(sync_client=True) as c:
-    trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    for _ in range(60):
+        trs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+        if trs and all(tr.state is not None and tr.state.is_final() for tr in trs):
+            break
+        time.sleep(1)
 print("STATES=" + json.dumps({tr.name: tr.state.name for tr in trs}))
 """
 
