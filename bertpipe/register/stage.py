@@ -76,8 +76,11 @@ def test_set_hash(ft_dir: Path) -> str:
     """Identity of the test set a model was scored on: the finetune task's input data and task params."""
     m = read_manifest(ft_dir) or {}
     inputs = {k: v.get("digest") for k, v in (m.get("inputs") or {}).items() if k != "encoder"}
-    task_params = {k: v for k, v in (m.get("params") or {}).items() if k.startswith("finetune.tasks")}
-    blob = json.dumps({"inputs": inputs, "task": task_params}, sort_keys=True)
+    params = m.get("params") or {}
+    task_params = {k: v for k, v in params.items() if k.startswith("finetune.tasks")}
+    # The evaluation cap picks which test examples are scored, so it is part of the test set's identity.
+    cap = (params.get("finetune.train") or {}).get("max_eval_examples")
+    blob = json.dumps({"inputs": inputs, "task": task_params, "max_eval_examples": cap}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
