@@ -60,18 +60,6 @@ def primary_result(metrics: dict) -> tuple[str, float]:
     raise BertpipeError(f"finetune metrics.json: summary.test.{name} (the primary metric) is missing")
 
 
-def _encoder_loss(model_dir: Path | str, cfg) -> float:
-    """Held-out MLM loss on the current domain valid split, scored exactly as the evaluate stage scores it."""
-    from bertpipe.evaluate.metrics import mlm_perplexity
-    from bertpipe.evaluate.stage import _valid_texts
-    from bertpipe.pipeline import corpus_dir
-
-    e = cfg.params.evaluate
-    texts = _valid_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts)
-    return float(mlm_perplexity(model_dir, texts, e.mlm_max_seq_len, e.mlm_mask_prob, e.mlm_batch_size,
-                                e.mlm_seed)["loss"])
-
-
 def test_set_hash(ft_dir: Path) -> str:
     """Identity of the test set a model was scored on: the finetune task's input data and task params."""
     m = read_manifest(ft_dir) or {}
@@ -146,8 +134,10 @@ def _rescore_champion(cfg, client, name: str, thash: str) -> float | None:
     champ = current_champion(client, name)
     if champ is None or (champ.tags or {}).get("bertpipe.test_hash") == thash:
         return None
+    from bertpipe.evaluate.fair_mlm import encoder_gate_score
+
     exported = export_model(cfg, name)
-    return -_encoder_loss(exported, cfg) if exported is not None else None
+    return encoder_gate_score(exported, cfg)[1] if exported is not None else None
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -200,9 +190,9 @@ def build(ctx: StageContext) -> dict:
                     metric, value = primary_result(json.loads((ft_dir / "metrics.json").read_text()))
                     thash = test_set_hash(ft_dir)
                 else:
-                    # The encoder's primary metric: minus the held-out MLM loss on the domain valid split.
-                    metric = "neg_mlm_loss"
-                    value = -_encoder_loss(model_dir, cfg)
+                    from bertpipe.evaluate.fair_mlm import encoder_gate_score
+
+                    metric, value = encoder_gate_score(model_dir, cfg)
                     thash = hashlib.sha256(str((read_manifest(cfg.work / "prepare") or {}).get("fingerprint"))
                                            .encode()).hexdigest()[:32]
                 ctx.log(f"registering {name} ({task}) from {model_dir}")
