@@ -47,6 +47,23 @@ def test_entity_f1_matches_seqeval_strict_on_aligned_spans():
             pred_tags.append(T.spans_to_unit_tags(units, p))
         ref = M.ner_metrics(gold_tags, pred_tags)[0].get("f1", 0.0)
         assert B.entity_f1(gold, pred) == pytest.approx(ref)
+    assert B.entity_f1([], []) == 0.0
+
+
+def test_fast_replicates_equal_recomputing_the_metric():
+    """The summed-counts shortcut gives exactly what recomputing the metric on each resample gives."""
+    rng = random.Random(3)
+    gold = [[(0, 2, "PER")] if rng.random() < 0.7 else [] for _ in range(60)]
+    a = [g if rng.random() < 0.5 else [(1, 2, "PER")] for g in gold]
+    b = [g if rng.random() < 0.8 else [] for g in gold]
+    slow = lambda g, p: B.entity_f1(g, p)  # noqa: E731  (a plain function: recomputed per replicate)
+    assert B.paired_deltas(gold, a, b, B.entity_f1, n=200, seed=4) == pytest.approx(
+        B.paired_deltas(gold, a, b, slow, n=200, seed=4))
+    pairs = [(rng.random(), rng.randint(1, 5)) for _ in gold]
+    other = [(x * 1.1, c) for x, c in pairs]
+    slow_ratio = lambda g, p: sum(x for x, _ in p) / sum(c for _, c in p)  # noqa: E731
+    assert B.paired_deltas(gold, pairs, other, B.ratio, n=100) == pytest.approx(
+        B.paired_deltas(gold, pairs, other, slow_ratio, n=100))
 
 
 def test_paired_bootstrap_interval():

@@ -124,7 +124,7 @@ def test_report_base_vs_adapted(project):
     with pytest.raises(BertpipeError, match="tasks/cls"):  # the task splits are an input
         run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
     _materialise_tasks(cfg)
-    res = run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
+    res = run_stage(evaluate_stage(), cfg)  # the real MLflow store under state/
     out = res.out
     m = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert set(m["tasks"]) == {"cls", "ner"} and m["encoders"] == ["base", "adapted"] and m["split"] == "test"
@@ -153,7 +153,12 @@ def test_report_base_vs_adapted(project):
         sum(ex.label == top for ex in splits["test"]) / len(splits["test"]))
     assert cls_b["tfidf"]["macro_f1"] > 0.8  # the keyword task is easy for character n-grams
     assert ner_b["majority"]["f1"] == 0.0 and ner_b["lexicon"]["f1"] > 0.5
-    assert res.metrics["cls.baseline_tfidf.macro_f1"] == cls_b["tfidf"]["macro_f1"]
+    from bertpipe.tracking import client
+
+    logged = client(cfg).get_run(res.run_id).data.metrics  # baselines are logged with the evaluate run
+    assert logged["cls.baseline_tfidf.macro_f1"] == pytest.approx(cls_b["tfidf"]["macro_f1"])
+    assert logged["ner.baseline_lexicon.f1"] == pytest.approx(ner_b["lexicon"]["f1"])
+    assert logged["cls.delta.macro_f1.ci95_hi"] == pytest.approx(m["tasks"]["cls"]["delta"]["macro_f1"]["ci95"][1])
     # the encoders: same words, per character; the 64-position encoder was clamped, not crashed
     ec = m["encoder_comparison"]
     assert ec["split"] == "test" and ec["window_chars"] == 62 and ec["dropped_windows"] == 0

@@ -1,7 +1,7 @@
 """Baselines every finetuned model must beat to be worth anything, trained on the task's train split and scored on
 its test split with the same metric functions the finetuned models are scored with.
 
-- classification: ``majority`` (always the most frequent train label) and ``tfidf`` (character 1–3-gram TF-IDF +
+- classification: ``majority`` (always the most frequent train label) and ``tfidf`` (character 1–2-gram TF-IDF +
   logistic regression, scikit-learn; seconds on CPU);
 - NER: ``majority`` (everything ``O``: no entities) and ``lexicon`` (the train split's entity strings, longest match
   first, keeping only strings that are entities most of the times they occur in train text);
@@ -16,7 +16,7 @@ from typing import Sequence
 from bertpipe.evaluate import metrics as M
 from bertpipe.finetune import tagging as T
 
-TFIDF = {"analyzer": "char", "ngram_range": (1, 3), "min_df": 2, "max_features": 200_000, "sublinear_tf": True}
+TFIDF = {"analyzer": "char", "ngram_range": (1, 2), "min_df": 2, "max_features": 200_000, "sublinear_tf": True}
 PAIR_SEP = " ‖ "  # joins text and text_pair for the pair-classification baseline
 
 

@@ -35,14 +35,27 @@ def macro_f1(gold: Sequence, pred: Sequence) -> float:
     return sum(2 * tp[c] / (2 * tp[c] + fp[c] + fn[c]) for c in present) / len(present)
 
 
-def entity_f1(gold: Sequence[Sequence], pred: Sequence[Sequence]) -> float:
-    tp = n_gold = n_pred = 0
-    for g, p in zip(gold, pred):
-        gs, ps = {tuple(s[:3]) for s in g}, {tuple(s[:3]) for s in p}
-        tp += len(gs & ps)
-        n_gold += len(gs)
-        n_pred += len(ps)
-    return 2 * tp / (n_gold + n_pred) if n_gold + n_pred else 0.0
+class SumMetric:
+    """A metric computed from per-example counts summed over the examples. Called like any metric function; a
+    bootstrap replicate is then a weighted sum of precomputed rows instead of a pass over the examples."""
+
+    def __init__(self, width: int, stats: Callable[[object, object], Sequence[float]],
+                 value: Callable[[np.ndarray], float]):
+        self.width, self.stats, self.value = width, stats, value
+
+    def rows(self, gold: Sequence, pred: Sequence) -> np.ndarray:
+        return np.asarray([self.stats(g, p) for g, p in zip(gold, pred)], dtype=float).reshape(len(gold), self.width)
+
+    def __call__(self, gold: Sequence, pred: Sequence) -> float:
+        return self.value(self.rows(gold, pred).sum(axis=0))
+
+
+def _entity_counts(g: Sequence, p: Sequence) -> tuple[int, int, int]:
+    gs, ps = {tuple(s[:3]) for s in g}, {tuple(s[:3]) for s in p}
+    return len(gs & ps), len(gs), len(ps)
+
+
+entity_f1 = SumMetric(3, _entity_counts, lambda c: 2 * c[0] / (c[1] + c[2]) if c[1] + c[2] else 0.0)
 
 
 def qa_f1(gold: Sequence[Sequence[str]], pred: Sequence[str]) -> float:
@@ -51,11 +64,8 @@ def qa_f1(gold: Sequence[Sequence[str]], pred: Sequence[str]) -> float:
     return qa_metrics(list(pred), list(gold))[0].get("f1", 0.0)
 
 
-def ratio(_gold: Sequence, pred: Sequence[tuple[float, float]]) -> float:
-    """sum(numerators) / sum(denominators): e.g. NLL per masked character over text windows."""
-    num = sum(p[0] for p in pred)
-    den = sum(p[1] for p in pred)
-    return num / den if den else float("nan")
+# sum(numerators) / sum(denominators): e.g. NLL per masked character over text windows (pred = (nll, chars)).
+ratio = SumMetric(2, lambda _g, p: p, lambda c: c[0] / c[1] if c[1] else float("nan"))
 
 
 METRIC_FNS: dict[str, Callable] = {"classification": macro_f1, "pair_classification": macro_f1, "ner": entity_f1,
@@ -81,8 +91,13 @@ def paired_deltas(gold: Sequence, pred_a: Sequence, pred_b: Sequence, metric_fn:
     """metric(B) − metric(A) on each of n paired resamples of the examples."""
     if not (len(gold) == len(pred_a) == len(pred_b)):
         raise ValueError(f"paired bootstrap needs equal lengths (gold {len(gold)}, a {len(pred_a)}, b {len(pred_b)})")
+    reps = replicate_indices(len(gold), n, seed)
+    if isinstance(metric_fn, SumMetric):  # each replicate: how often each example was drawn, times its counts
+        weights = np.stack([np.bincount(idx, minlength=len(gold)) for idx in reps]).astype(float)
+        sums_a, sums_b = weights @ metric_fn.rows(gold, pred_a), weights @ metric_fn.rows(gold, pred_b)
+        return np.array([metric_fn.value(b) - metric_fn.value(a) for a, b in zip(sums_a, sums_b)])
     out = np.empty(n)
-    for k, idx in enumerate(replicate_indices(len(gold), n, seed)):
+    for k, idx in enumerate(reps):
         g = [gold[i] for i in idx]
         out[k] = metric_fn(g, [pred_b[i] for i in idx]) - metric_fn(g, [pred_a[i] for i in idx])
     return out
