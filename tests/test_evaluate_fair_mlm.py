@@ -144,6 +144,10 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda p: tmp_path / p)
     name, value = F.encoder_gate_score(encoders["b"], cfg)
     direct = F.compare_encoders({"b": encoders["b"]}, texts[:12], params.evaluate)
+    # a limit samples texts from the whole split, fixed by the seed, kept in file order
+    sample = F.test_texts(corpus, 5, seed=0)
+    assert sample == F.test_texts(corpus, 5, seed=0) != F.test_texts(corpus, 5, seed=1)
+    assert len(sample) == 5 and sample != texts[:5] and sample == [t for t in texts[:12] if t in sample]
     assert name == "neg_nll_per_char" and value == pytest.approx(-direct["b"]["nll_per_char"], rel=1e-9)
     (corpus / "test.parquet").unlink()
     from bertpipe.errors import BertpipeError

@@ -14,7 +14,7 @@ import torch
 
 from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.stage import compare, verdict
+from bertpipe.evaluate.stage import compare, interval, verdict
 from bertpipe.finetune import data as D
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage
@@ -62,6 +62,31 @@ def test_verdicts_in_plain_words():
     assert verdict(t).startswith("adapted is worse than base by -0.200 macro_f1")
     ner = {"type": "ner", "primary": "f1", "baselines": {"majority": {"f1": 0.0}}, "adapted": {"f1": {"mean": 0.0}}}
     assert verdict(ner) == "adapted scores 0.000 f1; adapted does not beat the all-O baseline (0.000 vs 0.000)."
+
+
+def _write_predictions(d, recs):
+    d.mkdir(parents=True)
+    (d / "predictions_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return d
+
+
+def test_interval_pairs_examples_by_id_and_falls_back_to_seeds(tmp_path):
+    gold = ["a", "b"] * 50
+    base = _write_predictions(tmp_path / "b", [{"id": str(i), "label": g, "pred": "a"} for i, g in enumerate(gold)])
+    recs = [{"id": str(i), "label": g, "pred": g} for i, g in enumerate(gold)]
+    adapted = _write_predictions(tmp_path / "a", recs[::-1])  # another order: paired by id, not by line
+    t = {"type": "classification", "primary": "macro_f1", "delta": {"macro_f1": {"values": [2 / 3]}}}
+    ci, how = interval(t, base, adapted, "test", 500, 0)
+    assert 0.5 < ci[0] < 2 / 3 < ci[1] <= 1.0 and "100 test examples" in how
+    assert interval(t, base, adapted, "test", 500, 0) == (ci, how)
+    # several seeds widen it; without per-example predictions only the seeds are resampled
+    t["delta"]["macro_f1"]["values"] = [0.2, 2 / 3, 0.9]
+    wide, how = interval(t, base, adapted, "test", 500, 0)
+    assert wide[0] < ci[0] and "3 seeds" in how
+    only, how = interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)
+    assert 0.2 <= only[0] < only[1] <= 0.9 and how.startswith("bootstrap over 3 seeds")
+    t["delta"]["macro_f1"]["values"] = [0.1]
+    assert interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)[0] is None
 
 
 def _materialise_tasks(cfg) -> None:

@@ -3,7 +3,7 @@
 Per-token perplexity cannot compare an encoder with an extended vocabulary (one token predicts a whole word) with its
 base (one token per character, the rest of the word visible). Here the *text* decides what is hidden:
 
-1. windows: the first characters of each text of the domain **test** split (never the valid split that pretraining
+1. windows: the first characters of each text (a seeded sample of ``mlm_max_texts``) of the domain **test** split (never the valid split that pretraining
    early-stopped on), cut at a jieba word boundary; the window length is set in characters, so every model sees the
    same text;
 2. spans: a fixed fraction of each window's jieba words (those with a letter or digit), drawn with a RNG seeded by
@@ -30,15 +30,23 @@ from bertpipe.modelinfo import clamp_seq_len
 Window = tuple[str, list[tuple[int, int]]]  # (text, chosen character spans [start, end))
 
 
-def test_texts(corpus: Path, limit: int) -> list[str]:
-    """The non-empty texts of a prepared corpus's test split, in file order (the first ``limit``; 0: all)."""
+def _key(seed: int, text: str) -> bytes:
+    return hashlib.sha256(f"{seed}\x1f{text}".encode()).digest()
+
+
+def test_texts(corpus: Path, limit: int, seed: int = 0) -> list[str]:
+    """The non-empty texts of a prepared corpus's test split, in file order; with ``limit`` (0: all) a sample of that
+    many chosen by text and seed, spread over the whole split rather than its first documents."""
     import pyarrow.parquet as pq
 
     path = Path(corpus) / "test.parquet"
     if not path.is_file():
         raise BertpipeError(f"{path}: the prepared domain corpus has no test split")
     texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t and t.strip()]
-    return texts[:limit] if limit else texts
+    if not limit or len(texts) <= limit:
+        return texts
+    keep = set(sorted(range(len(texts)), key=lambda i: (_key(seed, texts[i]), i))[:limit])
+    return [t for i, t in enumerate(texts) if i in keep]
 
 
 def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], None] | None = None) -> int:
@@ -51,7 +59,7 @@ def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], 
 
 
 def _rng(seed: int, text: str) -> random.Random:
-    return random.Random(hashlib.sha256(f"{seed}\x1f{text}".encode()).digest())
+    return random.Random(_key(seed, text))
 
 
 def choose_windows(texts: Sequence[str], max_chars: int, mask_frac: float, seed: int) -> list[Window]:
@@ -184,7 +192,7 @@ def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
     from bertpipe.pipeline import base_model, corpus_dir
 
     e = cfg.params.evaluate
-    texts = test_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts)
+    texts = test_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts, e.mlm_seed)
     windows = choose_windows(texts, window_chars(e.mlm_max_seq_len, [model_dir, base_model(cfg)]), e.mlm_mask_prob,
                              e.mlm_seed)
     max_len = clamp_seq_len(e.mlm_max_seq_len, model_dir, "evaluate.mlm_max_seq_len")

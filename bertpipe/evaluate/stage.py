@@ -150,6 +150,8 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
             splits = read_task(Path(tdir))
             t["baselines"] = task_baselines(t["type"], {"train": splits["train"], "test": splits[p.split]},
                                             info.get("labels"))
+        for k, d in t.get("delta", {}).items():  # intervals are computed for the primary metric
+            d["ci95"], d["ci_method"] = None, "none: not the primary metric"
         d = t.get("delta", {}).get(t["primary"])
         if d:
             d["ci95"], d["ci_method"] = interval(t, dirs[(task, "base")], dirs[(task, "adapted")], p.split,
@@ -161,7 +163,7 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
 def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
     from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
 
-    texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts)
+    texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts, p.mlm_seed)
     models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
     try:
         out = compare_encoders(models, texts, p, log=ctx.log, n_boot=p.bootstrap_samples,
