@@ -3,9 +3,9 @@
 Per-token perplexity cannot compare an encoder with an extended vocabulary (one token predicts a whole word) with its
 base (one token per character, the rest of the word visible). Here the *text* decides what is hidden:
 
-1. windows: the first characters of each text (a seeded sample of ``mlm_max_texts``) of the domain **test** split (never the valid split that pretraining
-   early-stopped on), cut at a jieba word boundary; the window length is set in characters, so every model sees the
-   same text;
+1. windows: the first characters of each text (a seeded sample of ``mlm_max_texts``) of the domain **test** split
+   (never the valid split that pretraining early-stopped on), cut at a jieba word boundary; the window length is set
+   in characters, so every model sees the same text;
 2. spans: a fixed fraction of each window's jieba words (those with a letter or digit), drawn with a RNG seeded by
    ``(seed, window text)`` — the span set depends only on the texts and the seed, never on a tokenizer;
 3. each model masks, in its own tokenizer, every token whose character range overlaps a chosen span, and is scored by

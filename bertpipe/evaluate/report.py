@@ -133,8 +133,9 @@ def _encoder_section(ec: dict, encoders: list[str]) -> list[str]:
     lines = ["## Encoders: masked-word NLL per character on the domain test split", ""]
     if ec.get("skipped"):
         return lines + [f"Not scored: {ec['skipped']}.", ""]
+    windows = next((ec[e]["windows"] for e in encoders if e in ec), "?")
     lines += [
-        f"Both encoders read the same {next((ec[e]['windows'] for e in encoders if e in ec), '?')} windows of up to {ec['window_chars']} characters from "
+        f"Both encoders read the same {windows} windows of up to {ec['window_chars']} characters from "
         f"{ec.get('texts', '?')} test texts, with the same jieba words masked (chosen by seed, not by a tokenizer); "
         "each masks every one of its own tokens that overlaps a chosen word and is scored by the negative "
         "log-likelihood of the gold tokens per masked character. Lower is better. Per-token perplexities of encoders "
@@ -152,6 +153,8 @@ def _encoder_section(ec: dict, encoders: list[str]) -> list[str]:
         d = ec["delta"]
         ci = f" (95% CI {d['ci95'][0]:+.4f}..{d['ci95'][1]:+.4f})" if d.get("ci95") else ""
         lines.append(f"| Δ adapted − base | {d['nll_per_char']:+.4f}{ci} | {d['bits_per_char']:+.4f} | | | |")
+    if ec.get("verdict"):
+        lines += ["", f"**Verdict**: {ec['verdict']}"]
     if ec.get("dropped_windows"):
         lines += ["", f"{ec['dropped_windows']} windows did not fit an encoder and were dropped for both."]
     return lines + [""]

@@ -136,6 +136,21 @@ def verdict(t: dict) -> str:
     return s + "."
 
 
+def encoder_verdict(ec: dict) -> str:
+    """One plain sentence on the encoder comparison (lower NLL per character is better)."""
+    d = ec.get("delta")
+    if not d:
+        return ""
+    ci = d.get("ci95")
+    span = f" (95% CI {ci[0]:+.4f}..{ci[1]:+.4f})" if ci else ""
+    words = f"{d['nll_per_char']:+.4f} nats per character{span}"
+    if ci and ci[1] < 0:
+        return f"adapted predicts masked domain words better than base: {words}."
+    if ci and ci[0] > 0:
+        return f"adapted predicts masked domain words worse than base: {words}."
+    return f"adapted and base cannot be told apart on masked domain words: {words}."
+
+
 def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
     """Baselines, test-set identity, intervals and verdicts, task by task."""
     from bertpipe.evaluate.baselines import task_baselines
@@ -172,6 +187,7 @@ def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
         ctx.log(f"encoder comparison skipped: {str(e).splitlines()[0][:200]}")
         return {"split": "test", "skipped": str(e).splitlines()[0][:200]}
     out["texts"] = len(texts)
+    out["verdict"] = encoder_verdict(out)
     for e in models:
         ctx.log(f"encoder {e}: {out[e]['bits_per_char']:.4f} bits per masked character ({out[e]['masked_chars']} "
                 f"characters, {out[e]['spans']} words)")
