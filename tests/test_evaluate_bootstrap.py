@@ -66,6 +66,12 @@ def test_fast_replicates_equal_recomputing_the_metric():
         B.paired_deltas(gold, pairs, other, slow_ratio, n=100))
 
 
+def test_qa_f1_matches_the_finetune_metric():
+    answers = [["北京"], ["专利权人", "专利权人的合法权益"], [], ["2021年6月1日"]]
+    preds = ["北京市", "专利权人", "anything", "2021年6月"]
+    assert B.qa_f1(answers, preds) == pytest.approx(M.qa_metrics(preds, answers)[0]["f1"])
+
+
 def test_paired_bootstrap_interval():
     rng = random.Random(2)
     gold = [rng.choice("ab") for _ in range(200)]

@@ -58,10 +58,13 @@ def _entity_counts(g: Sequence, p: Sequence) -> tuple[int, int, int]:
 entity_f1 = SumMetric(3, _entity_counts, lambda c: 2 * c[0] / (c[1] + c[2]) if c[1] + c[2] else 0.0)
 
 
-def qa_f1(gold: Sequence[Sequence[str]], pred: Sequence[str]) -> float:
-    from bertpipe.evaluate.metrics import qa_metrics
+def _qa_counts(answers: Sequence[str], pred: str) -> tuple[float, int]:
+    from bertpipe.evaluate.metrics import qa_f1 as f1
 
-    return qa_metrics(list(pred), list(gold))[0].get("f1", 0.0)
+    return (max(f1(pred, a) for a in answers), 1) if answers else (0.0, 0)  # unanswerable: not scored
+
+
+qa_f1 = SumMetric(2, _qa_counts, lambda c: c[0] / c[1] if c[1] else 0.0)
 
 
 # sum(numerators) / sum(denominators): e.g. NLL per masked character over text windows (pred = (nll, chars)).
