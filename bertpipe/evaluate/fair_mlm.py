@@ -82,8 +82,8 @@ def choose_windows(texts: Sequence[str], max_chars: int, mask_frac: float, seed:
     return out
 
 
-def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size: int = 16,
-                  desc: str = "") -> list[tuple[float, int, int] | None]:
+def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size: int = 16, desc: str = "",
+                  device: str = "cpu") -> list[tuple[float, int, int] | None]:
     """Per window: (summed NLL in nats, masked characters, masked tokens), or None if the window did not fit
     ``max_len`` tokens in this model's tokenizer."""
     import torch
@@ -97,7 +97,7 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
     fresh = [k for k in info.get("missing_keys", ()) if k.startswith(("cls.", "lm_head."))]
     if fresh:  # a headless encoder would be scored with a random head: a meaningless number
         raise BertpipeError(f"{model_dir}: no masked-LM head to score (missing {fresh[0]})")
-    model.eval()
+    model.to(device).eval()
     head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
     out: list[tuple[float, int, int] | None] = []
     bar = tqdm(range(0, len(windows), batch_size), desc=f"fair MLM {desc or model_dir}", unit="batch",
@@ -130,6 +130,7 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
                     ids[r, :n] = torch.tensor(enc["input_ids"][j])
                     att[r, :n] = 1
                     chosen[r, :n] = torch.tensor(masks[r])
+                ids, att, chosen = ids.to(device), att.to(device), chosen.to(device)
                 inputs = torch.where(chosen, torch.full_like(ids, tok.mask_token_id), ids)
                 if head is not None:  # the vocabulary projection only where a token is masked: most of the compute
                     hidden = model.base_model(input_ids=inputs, attention_mask=att).last_hidden_state
@@ -138,11 +139,17 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
                     logits = model(input_ids=inputs, attention_mask=att).logits[chosen]
                 nll = torch.nn.functional.cross_entropy(logits.float(), ids[chosen], reduction="none").double()
                 per_row = torch.zeros(len(rows), dtype=torch.float64).index_add_(
-                    0, chosen.nonzero()[:, 0], nll)
+                    0, chosen.nonzero()[:, 0].cpu(), nll.cpu())
                 for r, j in enumerate(rows):
                     res[j] = (float(per_row[r]), chars[r], int(chosen[r].sum()))
             out.extend(res.get(j) for j in range(len(batch)))
     return out
+
+
+def _device(p) -> str:
+    from bertpipe.finetune.train import pick_device
+
+    return str(pick_device(p.device))
 
 
 def summarize(scores: Sequence[tuple[float, int, int] | None], windows: Sequence[Window]) -> dict:
@@ -166,7 +173,7 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str], p, log: Ca
     scores = {}
     for name, m in models.items():
         max_len = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
-        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name)
+        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name, device=_device(p))
     keep = [i for i in range(len(windows)) if all(s[i] is not None for s in scores.values())]
     out: dict = {"split": "test", "window_chars": max_chars, "dropped_windows": len(windows) - len(keep)}
     for name, s in scores.items():
@@ -196,5 +203,5 @@ def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
     windows = choose_windows(texts, window_chars(e.mlm_max_seq_len, [model_dir, base_model(cfg)]), e.mlm_mask_prob,
                              e.mlm_seed)
     max_len = clamp_seq_len(e.mlm_max_seq_len, model_dir, "evaluate.mlm_max_seq_len")
-    summary = summarize(score_windows(model_dir, windows, max_len, e.mlm_batch_size), windows)
+    summary = summarize(score_windows(model_dir, windows, max_len, e.mlm_batch_size, device=_device(e)), windows)
     return "neg_nll_per_char", -float(summary["nll_per_char"])

@@ -17,4 +17,6 @@ class EvaluateParams(BaseModel):
     mlm_seed: int = 0  # fixes the masked words
     bootstrap_samples: int = Field(1000, ge=0, le=100_000)  # 0: no intervals
     bootstrap_seed: int = 0
+    # where the encoder comparison runs: auto (cuda when available), cpu, mps, cuda, cuda:N
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
