@@ -1,7 +1,7 @@
 """The evaluate stage's own work on demo-sized inputs (the bundled sample, demo caps): baselines per task, paired
 bootstrap intervals, and the fair encoder comparison of two demo-sized encoders (2 layers, 128 hidden, 128 positions).
 
-    .venv/bin/python bench/bench_evaluate.py [--threads 1] [--texts 300]
+    .venv/bin/python bench/bench_evaluate.py [--threads 1] [--texts 300] [--stage]
 
 Prints each part's seconds, the baselines' test scores (the numbers a finetuned model must beat), and the fair
 comparison's cost as a ratio against one plain forward pass over the same windows (the floor for any MLM scoring).
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--texts", type=int, default=300)
     ap.add_argument("--raw", default=str(REPO / ".bertpipe" / "test-raw"))
+    ap.add_argument("--stage", action="store_true", help="also time the whole evaluate stage on demo-sized inputs")
     args = ap.parse_args()
     import torch
 
@@ -124,6 +125,74 @@ def main() -> None:
     print(f"fair comparison of 2 encoders on {res['base']['windows']} windows ({res['base']['masked_chars']} masked "
           f"chars): {fair:.2f}s; plain forward passes {plain:.2f}s; ratio {fair / plain:.2f}")
     print(f"load average {os.getloadavg()[0]:.1f}")
+    if args.stage:
+        stage_time(tasks, texts, raw)
+
+
+def _finetune_dir(out: Path, ttype: str, test: list, preds: list) -> None:
+    """A finetune output as evaluate reads it (metrics.json, predictions_test.jsonl), holding baseline predictions."""
+    import json
+
+    from bertpipe.evaluate import metrics as M
+    from bertpipe.stage import write_json
+
+    out.mkdir(parents=True)
+    if ttype == "ner":
+        flat, details = BL.ner_scores(test, preds), {}
+        recs = [{"id": ex.id, "text": ex.text, "gold": [list(s) for s in ex.spans], "pred": [list(s) for s in p]}
+                for ex, p in zip(test, preds)]
+    else:
+        labels = sorted({ex.label for ex in test} | set(preds))
+        flat, details = M.classification_metrics([ex.label for ex in test], preds, labels)
+        recs = [{"id": ex.id, "label": ex.label, "pred": p} for ex, p in zip(test, preds)]
+    write_json(out / "metrics.json", {"type": ttype, "primary": "f1" if ttype == "ner" else "macro_f1", "seeds": [1],
+                                      "per_seed": {"1": {"dev": flat, "test": flat, "test_details": details,
+                                                         "saved": True}}})
+    (out / "predictions_test.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+
+
+def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
+    """The whole evaluate stage on demo-sized inputs: the demo's three tasks (base = majority, adapted = TF-IDF /
+    lexicon predictions standing in for finetune outputs), demo-sized encoders, 300 domain test texts."""
+    import contextlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertpipe.pipeline import evaluate_stage
+    from bertpipe.stage import run_stage, write_json
+    from bertpipe.taskdata import SPLITS_JSON, write_split
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        work = root / "work"
+        base = encoder(root / "base", raw / "bert-base-chinese", 0)
+        encoder(work / "pretrain" / "model", raw / "bert-base-chinese", 1)
+        (work / "prepare" / "domain").mkdir(parents=True)
+        pq.write_table(pa.table({"text": texts}), work / "prepare" / "domain" / "test.parquet")
+        for name, (ttype, splits) in tasks.items():
+            tdir = work / "tasks" / name
+            tdir.mkdir(parents=True)
+            info = {s: write_split(tdir / f"{s}.jsonl", splits.get(s, [])) for s in ("train", "dev", "test")}
+            write_json(tdir / SPLITS_JSON, {"splits": info})
+            if ttype == "ner":
+                weak, strong = [[] for _ in splits["test"]], [BL.Lexicon.from_train(splits["train"]).match(ex.text)
+                                                               for ex in splits["test"]]
+            else:
+                weak = BL.majority_predictions(splits["train"], splits["test"])
+                strong = BL.tfidf_predictions(splits["train"], splits["test"])
+            _finetune_dir(work / "finetune" / name / "base", ttype, splits["test"], weak)
+            _finetune_dir(work / "finetune" / name / "adapted", ttype, splits["test"], strong)
+        tasks_yaml = "".join(f"    {n}: {{type: {t}, format: jsonl, train: x.jsonl}}\n" for n, (t, _) in tasks.items())
+        (root / "params.yaml").write_text(f"paths: {{work: work, state: state}}\nmodel: {{base: {base}}}\n"
+                                          f"finetune:\n  tasks:\n{tasks_yaml}"
+                                          "evaluate: {mlm_max_texts: 300, mlm_max_seq_len: 128}\n")
+        cfg = load_config(root / "params.yaml")
+        t = time.perf_counter()
+        res = run_stage(evaluate_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+        print(f"evaluate stage on demo-sized inputs: {time.perf_counter() - t:.1f}s "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        print((res.out / "report.md").read_text().split("## Verdicts")[1].split("Seeds per task")[0].strip())
 
 
 if __name__ == "__main__":
