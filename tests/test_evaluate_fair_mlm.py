@@ -154,3 +154,11 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
 
     with pytest.raises(BertpipeError, match="test.parquet"):
         F.encoder_gate_score(encoders["b"], cfg)
+
+
+def test_a_headless_encoder_is_refused_not_scored_with_a_random_head(zh_tokenizer_dir, tmp_path):
+    from bertpipe.errors import BertpipeError
+
+    headless = tiny_encoder(tmp_path / "headless", zh_tokenizer_dir, layers=1, hidden=32, with_mlm_head=False)
+    with pytest.raises(BertpipeError, match="no masked-LM head"):
+        F.score_windows(headless, [("保护专利权。", [(2, 5)])], 32)

@@ -82,6 +82,33 @@ def choose_windows(texts: Sequence[str], max_chars: int, mask_frac: float, seed:
     return out
 
 
+def _masked_tokens(offsets, special, spans) -> tuple[list[bool], int]:
+    """Which tokens overlap a chosen span (those are masked), and how many characters they cover."""
+    m = [not special[t] and e > s and any(a < e and s < b for a, b in spans) for t, (s, e) in enumerate(offsets)]
+    covered = {c for t, (s, e) in enumerate(offsets) if m[t] for c in range(s, e)}
+    return m, len(covered)
+
+
+def _batch_nll(model, head, ids: list[list[int]], masks: list[list[bool]], mask_id: int, pad_id: int, device):
+    """Summed NLL of the gold tokens at the masked positions, per row; masked positions are [MASK] in the input."""
+    import torch
+
+    width = max(len(x) for x in ids)
+    gold = torch.full((len(ids), width), pad_id)
+    att = torch.zeros((len(ids), width), dtype=torch.long)
+    chosen = torch.zeros((len(ids), width), dtype=torch.bool)
+    for r, (x, m) in enumerate(zip(ids, masks)):
+        gold[r, : len(x)], att[r, : len(x)], chosen[r, : len(x)] = torch.tensor(x), 1, torch.tensor(m)
+    gold, att, chosen = gold.to(device), att.to(device), chosen.to(device)
+    inputs = torch.where(chosen, torch.full_like(gold, mask_id), gold)
+    if head is not None:  # the vocabulary projection only where a token is masked: most of the compute
+        logits = head(model.base_model(input_ids=inputs, attention_mask=att).last_hidden_state[chosen])
+    else:
+        logits = model(input_ids=inputs, attention_mask=att).logits[chosen]
+    nll = torch.nn.functional.cross_entropy(logits.float(), gold[chosen], reduction="none").double().cpu()
+    return torch.zeros(len(ids), dtype=torch.float64).index_add_(0, chosen.nonzero()[:, 0].cpu(), nll).tolist()
+
+
 def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size: int = 16, desc: str = "",
                   device: str = "cpu") -> list[tuple[float, int, int] | None]:
     """Per window: (summed NLL in nats, masked characters, masked tokens), or None if the window did not fit
@@ -99,6 +126,7 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
         raise BertpipeError(f"{model_dir}: no masked-LM head to score (missing {fresh[0]})")
     model.to(device).eval()
     head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out: list[tuple[float, int, int] | None] = []
     bar = tqdm(range(0, len(windows), batch_size), desc=f"fair MLM {desc or model_dir}", unit="batch",
                file=sys.stderr, leave=False)
@@ -106,42 +134,14 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
         for i in bar:
             batch = windows[i : i + batch_size]
             enc = tok([w for w, _ in batch], return_offsets_mapping=True, return_special_tokens_mask=True)
-            fits = [len(ids) <= max_len for ids in enc["input_ids"]]
-            rows, masks, chars = [], [], []
-            for j, (_, spans) in enumerate(batch):
-                if not fits[j]:
-                    continue
-                special = enc["special_tokens_mask"][j]
-                m = [not special[t] and any(a < e and s < b for a, b in spans) and e > s
-                     for t, (s, e) in enumerate(enc["offset_mapping"][j])]
-                covered = {c for t, (s, e) in enumerate(enc["offset_mapping"][j]) if m[t] for c in range(s, e)}
-                rows.append(j)
-                masks.append(m)
-                chars.append(len(covered))
+            rows = [j for j in range(len(batch)) if len(enc["input_ids"][j]) <= max_len]
+            marked = [_masked_tokens(enc["offset_mapping"][j], enc["special_tokens_mask"][j], batch[j][1])
+                      for j in rows]
             res: dict[int, tuple[float, int, int]] = {}
             if rows:
-                width = max(len(enc["input_ids"][j]) for j in rows)
-                pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-                ids = torch.full((len(rows), width), pad)
-                att = torch.zeros((len(rows), width), dtype=torch.long)
-                chosen = torch.zeros((len(rows), width), dtype=torch.bool)
-                for r, j in enumerate(rows):
-                    n = len(enc["input_ids"][j])
-                    ids[r, :n] = torch.tensor(enc["input_ids"][j])
-                    att[r, :n] = 1
-                    chosen[r, :n] = torch.tensor(masks[r])
-                ids, att, chosen = ids.to(device), att.to(device), chosen.to(device)
-                inputs = torch.where(chosen, torch.full_like(ids, tok.mask_token_id), ids)
-                if head is not None:  # the vocabulary projection only where a token is masked: most of the compute
-                    hidden = model.base_model(input_ids=inputs, attention_mask=att).last_hidden_state
-                    logits = head(hidden[chosen])
-                else:
-                    logits = model(input_ids=inputs, attention_mask=att).logits[chosen]
-                nll = torch.nn.functional.cross_entropy(logits.float(), ids[chosen], reduction="none").double()
-                per_row = torch.zeros(len(rows), dtype=torch.float64).index_add_(
-                    0, chosen.nonzero()[:, 0].cpu(), nll.cpu())
-                for r, j in enumerate(rows):
-                    res[j] = (float(per_row[r]), chars[r], int(chosen[r].sum()))
+                nll = _batch_nll(model, head, [enc["input_ids"][j] for j in rows], [m for m, _ in marked],
+                                 tok.mask_token_id, pad, device)
+                res = {j: (nll[r], marked[r][1], sum(marked[r][0])) for r, j in enumerate(rows)}
             out.extend(res.get(j) for j in range(len(batch)))
     return out
 
