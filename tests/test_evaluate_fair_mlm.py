@@ -149,9 +149,12 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     assert sample == F.test_texts(corpus, 5, seed=0) != F.test_texts(corpus, 5, seed=1)
     assert len(sample) == 5 and sample != texts[:5] and sample == [t for t in texts[:12] if t in sample]
     assert name == "neg_nll_per_char" and value == pytest.approx(-direct["b"]["nll_per_char"], rel=1e-9)
-    (corpus / "test.parquet").unlink()
     from bertpipe.errors import BertpipeError
 
+    pq.write_table(pa.table({"text": ["", "  "]}), corpus / "test.parquet")
+    with pytest.raises(BertpipeError, match="test.parquet: no text"):
+        F.encoder_gate_score(encoders["b"], cfg)
+    (corpus / "test.parquet").unlink()
     with pytest.raises(BertpipeError, match="test.parquet"):
         F.encoder_gate_score(encoders["b"], cfg)
 

@@ -43,6 +43,8 @@ def test_texts(corpus: Path, limit: int, seed: int = 0) -> list[str]:
     if not path.is_file():
         raise BertpipeError(f"{path}: the prepared domain corpus has no test split")
     texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t and t.strip()]
+    if not texts:  # a NaN score would slip through comparisons; say what is missing instead
+        raise BertpipeError(f"{path}: no text to score the encoders on")
     if not limit or len(texts) <= limit:
         return texts
     keep = set(sorted(range(len(texts)), key=lambda i: (_key(seed, texts[i]), i))[:limit])

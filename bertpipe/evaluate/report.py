@@ -56,13 +56,15 @@ def bar_chart(path: Path, tasks: dict, encoders: list[str]) -> Path:
                 errs.append(stat.get("std", 0.0))
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
         style = {"hatch": "//", "color": ["#bbbbbb", "#888888"][j % 2]} if kind == "baseline" else {}
-        bars = ax.bar(xs, means, width, yerr=errs, capsize=3, label=name, **style)
+        bars = ax.bar(xs, means, width, yerr=errs if kind == "encoder" else None, capsize=3, label=name, **style)
         for b, m in zip(bars, means):
             ax.text(b.get_x() + b.get_width() / 2, m, f"{m:.2f}", ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([f"{t}\n({tasks[t]['primary']})" for t in names], fontsize=8)
     ax.set_ylim(0, 1.1)
-    ax.set_title("test primary metric: baselines (hatched) and encoders", fontsize=9)
+    has_baselines = any(kind == "baseline" for kind, _ in series)
+    ax.set_title("primary metric: baselines (hatched) and encoders" if has_baselines else "primary metric per encoder",
+                 fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     if with_delta:
         dx = axes[1]
