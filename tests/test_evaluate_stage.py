@@ -207,3 +207,11 @@ def test_report_base_vs_adapted(project):
     m2 = json.loads((res2.out / "metrics.json").read_text())
     assert not res2.skipped and m2["encoder_comparison"] == {} and m2["tasks"]["cls"]["baselines"] == {}
     assert m2["tasks"]["cls"]["delta"] == m["tasks"]["cls"]["delta"]  # the interval is fixed by its seed
+    # a domain corpus without test text: the encoder comparison says why it is missing, the task results stay
+    pq.write_table(pa.table({"text": [""]}), cfg.work / "prepare" / "domain" / "test.parquet")
+    cfg3 = load_config(project / "params.yaml", overrides=["evaluate.baselines=false"])
+    res3 = run_stage(evaluate_stage(), cfg3, tracker_factory=NO_TRACKING)
+    m3 = json.loads((res3.out / "metrics.json").read_text())
+    assert "no text" in m3["encoder_comparison"]["skipped"]
+    assert m3["tasks"]["cls"]["delta"] == m2["tasks"]["cls"]["delta"]
+    assert "Not scored: " in (res3.out / "report.md").read_text(encoding="utf-8")

@@ -178,12 +178,12 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
 def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
     from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
 
-    texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts, p.mlm_seed)
     models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
     try:
+        texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts, p.mlm_seed)
         out = compare_encoders(models, texts, p, log=ctx.log, n_boot=p.bootstrap_samples,
                                boot_seed=p.bootstrap_seed)
-    except (OSError, ValueError, BertpipeError) as e:  # a headless encoder or a hub id that cannot be fetched
+    except (OSError, ValueError, BertpipeError) as e:  # no test text, a headless encoder, an unfetchable hub id
         ctx.log(f"encoder comparison skipped: {str(e).splitlines()[0][:200]}")
         return {"split": "test", "skipped": str(e).splitlines()[0][:200]}
     out["texts"] = len(texts)
