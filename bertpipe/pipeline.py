@@ -130,6 +130,8 @@ def evaluate_stage() -> Stage:
         ins["base"] = base_model(cfg)
         ins["adapted"] = adapted_model(cfg)
         ins["corpus"] = corpus_dir(cfg, "domain")
+        # the materialised splits the baselines train/score on and whose test hash identifies the test set
+        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
         return ins
 
     return Stage("evaluate", m.VERSION, ("evaluate",), inputs, lambda c: c.work / "evaluate", m.build)

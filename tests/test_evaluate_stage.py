@@ -1,9 +1,11 @@
-"""The base-vs-adapted report from real finetune outputs of two tiny encoders, through the stage contract."""
+"""The base-vs-adapted report from real finetune outputs of two tiny encoders, with baselines trained on the
+materialised task splits, bootstrap intervals, verdicts and the fair encoder comparison, through the stage contract."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,10 +14,13 @@ import torch
 
 from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.stage import compare
+from bertpipe.evaluate.stage import compare, interval, verdict
+from bertpipe.finetune import data as D
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage
-from bertpipe.stage import run_stage
+from bertpipe.stage import run_stage, write_json
+from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir, write_split
+from tests.corpus import law_texts
 
 torch.set_num_threads(1)
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -42,15 +47,81 @@ def test_compare_pairs_seeds_and_handles_one_encoder():
     assert "delta" not in res["tasks"]["n"] and res["encoders"] == ["base", "adapted"]
 
 
+def test_verdicts_in_plain_words():
+    t = {"type": "classification", "primary": "macro_f1",
+         "baselines": {"majority": {"macro_f1": 0.07}, "tfidf": {"macro_f1": 0.43}},
+         "adapted": {"macro_f1": {"mean": 0.46}},
+         "delta": {"macro_f1": {"mean": 0.12, "ci95": [0.05, 0.19]}}}
+    assert verdict(t) == ("adapted beats base by +0.120 macro_f1 (95% CI +0.050..+0.190); adapted beats the TF-IDF "
+                          "baseline by +0.030.")
+    t["adapted"]["macro_f1"]["mean"] = 0.07
+    t["delta"]["macro_f1"] = {"mean": 0.01, "ci95": [-0.02, 0.04]}
+    assert verdict(t) == ("adapted and base cannot be told apart on macro_f1 (Δ +0.010, 95% CI -0.020..+0.040 "
+                          "includes 0); adapted does not beat the TF-IDF baseline (0.070 vs 0.430).")
+    t["delta"]["macro_f1"] = {"mean": -0.2, "ci95": [-0.3, -0.1]}
+    assert verdict(t).startswith("adapted is worse than base by -0.200 macro_f1")
+    ner = {"type": "ner", "primary": "f1", "baselines": {"majority": {"f1": 0.0}}, "adapted": {"f1": {"mean": 0.0}}}
+    assert verdict(ner) == "adapted scores 0.000 f1; adapted does not beat the all-O baseline (0.000 vs 0.000)."
+
+
+def _write_predictions(d, recs):
+    d.mkdir(parents=True)
+    (d / "predictions_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return d
+
+
+def test_interval_pairs_examples_by_id_and_falls_back_to_seeds(tmp_path):
+    gold = ["a", "b"] * 50
+    base = _write_predictions(tmp_path / "b", [{"id": str(i), "label": g, "pred": "a"} for i, g in enumerate(gold)])
+    recs = [{"id": str(i), "label": g, "pred": g} for i, g in enumerate(gold)]
+    adapted = _write_predictions(tmp_path / "a", recs[::-1])  # another order: paired by id, not by line
+    t = {"type": "classification", "primary": "macro_f1", "delta": {"macro_f1": {"values": [2 / 3]}}}
+    ci, how = interval(t, base, adapted, "test", 500, 0)
+    assert 0.5 < ci[0] < 2 / 3 < ci[1] <= 1.0 and "100 test examples" in how
+    assert interval(t, base, adapted, "test", 500, 0) == (ci, how)
+    # several seeds widen it; without per-example predictions only the seeds are resampled
+    t["delta"]["macro_f1"]["values"] = [0.2, 2 / 3, 0.9]
+    wide, how = interval(t, base, adapted, "test", 500, 0)
+    assert wide[0] < ci[0] and "3 seeds" in how
+    only, how = interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)
+    assert 0.2 <= only[0] < only[1] <= 0.9 and how.startswith("bootstrap over 3 seeds")
+    t["delta"]["macro_f1"]["values"] = [0.1]
+    assert interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)[0] is None
+
+
+def _materialise_tasks(cfg) -> None:
+    """What the `tasks` stage writes: each task's splits exactly as finetune reads them, and their hashes."""
+    for task, p in cfg.params.finetune.tasks.items():
+        data = D.load_task(p, cfg.path, Counter())
+        out = task_dir(cfg, task)
+        out.mkdir(parents=True, exist_ok=True)
+        info = {s: write_split(out / f"{s}.jsonl", data[s]) for s in data}
+        write_json(out / SPLITS_JSON, {"splits": info, "labels": D.label_list(p, data, Counter())})
+
+
+def _short_encoder(out, zh_tokenizer_dir, positions: int):
+    """A tiny MLM encoder with only ``positions`` positions (the case that crashed evaluate after minutes)."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(1)
+    tok = AutoTokenizer.from_pretrained(str(zh_tokenizer_dir))
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=positions)
+    BertForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, zh_tokenizer_dir):
+def project(tmp_path_factory, zh_tokenizer_dir, sample_raw):
     root = tmp_path_factory.mktemp("ev")
     base = S.tiny_encoder(root / "base_enc", zh_tokenizer_dir, layers=1, hidden=32, seed=0)
-    S.tiny_encoder(root / "work" / "pretrain" / "model", zh_tokenizer_dir, layers=1, hidden=32, seed=1)
+    _short_encoder(root / "work" / "pretrain" / "model", zh_tokenizer_dir, positions=64)
     corpus = root / "work" / "prepare" / "domain"
     corpus.mkdir(parents=True)
-    pq.write_table(pa.table({"text": ["第一条 为了保护专利权人的合法权益，制定本法。", "", "第二条 本法所称的发明创造。"]}),
-                   corpus / "valid.parquet")
+    texts = law_texts(sample_raw, 40)
+    pq.write_table(pa.table({"text": texts[:30] + [""]}), corpus / "test.parquet")
+    pq.write_table(pa.table({"text": texts[30:]}), corpus / "valid.parquet")
     S.write_jsonl(root / "cls.jsonl", S.keyword_classification(120, labels=("pos", "neg", "mid")))
     S.write_jsonl(root / "ner.jsonl", S.ner_sentences(60))
     (root / "params.yaml").write_text(
@@ -62,7 +133,7 @@ finetune:
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     ner: {{type: ner, format: jsonl, train: ner.jsonl}}
-evaluate: {{mlm_max_texts: 10, mlm_max_seq_len: 32}}
+evaluate: {{mlm_max_texts: 20, mlm_max_seq_len: 256, bootstrap_samples: 300}}
 """,
         encoding="utf-8",
     )
@@ -75,28 +146,72 @@ def test_report_base_vs_adapted(project):
         run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
     for t, e in finetune_pairs(cfg):
         run_stage(finetune_stage(t, e), cfg, tracker_factory=NO_TRACKING)
-    res = run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
+    with pytest.raises(BertpipeError, match="tasks/cls"):  # the task splits are an input
+        run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
+    _materialise_tasks(cfg)
+    res = run_stage(evaluate_stage(), cfg)  # the real MLflow store under state/
     out = res.out
     m = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert set(m["tasks"]) == {"cls", "ner"} and m["encoders"] == ["base", "adapted"] and m["split"] == "test"
     for task, primary in (("cls", "macro_f1"), ("ner", "f1")):
         t = m["tasks"][task]
         assert t["primary"] == primary and t["seeds"] == [1, 2]
+        info = json.loads((task_dir(cfg, task) / SPLITS_JSON).read_text())
+        assert t["test_sha256"] == info["splits"]["test"]["sha256"]
         for enc in ("base", "adapted"):
             ft = json.loads((cfg.work / "finetune" / task / enc / "metrics.json").read_text(encoding="utf-8"))
             assert t[enc][primary]["values"] == [ft["per_seed"][s]["test"][primary] for s in ("1", "2")]
         d = t["delta"][primary]
         assert d["mean"] == pytest.approx(t["adapted"][primary]["mean"] - t["base"][primary]["mean"])
         assert res.metrics[f"{task}.delta.{primary}"] == pytest.approx(d["mean"])
-    assert m["mlm"]["base"]["masked_tokens"] > 0 and m["mlm"]["adapted"]["perplexity"] > 1
-    assert m["mlm"]["delta"]["perplexity"] == pytest.approx(m["mlm"]["adapted"]["perplexity"] - m["mlm"]["base"]["perplexity"])
+        lo, hi = d["ci95"]
+        assert lo <= hi and "bootstrap over" in d["ci_method"] and "2 seeds" in d["ci_method"]
+        assert res.metrics[f"{task}.delta.{primary}.ci95_lo"] == lo
+        assert t["verdict"].startswith("adapted ") and t["verdict"].endswith(".")
+    # baselines: trained on the materialised train split, scored on its test split, logged with the run
+    cls_b, ner_b = m["tasks"]["cls"]["baselines"], m["tasks"]["ner"]["baselines"]
+    assert set(cls_b) == {"majority", "tfidf"} and set(ner_b) == {"majority", "lexicon"}
+    splits = read_task(task_dir(cfg, "cls"))
+    counts = Counter(ex.label for ex in splits["train"])
+    top = min(counts, key=lambda lab: (-counts[lab], lab))
+    assert cls_b["majority"]["accuracy"] == pytest.approx(
+        sum(ex.label == top for ex in splits["test"]) / len(splits["test"]))
+    assert cls_b["tfidf"]["macro_f1"] > 0.8  # the keyword task is easy for character n-grams
+    assert ner_b["majority"]["f1"] == 0.0 and ner_b["lexicon"]["f1"] > 0.5
+    from bertpipe.tracking import client
+
+    logged = client(cfg).get_run(res.run_id).data.metrics  # baselines are logged with the evaluate run
+    assert logged["cls.baseline_tfidf.macro_f1"] == pytest.approx(cls_b["tfidf"]["macro_f1"])
+    assert logged["ner.baseline_lexicon.f1"] == pytest.approx(ner_b["lexicon"]["f1"])
+    assert logged["cls.delta.macro_f1.ci95_hi"] == pytest.approx(m["tasks"]["cls"]["delta"]["macro_f1"]["ci95"][1])
+    # the encoders: same words, per character; the 64-position encoder was clamped, not crashed
+    ec = m["encoder_comparison"]
+    assert ec["split"] == "test" and ec["window_chars"] == 62 and ec["dropped_windows"] == 0
+    assert ec["base"]["spans"] == ec["adapted"]["spans"] > 0
+    assert ec["base"]["masked_chars"] == ec["adapted"]["masked_chars"]  # one tokenizer: the very same tokens
+    assert ec["delta"]["nll_per_char"] == pytest.approx(ec["adapted"]["nll_per_char"] - ec["base"]["nll_per_char"])
+    assert ec["delta"]["ci95"][0] <= ec["delta"]["nll_per_char"] <= ec["delta"]["ci95"][1]
+    assert "mlm" not in m and res.metrics["encoder.adapted.bits_per_char"] == ec["adapted"]["bits_per_char"]
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert "| cls | **macro_f1** |" in report and "| ner | **f1** |" in report and "Δ adapted − base" in report
+    assert "| cls | **macro_f1** |" in report and "| ner | **f1** |" in report and "TF-IDF + LR / lexicon" in report
+    assert "## Verdicts" in report and m["tasks"]["cls"]["verdict"] in report
+    assert "bits / char" in report and ec["verdict"].startswith("adapted ") and ec["verdict"] in report
     pictures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert "figures/primary.png" in pictures and "figures/confusion_cls_adapted.png" in pictures
     assert all((out / p).stat().st_size > 1000 for p in pictures)
     # unchanged inputs: the stage is skipped; a changed evaluate param reruns it
     assert run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING).skipped
-    cfg2 = load_config(project / "params.yaml", overrides=["evaluate.perplexity=false"])
+    cfg2 = load_config(project / "params.yaml", overrides=["evaluate.encoder_comparison=false",
+                                                           "evaluate.baselines=false"])
     res2 = run_stage(evaluate_stage(), cfg2, tracker_factory=NO_TRACKING)
-    assert not res2.skipped and json.loads((res2.out / "metrics.json").read_text())["mlm"] == {}
+    m2 = json.loads((res2.out / "metrics.json").read_text())
+    assert not res2.skipped and m2["encoder_comparison"] == {} and m2["tasks"]["cls"]["baselines"] == {}
+    assert m2["tasks"]["cls"]["delta"] == m["tasks"]["cls"]["delta"]  # the interval is fixed by its seed
+    # a domain corpus without test text: the encoder comparison says why it is missing, the task results stay
+    pq.write_table(pa.table({"text": [""]}), cfg.work / "prepare" / "domain" / "test.parquet")
+    cfg3 = load_config(project / "params.yaml", overrides=["evaluate.baselines=false"])
+    res3 = run_stage(evaluate_stage(), cfg3, tracker_factory=NO_TRACKING)
+    m3 = json.loads((res3.out / "metrics.json").read_text())
+    assert "no text" in m3["encoder_comparison"]["skipped"]
+    assert m3["tasks"]["cls"]["delta"] == m2["tasks"]["cls"]["delta"]
+    assert "Not scored: " in (res3.out / "report.md").read_text(encoding="utf-8")

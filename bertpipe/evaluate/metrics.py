@@ -1,4 +1,7 @@
-"""Task metrics: classification (scikit-learn), NER (seqeval, strict), QA (CMRC-style EM/F1), MLM perplexity.
+"""Task metrics: classification (scikit-learn), NER (seqeval, strict), QA (CMRC-style EM/F1).
+
+Encoders are compared by NLL per masked character in ``fair_mlm`` (per-token perplexity is not comparable across
+vocabularies).
 
 Each scorer returns ``(flat, details)``: ``flat`` maps metric name -> float in [0, 1] (what tables and MLflow show),
 ``details`` holds per-class breakdowns and confusion matrices.
@@ -6,10 +9,8 @@ Each scorer returns ``(flat, details)``: ``flat`` maps metric name -> float in [
 
 from __future__ import annotations
 
-import math
 import re
 import string
-import sys
 from typing import Sequence
 
 PRIMARY = {"classification": "macro_f1", "pair_classification": "macro_f1", "ner": "f1", "qa": "f1"}
@@ -122,51 +123,3 @@ def qa_metrics(preds: Sequence[str], answers: Sequence[Sequence[str]]) -> tuple[
     em = sum(max(float(_strip_punct(p) == _strip_punct(x)) for x in a) for p, a in pairs) / len(pairs)
     f1 = sum(max(qa_f1(p, x) for x in a) for p, a in pairs) / len(pairs)
     return {"exact_match": em, "f1": f1}, {"scored": len(pairs), "unanswerable_skipped": len(preds) - len(pairs)}
-
-
-# ---------------------------------------------------------------- MLM
-
-
-def mlm_perplexity(
-    model_dir, texts: Sequence[str], max_len: int = 128, mask_prob: float = 0.15, batch_size: int = 16, seed: int = 0
-) -> dict:
-    """Held-out masked-LM perplexity: exp(mean cross-entropy) on a fixed random 15% of tokens per text.
-
-    The masking depends only on ``seed`` and the text's tokens, so two encoders with the same tokenizer are scored on
-    the same positions. Encoders with different vocabularies (an extended one) are scored on their own tokens.
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForMaskedLM.from_pretrained(str(model_dir))
-    model.eval()
-    head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
-    specials = set(tok.all_special_ids)
-    gen = torch.Generator().manual_seed(seed)
-    total_loss, total_tokens = 0.0, 0
-    bar = tqdm(range(0, len(texts), batch_size), desc=f"perplexity {model_dir}", unit="batch", file=sys.stderr,
-               leave=False)
-    with torch.inference_mode():
-        for i in bar:
-            enc = tok(list(texts[i : i + batch_size]), truncation=True, max_length=max_len, padding=True,
-                      return_tensors="pt")
-            ids = enc["input_ids"]
-            can = enc["attention_mask"].bool() & ~torch.isin(ids, torch.tensor(sorted(specials)))
-            chosen = (torch.rand(ids.shape, generator=gen) < mask_prob) & can
-            if not chosen.any():
-                continue
-            inputs = dict(enc)
-            inputs["input_ids"] = torch.where(chosen, torch.full_like(ids, tok.mask_token_id), ids)
-            if head is not None:  # the vocabulary projection only where a token is masked: most of the compute
-                hidden = model.base_model(**inputs).last_hidden_state
-                logits, target = head(hidden[chosen]), ids[chosen]
-            else:
-                logits, target = model(**inputs).logits[chosen], ids[chosen]
-            loss = torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
-            total_loss += float(loss)
-            total_tokens += int(chosen.sum())
-            bar.set_postfix(tokens=total_tokens)
-    mean = total_loss / max(total_tokens, 1)
-    return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)), "masked_tokens": total_tokens, "texts": len(texts)}

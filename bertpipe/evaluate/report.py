@@ -1,4 +1,5 @@
-"""The base-vs-adapted report: comparison table (mean ± std over seeds, difference), bar chart, confusion matrices."""
+"""The base-vs-adapted report: baselines | base | adapted table with intervals and verdicts, the encoder comparison,
+bar chart, confusion matrices."""
 
 from __future__ import annotations
 
@@ -14,24 +15,69 @@ def _plt():
     return plt
 
 
+# Baseline columns: a task has at most one baseline of each group (TF-IDF for classification, lexicon for NER).
+BASELINE_GROUPS = {"majority / all-O": ("majority",), "TF-IDF + LR / lexicon": ("tfidf", "lexicon")}
+
+
+def _baseline_columns(tasks: dict) -> list[str]:
+    have = {n for t in tasks.values() for n in t.get("baselines", {})}
+    return [g for g, members in BASELINE_GROUPS.items() if have & set(members)]
+
+
+def _baseline(task: dict, group: str, metric: str) -> float | None:
+    for name in BASELINE_GROUPS[group]:
+        if metric in task.get("baselines", {}).get(name, {}):
+            return task["baselines"][name][metric]
+    return None
+
+
 def bar_chart(path: Path, tasks: dict, encoders: list[str]) -> Path:
-    """Each task's primary metric per encoder, with the std over seeds as error bars."""
+    """Left: each task's primary metric for the baselines and each encoder (whiskers: std over seeds). Right: the
+    adapted − base difference with its 95% interval, against zero."""
     plt = _plt()
     names = list(tasks)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(names) + 1.5), 3.6))
-    width = 0.8 / max(len(encoders), 1)
-    for j, enc in enumerate(encoders):
-        means = [tasks[t].get(enc, {}).get(tasks[t]["primary"], {}).get("mean", 0.0) for t in names]
-        stds = [tasks[t].get(enc, {}).get(tasks[t]["primary"], {}).get("std", 0.0) for t in names]
-        xs = [i + (j - (len(encoders) - 1) / 2) * width for i in range(len(names))]
-        bars = ax.bar(xs, means, width, yerr=stds, capsize=3, label=enc)
+    series = [("baseline", b) for b in _baseline_columns(tasks)] + [("encoder", e) for e in encoders]
+    deltas = [tasks[t].get("delta", {}).get(tasks[t]["primary"]) for t in names]
+    with_delta = any(deltas)
+    fig, axes = plt.subplots(1, 2 if with_delta else 1, figsize=(max(5.0, 1.9 * len(names) + 2.0) + (3.5 if with_delta
+                             else 0), 3.8), gridspec_kw={"width_ratios": [3, 1.4]} if with_delta else None)
+    ax = axes[0] if with_delta else axes
+    width = 0.8 / max(len(series), 1)
+    for j, (kind, name) in enumerate(series):
+        means, errs = [], []
+        for t in names:
+            task = tasks[t]
+            if kind == "baseline":
+                means.append(_baseline(task, name, task["primary"]) or 0.0)
+                errs.append(0.0)
+            else:
+                stat = task.get(name, {}).get(task["primary"], {})
+                means.append(stat.get("mean", 0.0))
+                errs.append(stat.get("std", 0.0))
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
+        style = {"hatch": "//", "color": ["#bbbbbb", "#888888"][j % 2]} if kind == "baseline" else {}
+        bars = ax.bar(xs, means, width, yerr=errs if kind == "encoder" else None, capsize=3, label=name, **style)
         for b, m in zip(bars, means):
-            ax.text(b.get_x() + b.get_width() / 2, m, f"{m:.3f}", ha="center", va="bottom", fontsize=7)
+            ax.text(b.get_x() + b.get_width() / 2, m, f"{m:.2f}", ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([f"{t}\n({tasks[t]['primary']})" for t in names], fontsize=8)
-    ax.set_ylim(0, 1.08)
-    ax.set_title("primary metric, mean ± std over seeds")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.1)
+    has_baselines = any(kind == "baseline" for kind, _ in series)
+    ax.set_title("primary metric: baselines (hatched) and encoders" if has_baselines else "primary metric per encoder",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    if with_delta:
+        dx = axes[1]
+        for i, d in enumerate(deltas):
+            if not d:
+                continue
+            lo, hi = d.get("ci95") or (d["mean"], d["mean"])
+            dx.errorbar([i], [d["mean"]], yerr=[[d["mean"] - lo], [hi - d["mean"]]], fmt="o", capsize=4, color="C1")
+        dx.axhline(0, color="grey", lw=0.8, ls="--")
+        dx.set_xticks(range(len(names)))
+        dx.set_xticklabels(names, fontsize=8, rotation=20)
+        dx.set_xlim(-0.6, len(names) - 0.4)
+        dx.set_title("adapted − base, 95% CI", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -78,48 +124,88 @@ def _delta(stat: dict | None) -> str:
     if not stat:
         return "–"
     s = f"{stat['mean']:+.4f}"
-    return s + (f" ± {stat['std']:.4f}" if len(stat.get("values", [])) > 1 else "")
+    if len(stat.get("values", [])) > 1:
+        s += f" ± {stat['std']:.4f}"
+    if stat.get("ci95"):
+        s += f" ({stat['ci95'][0]:+.4f}..{stat['ci95'][1]:+.4f})"
+    return s
+
+
+def _encoder_section(ec: dict, encoders: list[str]) -> list[str]:
+    lines = ["## Encoders: masked-word NLL per character on the domain test split", ""]
+    if ec.get("skipped"):
+        return lines + [f"Not scored: {ec['skipped']}.", ""]
+    windows = next((ec[e]["windows"] for e in encoders if e in ec), "?")
+    lines += [
+        f"Both encoders read the same {windows} windows of up to {ec['window_chars']} characters from "
+        f"{ec.get('texts', '?')} test texts, with the same jieba words masked (chosen by seed, not by a tokenizer); "
+        "each masks every one of its own tokens that overlaps a chosen word and is scored by the negative "
+        "log-likelihood of the gold tokens per masked character. Lower is better. Per-token perplexities of encoders "
+        "with different vocabularies are not comparable; these numbers are (see docs/evaluation.md).",
+        "",
+        "| encoder | NLL / char (nats) | bits / char | masked chars | masked tokens | words |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in encoders:
+        if e in ec:
+            r = ec[e]
+            lines.append(f"| {e} | {r['nll_per_char']:.4f} | {r['bits_per_char']:.4f} | {r['masked_chars']} | "
+                         f"{r['masked_tokens']} | {r['spans']} |")
+    if "delta" in ec:
+        d = ec["delta"]
+        ci = f" (95% CI {d['ci95'][0]:+.4f}..{d['ci95'][1]:+.4f})" if d.get("ci95") else ""
+        lines.append(f"| Δ adapted − base | {d['nll_per_char']:+.4f}{ci} | {d['bits_per_char']:+.4f} | | | |")
+    if ec.get("verdict"):
+        lines += ["", f"**Verdict**: {ec['verdict']}"]
+    if ec.get("dropped_windows"):
+        lines += ["", f"{ec['dropped_windows']} windows did not fit an encoder and were dropped for both."]
+    return lines + [""]
 
 
 def markdown(result: dict, figures: dict[str, list[str]], label_keys: dict[str, list[str]]) -> str:
     encoders = result["encoders"]
-    lines = ["# Base vs adapted encoder", ""]
+    tasks = result["tasks"]
+    baselines = _baseline_columns(tasks)
+    lines = ["# Base vs adapted encoder, against baselines", ""]
     lines += [
-        f"Every task is finetuned from each encoder with the same data, seeds and hyperparameters; the table shows the "
-        f"**{result['split']}** split, mean ± std over seeds, and the difference adapted − base (paired by seed). "
-        "Metrics are in [0, 1]; higher is better.",
+        f"Every task is finetuned from each encoder with the same data, seeds and hyperparameters and scored on the "
+        f"**{result['split']}** split (mean ± std over seeds). The baselines are trained on the same train split "
+        "and scored on the same examples with the same metric functions. Δ is adapted − base, paired by seed, with "
+        "its 95% bootstrap interval over test examples (and seeds) in brackets. Metrics are in [0, 1]; higher is "
+        "better.",
         "",
     ]
-    head = ["task", "metric", *encoders] + (["Δ adapted − base"] if len(encoders) == 2 else [])
+    head = ["task", "metric", *baselines, *encoders]
+    head += ["Δ adapted − base (95% CI)"] if len(encoders) == 2 else []
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for task, t in result["tasks"].items():
+    for task, t in tasks.items():
         metrics = [t["primary"]] + sorted({m for e in encoders for m in t.get(e, {})} - {t["primary"]})
         for m in metrics:
             name = f"**{m}**" if m == t["primary"] else m
-            row = [task if m == t["primary"] else "", name] + [_fmt(t.get(e, {}).get(m)) for e in encoders]
+            row = [task if m == t["primary"] else "", name]
+            row += ["–" if _baseline(t, b, m) is None else f"{_baseline(t, b, m):.4f}" for b in baselines]
+            row += [_fmt(t.get(e, {}).get(m)) for e in encoders]
             if len(encoders) == 2:
                 row.append(_delta(t.get("delta", {}).get(m)))
             lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    seeds = {task: t.get("seeds") for task, t in result["tasks"].items()}
-    lines += [f"Seeds per task: {seeds}.", ""]
+    lines += ["## Verdicts", ""] + [f"- **{task}**: {t['verdict']}" for task, t in tasks.items() if t.get("verdict")]
+    lines.append("")
+    seeds = {task: t.get("seeds") for task, t in tasks.items()}
+    lines += [f"Seeds per task: {seeds}. Intervals:", ""]
+    lines += [f"- {task}: {t['delta'][t['primary']].get('ci_method')}" for task, t in tasks.items()
+              if t.get("delta", {}).get(t["primary"])]
+    lines.append("")
+    shas = {task: t["test_sha256"][:12] for task, t in tasks.items() if t.get("test_sha256")}
+    if shas:
+        lines += [f"Test sets (sha256 of the split file): {shas}.", ""]
     if figures.get("bar"):
         lines += ["![primary metric per task](" + figures["bar"][0] + ")", ""]
-    mlm = result.get("mlm") or {}
-    if mlm:
-        lines += ["## Masked-LM perplexity on the held-out domain split", "",
-                  "| encoder | perplexity | loss | masked tokens |", "|---|---|---|---|"]
-        for e in encoders:
-            if e in mlm:
-                r = mlm[e]
-                lines.append(f"| {e} | {r['perplexity']:.2f} | {r['loss']:.4f} | {r['masked_tokens']} |")
-        if "delta" in mlm:
-            lines.append(f"| Δ adapted − base | {mlm['delta']['perplexity']:+.2f} | {mlm['delta']['loss']:+.4f} | |")
-        if mlm.get("note"):
-            lines += ["", mlm["note"]]
-        lines.append("")
+    ec = result.get("encoder_comparison") or {}
+    if ec:
+        lines += _encoder_section(ec, encoders)
     if figures.get("confusion"):
-        lines += ["## Confusion matrices (best seed, rows: true class)", ""]
+        lines += ["## Confusion matrices (saved seed, rows: true class)", ""]
         for task, keys in label_keys.items():
             lines.append(f"{task}: " + ", ".join(f"{i} = {lab}" for i, lab in enumerate(keys)))
             lines.append("")

@@ -1,14 +1,17 @@
-"""The evaluate stage: collects every finetune/<task>/<encoder> result into the base-vs-adapted comparison, adds the
-encoders' held-out MLM perplexity, and writes ``report.md`` (with figures) and ``metrics.json``.
+"""The evaluate stage: every finetune/<task>/<encoder> result next to the task's baselines, the paired adapted − base
+difference with a bootstrap interval, a verdict per task, and the fair encoder comparison; writes ``report.md`` (with
+figures) and ``metrics.json``.
 
-``metrics.json`` (stable; the registry reads it)::
+``metrics.json`` (stable; register reads it)::
 
     {"split": "test", "encoders": ["base", "adapted"],
-     "tasks": {task: {"type", "primary", "seeds": [...],
+     "tasks": {task: {"type", "primary", "seeds": [...], "test_sha256",
+                      "baselines": {"majority": {metric: value}, "tfidf" | "lexicon": {...}},
                       "base": {metric: {"mean", "std", "values"}}, "adapted": {...},
-                      "delta": {metric: {"mean", "std", "values"}}}},      # adapted − base, paired by seed
-     "mlm": {"base": {"perplexity", "loss", "masked_tokens", "texts"}, "adapted": {...},
-             "delta": {"perplexity", "loss"}}}
+                      "delta": {metric: {"mean", "std", "values", "ci95": [lo, hi] | null, "ci_method"}},
+                      "verdict": "one plain sentence"}},
+     "encoder_comparison": {"split": "test", "base": {"nll_per_char", "bits_per_char", "masked_chars", "spans", ...},
+                            "adapted": {...}, "delta": {"nll_per_char", "ci95": [lo, hi], ...}}}
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import statistics
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.evaluate import bootstrap as B
 from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
 
-VERSION = "1"
+VERSION = "2"
 
 
 def own_inputs(cfg) -> dict:
@@ -65,40 +69,149 @@ def compare(results: dict[tuple[str, str], dict], split: str) -> dict:
     return {"split": split, "encoders": encoders, "tasks": tasks}
 
 
-def _valid_texts(corpus: Path, limit: int) -> list[str]:
-    import pyarrow.parquet as pq
-
-    path = Path(corpus) / "valid.parquet"
+def _predictions(ft_dir: Path) -> list[dict]:
+    path = Path(ft_dir) / "predictions_test.jsonl"
     if not path.is_file():
-        raise BertpipeError(f"{path}: the prepared domain corpus has no valid split")
-    texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t and t.strip()]
-    return texts[:limit] if limit else texts
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def _perplexity(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
-    from bertpipe.evaluate.metrics import mlm_perplexity
+def interval(t: dict, base_dir: Path, adapted_dir: Path, split: str, n: int, seed: int) -> tuple[list | None, str]:
+    """95% interval of the primary metric's adapted − base mean: paired bootstrap over the test examples (the saved
+    seeds' predictions) combined with resampling the seeds' paired differences when there are several."""
+    seed_deltas = t["delta"][t["primary"]]["values"]
+    fn = B.METRIC_FNS.get(t["type"])
+    gold_b, pred_b = B.gold_pred(t["type"], _predictions(base_dir))
+    _, pred_a = B.gold_pred(t["type"], _predictions(adapted_dir))
+    ids = [i for i in gold_b if i in pred_a]  # both encoders' finetunes scored the same test examples
+    if n and fn and split == "test" and ids:
+        gold = [gold_b[i] for i in ids]
+        base, adapted = [pred_b[i] for i in ids], [pred_a[i] for i in ids]
+        deltas = B.paired_deltas(gold, base, adapted, fn, n, seed)
+        ci = B.seeds_and_examples(seed_deltas, deltas, fn(gold, adapted) - fn(gold, base), seed)
+        how = f"paired bootstrap over {len(ids)} test examples (saved seeds' predictions; n={n}, seed {seed})"
+        if len(seed_deltas) > 1:
+            how += f" combined with resampling the {len(seed_deltas)} seeds' paired differences"
+        return ci, how
+    if n and len(seed_deltas) > 1:
+        import numpy as np
 
-    texts = _valid_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts)
-    out: dict = {}
-    skipped = []
-    for enc in encoders:
-        src = ctx.inputs.get(enc)
-        if src is None:
-            continue
-        try:
-            out[enc] = mlm_perplexity(src, texts, p.mlm_max_seq_len, p.mlm_mask_prob, p.mlm_batch_size, p.mlm_seed)
-        except (OSError, ValueError) as e:  # a headless encoder or a hub id that cannot be fetched
-            skipped.append(f"{enc} ({str(e).splitlines()[0][:120]})")
-        ctx.log(f"perplexity {enc}: {out.get(enc, {}).get('perplexity', float('nan')):.2f}")
-    if "base" in out and "adapted" in out:
-        out["delta"] = {k: out["adapted"][k] - out["base"][k] for k in ("perplexity", "loss")}
-    notes = []
-    if skipped:
-        notes.append("No MLM head to score: " + "; ".join(skipped) + ".")
-    notes.append("Each encoder is scored with its own tokenizer; with an extended vocabulary the masked tokens differ, "
-                 "so compare perplexities as a trend, not to the decimal.")
-    out["note"] = " ".join(notes)
+        s = np.asarray(seed_deltas)
+        pick = B.replicate_indices(len(s), n, seed)
+        return B.percentile_ci(s[pick].mean(axis=1)), f"bootstrap over {len(s)} seeds' paired differences only"
+    return None, "none: no per-example test predictions and a single seed"
+
+
+BASELINE_NAMES = {"majority": "majority-class baseline", "tfidf": "TF-IDF baseline", "lexicon": "lexicon baseline"}
+
+
+def verdict(t: dict) -> str:
+    """One plain sentence: does adapted beat base (by its interval) and the strongest baseline?"""
+    m = t["primary"]
+    d = t.get("delta", {}).get(m)
+    enc = "adapted" if "adapted" in t else "base"
+    value = t.get(enc, {}).get(m, {}).get("mean")
+    if d:
+        ci = d.get("ci95")
+        if ci and ci[0] > 0:
+            s = f"adapted beats base by {d['mean']:+.3f} {m} (95% CI {ci[0]:+.3f}..{ci[1]:+.3f})"
+        elif ci and ci[1] < 0:
+            s = f"adapted is worse than base by {d['mean']:+.3f} {m} (95% CI {ci[0]:+.3f}..{ci[1]:+.3f})"
+        elif ci:
+            s = (f"adapted and base cannot be told apart on {m} (Δ {d['mean']:+.3f}, 95% CI "
+                 f"{ci[0]:+.3f}..{ci[1]:+.3f} includes 0)")
+        else:
+            s = f"adapted − base is {d['mean']:+.3f} {m} (no interval)"
+    else:
+        s = f"{enc} scores {value:.3f} {m}" if value is not None else f"no {enc} result"
+    scored = {k: v[m] for k, v in t.get("baselines", {}).items() if m in v}
+    if scored and value is not None:
+        best = max(scored, key=lambda k: (scored[k], k))
+        name = "all-O baseline" if (best == "majority" and t["type"] == "ner") else BASELINE_NAMES.get(best, best)
+        if value > scored[best]:
+            s += f"; {enc} beats the {name} by {value - scored[best]:+.3f}"
+        else:
+            s += f"; {enc} does not beat the {name} ({value:.3f} vs {scored[best]:.3f})"
+    return s + "."
+
+
+def encoder_verdict(ec: dict) -> str:
+    """One plain sentence on the encoder comparison (lower NLL per character is better)."""
+    d = ec.get("delta")
+    if not d:
+        return ""
+    ci = d.get("ci95")
+    span = f" (95% CI {ci[0]:+.4f}..{ci[1]:+.4f})" if ci else ""
+    words = f"{d['nll_per_char']:+.4f} nats per character{span}"
+    if ci and ci[1] < 0:
+        return f"adapted predicts masked domain words better than base: {words}."
+    if ci and ci[0] > 0:
+        return f"adapted predicts masked domain words worse than base: {words}."
+    return f"adapted and base cannot be told apart on masked domain words: {words}."
+
+
+def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
+    """Baselines, test-set identity, intervals and verdicts, task by task."""
+    from bertpipe.evaluate.baselines import task_baselines
+    from bertpipe.taskdata import read_task, split_info
+
+    for task, t in result["tasks"].items():
+        tdir = ctx.inputs.get(f"tasks/{task}")
+        info = split_info(tdir) if tdir else {}
+        t["test_sha256"] = info.get("splits", {}).get("test", {}).get("sha256")
+        t["baselines"] = {}
+        if p.baselines and tdir:
+            splits = read_task(Path(tdir))
+            t["baselines"] = task_baselines(t["type"], {"train": splits["train"], "test": splits[p.split]},
+                                            info.get("labels"))
+        for k, d in t.get("delta", {}).items():  # intervals are computed for the primary metric
+            d["ci95"], d["ci_method"] = None, "none: not the primary metric"
+        d = t.get("delta", {}).get(t["primary"])
+        if d:
+            d["ci95"], d["ci_method"] = interval(t, dirs[(task, "base")], dirs[(task, "adapted")], p.split,
+                                                 p.bootstrap_samples, p.bootstrap_seed)
+        t["verdict"] = verdict(t)
+        ctx.log(f"{task}: {t['verdict']}")
+
+
+def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
+    from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
+
+    models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
+    try:
+        texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts, p.mlm_seed)
+        out = compare_encoders(models, texts, p, log=ctx.log, n_boot=p.bootstrap_samples,
+                               boot_seed=p.bootstrap_seed)
+    except (OSError, ValueError, BertpipeError) as e:  # no test text, a headless encoder, an unfetchable hub id
+        ctx.log(f"encoder comparison skipped: {str(e).splitlines()[0][:200]}")
+        return {"split": "test", "skipped": str(e).splitlines()[0][:200]}
+    out["texts"] = len(texts)
+    out["verdict"] = encoder_verdict(out)
+    for e in models:
+        ctx.log(f"encoder {e}: {out[e]['bits_per_char']:.4f} bits per masked character ({out[e]['masked_chars']} "
+                f"characters, {out[e]['spans']} words)")
     return out
+
+
+def _flat(result: dict) -> dict[str, float]:
+    """What goes to MLflow: every mean, baseline, interval end and encoder score, as `task.column.metric`."""
+    flat: dict[str, float] = {}
+    for task, t in result["tasks"].items():
+        for enc in result["encoders"] + ["delta"]:
+            for k, v in t.get(enc, {}).items():
+                flat[f"{task}.{enc}.{k}"] = v["mean"]
+                if v.get("ci95"):
+                    flat[f"{task}.{enc}.{k}.ci95_lo"], flat[f"{task}.{enc}.{k}.ci95_hi"] = v["ci95"]
+        for name, scores in t.get("baselines", {}).items():
+            flat.update({f"{task}.baseline_{name}.{k}": float(v) for k, v in scores.items()})
+    ec = result.get("encoder_comparison") or {}
+    for enc in result["encoders"]:
+        if enc in ec:
+            flat.update({f"encoder.{enc}.{k}": float(ec[enc][k]) for k in ("nll_per_char", "bits_per_char")})
+    if "delta" in ec:
+        flat["encoder.delta.nll_per_char"] = ec["delta"]["nll_per_char"]
+    return flat
 
 
 def build(ctx) -> dict:
@@ -117,7 +230,9 @@ def build(ctx) -> dict:
     if not results:
         raise BertpipeError("evaluate: no finetune results among the inputs (finetune.tasks is empty?)")
     result = compare(results, p.split)
-    result["mlm"] = _perplexity(ctx, p, result["encoders"]) if p.perplexity and "corpus" in ctx.inputs else {}
+    _task_data(ctx, p, result, dirs)
+    result["encoder_comparison"] = (_encoder_comparison(ctx, p, result["encoders"])
+                                    if p.encoder_comparison and "corpus" in ctx.inputs else {})
 
     figs = ctx.out / "figures"
     figs.mkdir()
@@ -146,14 +261,7 @@ def build(ctx) -> dict:
     for f in sorted(figs.iterdir()):
         ctx.log_artifact(f, "figures")
 
-    flat: dict[str, float] = {}
-    for task, t in result["tasks"].items():
-        for enc in result["encoders"] + ["delta"]:
-            for k, v in t.get(enc, {}).items():
-                flat[f"{task}.{enc}.{k}"] = v["mean"]
-    for enc, r in result["mlm"].items():
-        if isinstance(r, dict):
-            flat.update({f"mlm.{enc}.{k}": float(v) for k, v in r.items() if k in ("perplexity", "loss")})
+    flat = _flat(result)
     ctx.counts.update({"tasks": len(result["tasks"]), "finetune_results": len(results)})
     ctx.log_metrics(flat)
     return flat
