@@ -304,6 +304,30 @@ def models_rollback(
     typer.echo(f"{name}: champion -> v{v}")
 
 
+@models_app.command("serve", help="Serve NAME[@alias|/version] over HTTP with dynamic batching; follows the alias.")
+@user_errors
+def models_serve(
+    model: str = typer.Argument(..., help="NAME (its serve.alias, champion by default), NAME@alias or NAME/version"),
+    host: Optional[str] = typer.Option(None, help="bind address (serve.host; 127.0.0.1 unless told otherwise)"),
+    port: Optional[int] = typer.Option(None, help="port (serve.port)"),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="serve.max_batch_size (1: off)"),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+):
+    from bertpipe.serve.app import serve
+    from bertpipe.serve.predictor import ModelRef, resolve_version
+    from bertpipe.tracking import tracking_uri
+
+    extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size))
+             if v is not None]
+    cfg, c = _registry(params, profile, list(set_ or []) + extra)
+    sp = cfg.params.serve
+    if sp.backend != "torch":
+        raise BertpipeError(f"serve.backend: {sp.backend!r} is not available yet (use torch)")
+    ref = ModelRef.parse(model, sp.alias)
+    resolve_version(c, ref)  # a one-line error now rather than a worker that never becomes ready
+    serve(ref, tracking_uri(cfg), sp, cfg.state, log=lambda m: typer.echo(m, err=True))
+
+
 def main() -> None:  # pragma: no cover
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     app()

@@ -24,6 +24,7 @@ from bertpipe.finetune.params import FinetuneParams
 from bertpipe.prepare.params import PrepareParams
 from bertpipe.pretrain.params import PretrainParams
 from bertpipe.register.params import RegisterParams
+from bertpipe.serve.params import ServeParams
 from bertpipe.vocab.params import VocabParams
 
 DEFAULT_PARAMS = "params.yaml"
@@ -91,6 +92,7 @@ class Params(Section):
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     register: RegisterParams = Field(default_factory=RegisterParams)
+    serve: ServeParams = Field(default_factory=ServeParams)
 
 
 class Config:

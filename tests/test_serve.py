@@ -1,0 +1,226 @@
+"""`bertpipe models serve`: the real service (LitServe) on a free loopback port over a real MLflow registry, driven by
+real HTTP — single and concurrent requests, bad inputs, overload, an alias move, and a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from e2e_project import BIN, env_for  # noqa: E402
+from serve_registry import build_registry  # noqa: E402
+
+from bertpipe.serve.app import validate  # noqa: E402
+
+NAME = "bertpipe-sentiment"
+
+
+# ---------------------------------------------------------------- request validation (no server needed)
+
+
+@pytest.mark.parametrize("body,kind,status,words", [
+    (b'{"text": "\xe5\xa5\xbd"}', "text", None, ""),
+    (b"\xff\xfe{}", "text", 400, "UTF-8"),
+    (b'{"text": "a"', "text", 400, "not JSON"),
+    (b'["a"]', "text", 422, "JSON object"),
+    (b'{"txt": "a"}', "text", 422, "unknown: txt"),
+    (b'{"text": 3}', "text", 422, "string"),
+    (b'{"text": "   "}', "text", 422, "empty"),
+    (b'{"text": "' + b"a" * 101 + b'"}', "text", 413, "limit is 100"),
+    (b'{"question": "q", "context": "c"}', "qa", None, ""),
+    (b'{"text": "q"}', "qa", 422, '"question", "context"'),
+])
+def test_validate(body, kind, status, words):
+    got = validate(body, kind, max_chars=100)
+    if status is None:
+        assert got is None
+    else:
+        assert got[0] == status and words in got[1], got
+
+
+# ---------------------------------------------------------------- the real service
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory, zh_tokenizer_dir):
+    root, versions = build_registry(tmp_path_factory.mktemp("serve") / "project", zh_tokenizer_dir, versions=2)
+    assert versions == ["1", "2"]
+    return root
+
+
+class Service:
+    def __init__(self, root: Path, *sets: str):
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(BIN / "bertpipe"), "models", "serve", NAME, "--port", str(self.port)]
+        for s in sets:
+            cmd += ["--set", s]
+        self.log = open(root / f"serve-{self.port}.log", "w")
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env_for(root), stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError("service never became healthy:\n" + self.output())
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.root / f"serve-{self.port}.log").read_text()[-4000:]
+
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60):
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read() or b"null"), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+
+    def get(self, path: str):
+        return self.request("GET", path, timeout=5)
+
+    def predict(self, text: str, timeout: float = 60):
+        return self.request("POST", "/predict", json.dumps({"text": text}, ensure_ascii=False).encode(), timeout)
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.mark.slow
+def test_serves_batches_follows_alias_and_refuses_bad_input(registry):
+    svc = Service(registry, "serve.poll_s=0.5", "serve.batch_wait_ms=20")
+    try:
+        status, health, _ = svc.get("/health")
+        assert status == 200 and health["version"] == "1" and health["task"] == "text-classification"
+        status, out, _ = svc.predict("这个产品很好")
+        assert status == 200 and out["version"] == "1" and out["label"] in ("neg", "pos") and 0 <= out["score"] <= 1
+        # Concurrent requests are answered one-to-one (batched inside), each with its own text's prediction.
+        texts = ["很好很好", "太坏了", "非常好", "坏透了"] * 8
+        with cf.ThreadPoolExecutor(16) as ex:
+            answers = list(ex.map(svc.predict, texts))
+        assert all(a[0] == 200 for a in answers)
+        alone = {t: svc.predict(t)[1]["label"] for t in set(texts)}
+        assert [a[1]["label"] for a in answers] == [alone[t] for t in texts]
+        # Bad input: a 4xx with a one-line reason, never a 5xx; the service stays up.
+        long_text = "好" * 30_000
+        for body, code in [(b"\xff\xfe", 400), (b"{", 400), (b'{"texts": ["a"]}', 422), (b'{"text": ""}', 422),
+                           (json.dumps({"text": long_text}).encode(), 413)]:
+            status, out, _ = svc.request("POST", "/predict", body)
+            assert status == code and "\n" not in out["error"], (body[:20], status, out)
+        assert svc.request("GET", "/predict")[0] == 405
+        # A text longer than the model's 64 positions is truncated, not an error.
+        assert svc.predict("好" * 500)[0] == 200
+        # Promote v2 with the real CLI while requests keep coming: none fails, and the service switches.
+        promote = subprocess.run([str(BIN / "bertpipe"), "models", "promote", NAME, "2"], cwd=registry,
+                                 env=env_for(registry), capture_output=True, text=True, timeout=120)
+        assert promote.returncode == 0, promote.stderr
+        seen, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and (not seen or seen[-1] != "2"):
+            status, out, _ = svc.predict("很好")
+            assert status == 200, out
+            seen.append(out["version"])
+        assert seen[-1] == "2", seen
+        assert svc.get("/health")[1]["version"] == "2"
+    finally:
+        rc = svc.stop()
+    assert rc == 0, svc.output()
+
+
+@pytest.mark.slow
+def test_overload_gets_503_and_sigterm_finishes_in_flight(registry):
+    # A long batch wait keeps requests queued, so the bound is reached; max_queue 4 admits four at a time.
+    svc = Service(registry, "serve.max_queue=4", "serve.batch_wait_ms=1500", "serve.max_batch_size=64")
+    try:
+        with cf.ThreadPoolExecutor(12) as ex:
+            answers = list(ex.map(svc.predict, ["很好"] * 12))
+        codes = sorted(a[0] for a in answers)
+        assert codes.count(200) >= 4 and 503 in codes, codes
+        refused = [a for a in answers if a[0] == 503]
+        assert all(a[2].get("retry-after") or a[2].get("Retry-After") for a in refused)
+        assert svc.get("/health")[1]["rejected"] >= len(refused)
+        # In-flight requests when SIGTERM arrives still get their answers; then the process exits 0.
+        with cf.ThreadPoolExecutor(3) as ex:
+            futures = [ex.submit(svc.predict, "好") for _ in range(3)]
+            time.sleep(0.5)
+            svc.proc.send_signal(signal.SIGTERM)
+            assert [f.result()[0] for f in futures] == [200, 200, 200]
+    finally:
+        rc = svc.stop()
+    assert rc == 0, svc.output()
+    with pytest.raises(OSError):
+        svc.get("/health")
+
+
+@pytest.mark.slow
+def test_unknown_model_is_one_line_error(registry):
+    proc = subprocess.run([str(BIN / "bertpipe"), "models", "serve", "no-such-model", "--port", str(free_port())],
+                          cwd=registry, env=env_for(registry), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "no-such-model" in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_the_champion(registry):
+    """Users who prefer MLflow's own scoring server can serve the same registered model."""
+    port = free_port()
+    env = env_for(registry)
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{registry / '.bertpipe' / 'mlflow.db'}"
+    proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", f"models:/{NAME}@champion",
+                             "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=registry, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    import urllib.request
+
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow models serve never answered /ping"
+                time.sleep(1)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", method="POST",
+                                     data=json.dumps({"inputs": ["这个产品很好"]}, ensure_ascii=False).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+        assert r.status == 200 and out["predictions"][0]["label"] in ("neg", "pos"), out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
