@@ -127,8 +127,10 @@ def pretrain_stage() -> Stage:
 def finetune_stage(task: str, encoder: str) -> Stage:
     from bertpipe.finetune import stage as m
     from bertpipe.taskdata import task_dir
+    from bertpipe.taskdata.stage import task_params
 
     def inputs(cfg: Config) -> dict:
+        task_params(cfg, task)  # an unknown task name is a one-line error
         return {"encoder": encoder_dir(cfg, encoder), "task": task_dir(cfg, task)}
 
     def build(ctx):

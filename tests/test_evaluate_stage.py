@@ -14,7 +14,7 @@ from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate.stage import compare
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage
+from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage, tasks_stage
 from bertpipe.stage import run_stage
 
 torch.set_num_threads(1)
@@ -73,6 +73,7 @@ def test_report_base_vs_adapted(project):
     cfg = load_config(project / "params.yaml")
     with pytest.raises(BertpipeError, match="finetune"):  # nothing finetuned yet
         run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
+    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
     for t, e in finetune_pairs(cfg):
         run_stage(finetune_stage(t, e), cfg, tracker_factory=NO_TRACKING)
     res = run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)

@@ -30,11 +30,16 @@ def sections(cfg) -> tuple[str, ...]:
     return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
 
 
-def task_files(cfg, task: str) -> dict[str, Path]:
-    """The raw files one task reads, keyed ``<task>:<split or label>``."""
+def task_params(cfg, task: str) -> TaskParams:
     p = cfg.params.finetune.tasks.get(task)
     if p is None:
         raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
+    return p
+
+
+def task_files(cfg, task: str) -> dict[str, Path]:
+    """The raw files one task reads, keyed ``<task>:<split or label>``."""
+    p = task_params(cfg, task)
     files = {s: getattr(p, s) for s in SPLITS if getattr(p, s)}
     files.update(p.label_files)
     return {f"{task}:{k}": cfg.path(v) for k, v in files.items()}
@@ -48,7 +53,7 @@ def own_inputs(cfg) -> dict[str, Path]:
 
 
 def materialise(p: TaskParams, shared_train, resolve, dedup, root: Path | None = None):
-    """(splits, labels, counts) of one task, exactly as finetune will use them."""
+    """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""
     tp = p.train_params(shared_train)
     counts: Counter = Counter()
     files = D.read_files(p, resolve, counts)
