@@ -1,8 +1,10 @@
 """MLM (pretrain) and NER (finetune) losses are normalised by the target tokens of the whole optimizer step: one big
-batch and the same examples cut into micro-batches with unequal target counts give the same gradient."""
+batch and the same examples cut into micro-batches (and, for MLM, DDP ranks) with unequal target counts give the same
+gradient."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bertpipe.finetune.train import backward_step as finetune_step
@@ -85,3 +87,39 @@ def test_ner_accumulated_micro_batches_match_one_big_batch():
     for b in _cut(batch, 2):
         (model(**b).loss / 2).backward()
     assert not torch.allclose(_grads(model), ref, atol=1e-4)
+
+
+def _ddp_rank(rank: int, world: int, init: str, out: str) -> None:
+    """One of two gloo processes: its rows of the batch, in two micro-batches, under DDP."""
+    import torch.distributed as dist
+    from transformers import BertForMaskedLM
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    pm = PretrainModel(BertForMaskedLM(_config()), pair=False)
+    ddp = torch.nn.parallel.DistributedDataParallel(pm)
+    batch = _batch(ROWS, 50, IGNORE)
+    batch["pair_labels"] = torch.zeros(len(ROWS), dtype=torch.long)
+    mine = {k: v[2 * rank : 2 * rank + 2] for k, v in batch.items()}  # rank 0: 2 masked tokens, rank 1: 11
+    pretrain_step(ddp, _cut(mine, 1), Dist(rank, world), bf16=False)
+    if rank == 0:
+        torch.save(_grads(pm), out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two gloo processes
+def test_mlm_across_ddp_ranks_matches_one_big_batch(tmp_path):
+    import torch.multiprocessing as mp
+    from transformers import BertForMaskedLM
+
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(_config())
+    batch = _batch(ROWS, 50, IGNORE)
+    logits = mlm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    sel = batch["labels"] != IGNORE
+    torch.nn.functional.cross_entropy(logits[sel], batch["labels"][sel]).backward()
+    ref = _grads(mlm)
+    out = tmp_path / "grads.pt"
+    mp.spawn(_ddp_rank, args=(2, f"file://{tmp_path / 'init'}", str(out)), nprocs=2, join=True)
+    assert torch.allclose(torch.load(out), ref, atol=1e-6)
