@@ -66,7 +66,8 @@ def task_eval_files(cfg: Config) -> dict[str, Path]:
 
     if not cfg.params.prepare.exclude.tasks:
         return {}
-    return {f"tasks/{t}/{s}": task_dir(cfg, t) / f"{s}.jsonl" for t in cfg.params.finetune.tasks for s in ("dev", "test")}
+    tasks = cfg.params.finetune.tasks
+    return {f"tasks/{t}/{s}": task_dir(cfg, t) / f"{s}.jsonl" for t in tasks for s in ("dev", "test")}
 
 
 def tasks_stage(cfg: Config) -> Stage:

@@ -78,8 +78,8 @@ class PretrainParams(BaseModel):
         # Only a from-scratch model (stage `base`) takes its position table from `arch`; a checkpoint's table is
         # known once it is loaded, and max_seq_len is clamped to it there (with a notice).
         if self.max_seq_len > self.arch.max_positions:
-            raise ValueError(f"max_seq_len ({self.max_seq_len}) exceeds arch.max_positions ({self.arch.max_positions}); "
-                             "lower max_seq_len or raise arch.max_positions")
+            raise ValueError(f"max_seq_len ({self.max_seq_len}) exceeds arch.max_positions "
+                             f"({self.arch.max_positions}); lower max_seq_len or raise arch.max_positions")
         return self
 
     @model_validator(mode="after")
