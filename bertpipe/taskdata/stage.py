@@ -52,7 +52,7 @@ def own_inputs(cfg) -> dict[str, Path]:
     return out
 
 
-def materialise(p: TaskParams, shared_train, resolve, dedup, root: Path | None = None):
+def materialise(task: str, p: TaskParams, shared_train, resolve, dedup, root: Path | None = None):
     """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""
     tp = p.train_params(shared_train)
     counts: Counter = Counter()
@@ -79,7 +79,7 @@ def materialise(p: TaskParams, shared_train, resolve, dedup, root: Path | None =
         data[s] = D.cap(data[s], caps[s], p.split_seed)
         counts[f"{s}_examples"] = len(data[s])
     if not data["train"]:
-        raise BertpipeError(f"finetune.tasks: {p.train or p.label_files}: no training examples left")
+        raise BertpipeError(f"finetune.tasks.{task}: no training examples left after near-duplicate removal")
     labels = D.label_list(p, data, counts)  # maps unseen dev/test labels (unknown_label: map) in place
     return data, labels, counts, caps
 
@@ -91,7 +91,7 @@ def build(ctx) -> dict:
     lines = ["# tasks", "", "| task | type | train | dev | test | near-dup pairs | groups merged | "
              "dropped (train/dev) |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for task, p in fp.tasks.items():
-        data, labels, counts, caps = materialise(p, fp.train, ctx.cfg.path, dedup, ctx.cfg.root)
+        data, labels, counts, caps = materialise(task, p, fp.train, ctx.cfg.path, dedup, ctx.cfg.root)
         tdir = ctx.out / task
         tdir.mkdir(parents=True)
         splits = {s: write_split(tdir / f"{s}.jsonl", data[s]) for s in SPLITS}
