@@ -14,9 +14,11 @@ import pytest
 
 from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import tasks_stage
+from bertpipe.pipeline import finetune_stage, tasks_stage
 from bertpipe.stage import run_stage
 from tests.e2e_project import env_for
+
+NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
 RUN = r"""
 import contextlib, hashlib, json, random, sys
@@ -48,24 +50,36 @@ def _long_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-@pytest.mark.slow
-def test_same_finetune_in_two_processes_after_different_rng_use_is_identical(tmp_path, zh_tokenizer_dir):
-    enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
-    S.write_jsonl(tmp_path / "long.jsonl", _long_rows(160, seed=3))
-    (tmp_path / "params.yaml").write_text(
+def _project(root, zh_tokenizer_dir, seeds: str):
+    enc = S.tiny_encoder(root / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
+    S.write_jsonl(root / "long.jsonl", _long_rows(160, seed=3))
+    (root / "params.yaml").write_text(
         f"""
 paths: {{work: work, state: state}}
 model: {{base: {enc}}}
 finetune:
   encoders: [base]
-  train: {{lr: 1.0e-3, epochs: 1, batch_size: 16, max_seq_len: 128, seeds: [3, 4], bf16: false}}
+  train: {{lr: 1.0e-3, epochs: 1, batch_size: 16, max_seq_len: 128, seeds: {seeds}, bf16: false}}
   tasks:
     long: {{type: classification, format: jsonl, train: long.jsonl}}
 """,
         encoding="utf-8",
     )
-    cfg = load_config(tmp_path / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+    cfg = load_config(root / "params.yaml")
+    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
+    return cfg
+
+
+def test_an_encoder_with_fewer_positions_than_max_seq_len_trains_clamped(tmp_path, zh_tokenizer_dir, capfd):
+    cfg = _project(tmp_path, zh_tokenizer_dir, "[1]")
+    res = run_stage(finetune_stage("long", "base"), cfg, tracker_factory=NO_TRACKING)
+    assert res.metrics["test_macro_f1"] >= 0.0 and (res.out / "model").is_dir()
+    assert "finetune.train.max_seq_len=128 exceeds the model's 64 positions; using 64" in capfd.readouterr().err
+
+
+@pytest.mark.slow  # two processes
+def test_same_finetune_in_two_processes_after_different_rng_use_is_identical(tmp_path, zh_tokenizer_dir):
+    _project(tmp_path, zh_tokenizer_dir, "[3, 4]")
     results, logs = [], []
     for burn in (0, 977):
         proc = subprocess.run([sys.executable, "-c", RUN, str(burn), "long"], cwd=tmp_path, env=env_for(tmp_path),
