@@ -83,7 +83,9 @@ def _stage_command(name: str, help_text: str) -> None:
         _run_one(name, params, profile, set_, force)
 
 
-_stage_command("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare.")
+_stage_command("tasks", "Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).")
+_stage_command("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test "
+               "texts excluded).")
 _stage_command("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).")
 _stage_command("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.")
 _stage_command("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).")

@@ -1,7 +1,12 @@
 """The stage graph: which stage's output feeds which input. The CLI, the Prefect flow and dvc.yaml all follow it.
 
-    prepare ─┬─(general)─> base* ─┐
-             └─(domain)───────────┴─> vocab ─> pretrain ─> finetune/<task>/<encoder> ─> evaluate ─> register
+    tasks ─(dev/test)─> prepare ─┬─(general)─> base* ─┐
+      │                          └─(domain)───────────┴─> vocab ─> pretrain ─┐
+      └─(task dir)──────────────────────────────────────────────────────────┴─> finetune/<task>/<encoder> ─> ...
+    ... ─> evaluate ─> register
+
+``tasks`` materialises every finetune task's splits once; prepare removes their dev/test texts from the pretraining
+corpora, and finetune trains on the task dirs.
 
 ``base`` exists only when ``model.base: scratch``: it pretrains a small general-domain model from a config, since no
 pretrained Chinese weights can be downloaded here. Otherwise the base encoder is ``model.base`` (a dir or hub id).
@@ -52,10 +57,33 @@ def finetune_out(cfg: Config, task: str, encoder: str) -> Path:
     return cfg.work / "finetune" / task / encoder
 
 
+def task_eval_files(cfg: Config) -> dict[str, Path]:
+    """Every task's dev and test split files, keyed ``tasks/<task>/<split>``: what prepare keeps out of pretraining.
+
+    Their contents (not the tasks stage's fingerprint) are the inputs, so a task edit that changes no dev/test
+    example (e.g. a per-task learning rate) does not rerun prepare and everything after it."""
+    from bertpipe.taskdata import task_dir
+
+    if not cfg.params.prepare.exclude.tasks:
+        return {}
+    tasks = cfg.params.finetune.tasks
+    return {f"tasks/{t}/{s}": task_dir(cfg, t) / f"{s}.jsonl" for t in tasks for s in ("dev", "test")}
+
+
+def tasks_stage(cfg: Config) -> Stage:
+    from bertpipe.taskdata import stage as m
+
+    return Stage("tasks", m.VERSION, m.sections(cfg), m.own_inputs, lambda c: c.work / "tasks", m.build,
+                 params_section="finetune")
+
+
 def prepare_stage() -> Stage:
     from bertpipe.prepare import stage as m
 
-    return Stage("prepare", m.VERSION, ("prepare",), m.own_inputs, lambda c: c.work / "prepare", m.build)
+    def inputs(cfg: Config) -> dict:
+        return {**m.own_inputs(cfg), **task_eval_files(cfg)}
+
+    return Stage("prepare", m.VERSION, ("prepare",), inputs, lambda c: c.work / "prepare", m.build)
 
 
 def base_stage() -> Stage:
@@ -99,9 +127,12 @@ def pretrain_stage() -> Stage:
 
 def finetune_stage(task: str, encoder: str) -> Stage:
     from bertpipe.finetune import stage as m
+    from bertpipe.taskdata import task_dir
+    from bertpipe.taskdata.stage import task_params
 
     def inputs(cfg: Config) -> dict:
-        return {"encoder": encoder_dir(cfg, encoder), **m.own_inputs(cfg, task)}
+        task_params(cfg, task)  # an unknown task name is a one-line error
+        return {"encoder": encoder_dir(cfg, encoder), "task": task_dir(cfg, task)}
 
     def build(ctx):
         return m.build(ctx, task=task, encoder=encoder)
@@ -151,7 +182,7 @@ def register_stage() -> Stage:
 
 def all_stages(cfg: Config) -> dict[str, Stage]:
     """Every stage of the chain for this config, in an order that respects the dependencies."""
-    stages: dict[str, Stage] = {"prepare": prepare_stage()}
+    stages: dict[str, Stage] = {"tasks": tasks_stage(cfg), "prepare": prepare_stage()}
     if base_is_scratch(cfg):
         stages["base"] = base_stage()
     stages["vocab"] = vocab_stage()

@@ -13,7 +13,7 @@ import torch
 from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import finetune_stage
+from bertpipe.pipeline import finetune_stage, tasks_stage
 from bertpipe.stage import run_stage
 
 torch.set_num_threads(1)
@@ -63,6 +63,7 @@ finetune:
 
 def _run(project: Path, task: str):
     cfg = load_config(project / "params.yaml")
+    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the split files finetune reads
     res = run_stage(finetune_stage(task, "base"), cfg, tracker_factory=NO_TRACKING)
     return res, json.loads((res.out / "metrics.json").read_text(encoding="utf-8"))
 
@@ -128,6 +129,8 @@ def test_documents_far_beyond_max_seq_len(project):
 
 def test_cmrc_format_fixture_trains_and_reports(tmp_path, zh_tokenizer_dir):
     enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
+    # Trained on synthetic SQuAD, scored on the CMRC fixture (training on the test file would now be dropped as leakage)
+    (tmp_path / "train.json").write_text(json.dumps(S.squad(16, seed=3), ensure_ascii=False), encoding="utf-8")
     (tmp_path / "params.yaml").write_text(
         f"""
 paths: {{work: work, state: state}}
@@ -136,7 +139,7 @@ finetune:
   encoders: [base]
   train: {{epochs: 1, batch_size: 4, max_seq_len: 48, seeds: [1, 2]}}
   tasks:
-    cmrc: {{type: qa, format: squad, train: {FIX / 'cmrc_tiny.json'}, test: {FIX / 'cmrc_tiny.json'},
+    cmrc: {{type: qa, format: squad, train: train.json, test: {FIX / 'cmrc_tiny.json'},
            dev_ratio: 0.0, doc_stride: 16}}
 """,
         encoding="utf-8",
@@ -154,7 +157,9 @@ def test_unknown_task_and_missing_data_are_one_line_errors(tmp_path):
     cfg = load_config(tmp_path / "params.yaml")
     with pytest.raises(BertpipeError, match="no task named 'x'"):
         finetune_stage("x", "base").inputs(cfg)
-    with pytest.raises(BertpipeError, match="nowhere.jsonl does not exist"):
+    with pytest.raises(BertpipeError, match=r"does not exist \(run the stage that makes it first\)"):
         run_stage(finetune_stage("t", "base"), cfg, tracker_factory=NO_TRACKING)
+    with pytest.raises(BertpipeError, match="nowhere.jsonl does not exist"):
+        run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
     with pytest.raises(BertpipeError, match="tasks.t.train_overrides"):
         load_config(tmp_path / "params.yaml", overrides=["finetune.tasks.t.train_overrides={lrr: 1}"])

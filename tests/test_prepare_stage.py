@@ -44,6 +44,7 @@ def make_config(tmp_path: Path, domain=None, general=None, overrides=(), **prepa
             "general": {"sources": general if general is not None else GENERAL},
             **prepare,
         },
+        "finetune": {"tasks": {}},  # no task dev/test texts to exclude (tests/test_prepare_exclude.py has those)
     }
     f = tmp_path / "params.yaml"
     f.write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")

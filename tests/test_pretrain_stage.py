@@ -98,7 +98,6 @@ def _gpt2(path, tokenizer_dir):
         ("not_a_model", "not a model checkpoint"),
         ("gpt2", "not a BERT-family"),
         ("vocab_mismatch", "vocab mismatch"),
-        ("positions", "position table"),
         ("tiny_corpus", "fewer than one batch"),
         ("no_valid_text", "valid.parquet"),
     ],
@@ -110,7 +109,6 @@ def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, sample_raw, zh_tok
         "not_a_model": tmp_path / "empty",
         "gpt2": None,
         "vocab_mismatch": None,
-        "positions": None,
     }.get(case, "ok")
     if case == "not_a_model":
         model_dir.mkdir()
@@ -119,8 +117,6 @@ def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, sample_raw, zh_tok
         model_dir = _gpt2(tmp_path / "gpt2", zh_tokenizer_dir)
     elif case == "vocab_mismatch":
         model_dir = _tiny_bert(tmp_path / "small", zh_tokenizer_dir, vocab_size=1000)
-    elif case == "positions":
-        model_dir = _tiny_bert(tmp_path / "short", zh_tokenizer_dir, positions=32)
     elif model_dir == "ok":
         model_dir = _tiny_bert(tmp_path / "ok", zh_tokenizer_dir)
     train, valid = texts[:100], texts[100:]
@@ -137,11 +133,21 @@ def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, sample_raw, zh_tok
     assert not list((tmp_path / "work").glob(".pretrain.tmp-*"))
 
 
+def test_checkpoint_with_fewer_positions_than_max_seq_len_is_clamped(tmp_path, sample_raw, zh_tokenizer_dir, capfd):
+    texts = law_texts(sample_raw, 120)
+    model_dir = _tiny_bert(tmp_path / "short", zh_tokenizer_dir, positions=64)
+    cfg = _pretrain_setup(tmp_path, model_dir, texts[:100], texts[100:], max_seq_len=128, max_steps=2,
+                          eval_every=2, save_every=2)
+    res = run_stage(pretrain_stage(), cfg, **NO_TRACKER)
+    assert res.metrics["max_seq_len"] == 64 and res.metrics["steps"] == 2
+    assert "pretrain.max_seq_len=128 exceeds the model's 64 positions; using 64" in capfd.readouterr().err
+
+
 def test_from_scratch_positions_shorter_than_segments(tmp_path, sample_raw, zh_tokenizer_dir):
     texts = law_texts(sample_raw, 60)
     write_corpus(tmp_path / "work" / "prepare" / "general", texts[:50], texts[50:])
     params = write_params(tmp_path, {"base": "scratch", "tokenizer": str(zh_tokenizer_dir)},
                           base={"arch": {**TINY_ARCH, "max_positions": 64}, "max_seq_len": 128})
-    with pytest.raises(BertpipeError, match="max_positions"):
-        run_stage(base_stage(), load_config(params), **NO_TRACKER)
+    with pytest.raises(BertpipeError, match=r"base.*max_seq_len \(128\) exceeds arch.max_positions \(64\)"):
+        run_stage(base_stage(), load_config(params), **NO_TRACKER)  # rejected when the params load
     assert not (tmp_path / "work" / "base").exists()

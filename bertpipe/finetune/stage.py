@@ -18,25 +18,17 @@ from bertpipe.evaluate.metrics import PRIMARY
 from bertpipe.finetune import data as D
 from bertpipe.finetune import heads as H
 from bertpipe.finetune.params import FinetuneParams
-from bertpipe.finetune.train import bf16_ok, pick_device, train
+from bertpipe.finetune.train import bf16_ok, pick_device, set_seed, train
+from bertpipe.modelinfo import clamp_seq_len
+from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
 
-VERSION = "1"
+VERSION = "2"  # 2: reads the tasks stage's splits; seeded before the model is built
 PIPELINE_TASK = {
     "classification": "text-classification",
     "pair_classification": "text-classification",
     "ner": "token-classification",
     "qa": None,  # transformers 5 removed the question-answering pipeline; AutoModelForQuestionAnswering loads it
 }
-
-
-def own_inputs(cfg, task: str) -> dict:
-    """The task's data files, so editing one reruns its finetunes."""
-    p = cfg.params.finetune.tasks.get(task)
-    if p is None:
-        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
-    files = {f"data_{s}": getattr(p, s) for s in D.SPLITS if getattr(p, s)}
-    files.update({f"data_{label}": f for label, f in p.label_files.items()})
-    return {k: cfg.path(v) for k, v in files.items()}
 
 
 def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
@@ -76,14 +68,13 @@ def build(ctx, task: str, encoder: str) -> dict:
     if tp.num_threads:
         torch.set_num_threads(tp.num_threads)
     device = pick_device(tp.device)
-    counts: Counter = Counter()
-    data = D.load_task(p, ctx.cfg.path, counts)
-    data["train"] = D.cap(data["train"], tp.max_train_examples, p.split_seed)
-    for s in ("dev", "test"):
-        data[s] = D.cap(data[s], tp.max_eval_examples, p.split_seed)
-    for s in D.SPLITS:  # what was read, then what is used after the demo caps
-        counts[f"{s}_available"], counts[f"{s}_examples"] = counts[f"{s}_examples"], len(data[s])
-    labels = D.label_list(p, data, counts)
+    tdir = Path(ctx.inputs["task"])
+    data = read_task(tdir)  # the tasks stage's splits: cleaned, leak-checked, capped, labels mapped
+    info = split_info(tdir)
+    counts: Counter = Counter({k: v for k, v in info.get("counts", {}).items() if isinstance(v, int)})
+    labels = list(info.get("labels") or [])
+    if p.type != "qa" and not labels:
+        raise BertpipeError(f"{tdir / SPLITS_JSON}: no label list (rerun the `tasks` stage)")
     label2id = {lab: i for i, lab in enumerate(labels)}
     src = ctx.inputs["encoder"]
     try:
@@ -92,6 +83,9 @@ def build(ctx, task: str, encoder: str) -> dict:
         raise BertpipeError(f"encoder {src}: no tokenizer could be loaded ({e})") from None
     if not getattr(tok, "is_fast", False):
         raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
+    key = (f"finetune.tasks.{task}.train_overrides.max_seq_len" if "max_seq_len" in p.train_overrides
+           else "finetune.train.max_seq_len")
+    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, key, ctx.log)})
     splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in D.SPLITS}
     H.describe(counts)
     sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in D.SPLITS)
@@ -104,6 +98,7 @@ def build(ctx, task: str, encoder: str) -> dict:
     runs: dict = {}
     best_dev = float("-inf")
     for seed in tp.seeds:
+        set_seed(seed)  # the fresh head's init must not depend on what used the global RNG before
         model = H.load_model(p.type, src, labels).to(device)
         if data["dev"]:
             def dev_eval(m, _split=splits["dev"]):

@@ -13,7 +13,7 @@ PLACES = ["北京", "上海", "广州", "London", "Paris"]
 
 
 def tiny_encoder(out: Path, tokenizer_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0,
-                 with_mlm_head: bool = True) -> Path:
+                 with_mlm_head: bool = True, positions: int = 512) -> Path:
     """A randomly initialised small BERT (MLM or headless) with a real tokenizer, saved with save_pretrained."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
@@ -21,7 +21,7 @@ def tiny_encoder(out: Path, tokenizer_dir: Path, layers: int = 2, hidden: int = 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                     intermediate_size=hidden * 2, max_position_embeddings=512)
+                     intermediate_size=hidden * 2, max_position_embeddings=positions)
     model = BertForMaskedLM(cfg) if with_mlm_head else BertModel(cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -120,6 +120,32 @@ def batches(feats: Sequence[dict], batch_size: int, gen: random.Random, bucket: 
     return out
 
 
+def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.device, bf16: bool) -> list[float]:
+    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's mean loss.
+
+    Token-level labels (NER) are normalised by the labelled tokens of the whole step (as transformers does with
+    ``num_items_in_batch``), so micro-batches with unequal token counts give the gradient of one big batch.
+    Example-level losses (classification, QA) are per-micro-batch means, averaged over the step's micro-batches.
+    """
+    token_level = "labels" in group[0] and group[0]["labels"].dim() == 2
+    n_step = sum(int((b["labels"] != -100).sum()) for b in group) if token_level else 0
+    out = []
+    for b in group:
+        b = {k: v.to(device) for k, v in b.items()}
+        labels = b.pop("labels") if token_level else None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            res = model(**b)
+        if labels is not None:
+            total = torch.nn.functional.cross_entropy(res.logits.float().flatten(0, 1), labels.flatten(),
+                                                      ignore_index=-100, reduction="sum")
+            (total / max(n_step, 1)).backward()
+            out.append(total.item() / max(int((labels != -100).sum()), 1))
+        else:
+            (res.loss.float() / len(group)).backward()
+            out.append(res.loss.item())
+    return out
+
+
 @dataclass
 class TrainResult:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (optimizer step, mean loss since last point)
@@ -192,22 +218,19 @@ def train(
     model.train()
     stop = False
     while step < total and not stop:
-        for idx in batches(feats, tp.batch_size, gen):
+        epoch = batches(feats, tp.batch_size, gen)
+        for g in range(0, len(epoch), tp.grad_accum):  # one optimizer step: up to grad_accum micro-batches
             want = next((i for i, e in enumerate(ends) if step < e), len(ends))
             if want != phase:
                 if phase >= 0 and on_phase_end:
                     on_phase_end(phase, model)
                 phase = want
                 set_phase(phase)
-            batch = {k: v.to(device) for k, v in collate([feats[i] for i in idx], pad_id).items()}
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = model(**batch).loss
-            (loss.float() / tp.grad_accum).backward()
-            running += loss.item()
-            running_n += 1
-            micro += 1
-            if micro % tp.grad_accum:
-                continue
+            group = [collate([feats[i] for i in idx], pad_id) for idx in epoch[g : g + tp.grad_accum]]
+            for loss in backward_step(model, group, device, use_bf16):
+                running += loss
+                running_n += 1
+                micro += 1
             if tp.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tp.max_grad_norm)
             opt.step()

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.clean import Cleaner
 from bertpipe.prepare.dedup import components, exact_key, keep_rank, near_duplicates
+from bertpipe.prepare.exclude import EvalTexts, exclude
 from bertpipe.prepare.ingest import Ingest
 from bertpipe.prepare.params import CorpusParams, PrepareParams
 from bertpipe.prepare.split import assign_splits
@@ -35,8 +36,10 @@ def _preview(text: str, n: int) -> str:
 
 
 def prepare_corpus(
-    name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], with_test: bool = True
+    name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], with_test: bool = True,
+    keep_out: EvalTexts | None = None,
 ) -> CorpusResult:
+    """``keep_out``: finetune tasks' dev/test texts; documents matching them are removed right after cleaning."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
     ingest, cleaner = Ingest(resolve), Cleaner(p.clean)
@@ -71,6 +74,13 @@ def prepare_corpus(
     if not docs:
         removed = ", ".join(f"{k}={v}" for k, v in cleaner.stats()["removed"].items() if v)
         raise BertpipeError(f"prepare.{name}: no document left after cleaning ({removed}); loosen prepare.clean")
+
+    # -------------------------------------------------- task dev/test texts (before anything else sees the docs)
+    t = time.perf_counter()
+    docs, excluded = exclude(docs, keep_out or EvalTexts(), p)
+    timings["exclude_s"] = time.perf_counter() - t
+    if not docs:
+        raise BertpipeError(f"prepare.{name}: every document matched a finetune task's dev/test text")
 
     clusters: list[dict] = []
     d = p.dedup
@@ -169,6 +179,7 @@ def prepare_corpus(
         "utf8_bytes_in": bytes_in,
         "clean": cleaner.stats(),
         "after_clean": ingested - sum(cleaner.removed.values()),
+        "excluded": excluded,
         "exact": {"removed": exact_removed, "clusters": sum(c["kind"] == "exact" for c in clusters)},
         "near": near_stats,
         "kept": len(docs),

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -21,9 +21,14 @@ _PRIME = np.uint64(0x100000001B3)  # FNV-64 prime: the rolling n-gram polynomial
 _WS = re.compile(r"\s+")
 
 
+def normal_form(text: str) -> str:
+    """The text without whitespace, case-folded: what exact duplicates and task-text matches compare."""
+    return _WS.sub("", text).casefold()
+
+
 def exact_key(text: str) -> bytes:
     """Texts that differ only in whitespace or letter case share a key."""
-    return hashlib.blake2b(_WS.sub("", text).casefold().encode("utf-8"), digest_size=16).digest()
+    return hashlib.blake2b(normal_form(text).encode("utf-8"), digest_size=16).digest()
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -152,33 +157,58 @@ def _triu(z: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(z, 1)
 
 
+def band_keys(sig: np.ndarray, bands: int, rows: int) -> Iterator[np.ndarray]:
+    """One uint64 key per document for each LSH band: documents sharing a band's rows share its key."""
+    rng = np.random.default_rng(12345)
+    coef = rng.integers(1, 1 << 63, size=rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        for band in range(bands):
+            block = sig[:, band * rows : (band + 1) * rows].astype(np.uint64)
+            yield _mix((block * coef).sum(axis=1, dtype=np.uint64))
+
+
 def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200) -> np.ndarray:
     """Pairs (i < j) sharing at least one band. A bucket larger than ``max_bucket`` links its members to its first
     member only (a star), which keeps connectivity without a quadratic number of pairs."""
     d = sig.shape[0]
-    rng = np.random.default_rng(12345)
-    coef = rng.integers(1, 1 << 63, size=rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     found: list[np.ndarray] = []
-    with np.errstate(over="ignore"):
-        for band in range(bands):
-            block = sig[:, band * rows : (band + 1) * rows].astype(np.uint64)
-            key = _mix((block * coef).sum(axis=1, dtype=np.uint64))
-            order = np.argsort(key, kind="stable")
-            ks = key[order]
-            brk = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            bstart = np.concatenate([[0], brk])
-            bsize = np.diff(np.concatenate([bstart, [d]]))
-            for s, z in zip(bstart[bsize > 1], bsize[bsize > 1]):
-                members = np.sort(order[s : s + z])
-                if z <= max_bucket:
-                    i, j = _triu(int(z))
-                    found.append(np.stack([members[i], members[j]], axis=1))
-                else:
-                    found.append(np.stack([np.full(z - 1, members[0]), members[1:]], axis=1))
+    for key in band_keys(sig, bands, rows):
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        brk = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        bstart = np.concatenate([[0], brk])
+        bsize = np.diff(np.concatenate([bstart, [d]]))
+        for s, z in zip(bstart[bsize > 1], bsize[bsize > 1]):
+            members = np.sort(order[s : s + z])
+            if z <= max_bucket:
+                i, j = _triu(int(z))
+                found.append(np.stack([members[i], members[j]], axis=1))
+            else:
+                found.append(np.stack([np.full(z - 1, members[0]), members[1:]], axis=1))
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
     pairs = np.concatenate(found).astype(np.int64)
     return np.unique(pairs, axis=0)
+
+
+def cross_candidates(sig: np.ndarray, n_a: int, bands: int, rows: int) -> np.ndarray:
+    """Pairs (i < n_a <= j) sharing at least one band: candidates between two sets only (rows [0, n_a) and the rest),
+    so the first set's own near-duplicates cost nothing."""
+    found: list[np.ndarray] = []
+    for key in band_keys(sig, bands, rows):
+        ka, kb = key[:n_a], key[n_a:]
+        hit = np.flatnonzero(np.isin(ka, kb))
+        if not len(hit):
+            continue
+        order = np.argsort(kb, kind="stable")
+        sk = kb[order]
+        for i in hit.tolist():
+            lo, hi = np.searchsorted(sk, ka[i], "left"), np.searchsorted(sk, ka[i], "right")
+            js = order[lo:hi] + n_a
+            found.append(np.stack([np.full(len(js), i), js], axis=1))
+    if not found:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.concatenate(found).astype(np.int64), axis=0)
 
 
 def jaccard(hashes: np.ndarray, offsets: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -219,11 +249,13 @@ def near_duplicates(
     batch: int = 4096,
     progress=None,
     recall_weight: float = 0.9,
+    cross_at: int | None = None,
 ) -> NearDups:
+    """Near-duplicate pairs among ``texts``; with ``cross_at``, only pairs (i, j) with i < cross_at <= j."""
     hashes, offsets = ngram_hashes(texts, ngram)
     sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
     bands, rows = lsh_params(threshold, num_perm, recall_weight)
-    cand = lsh_candidates(sig, bands, rows)
+    cand = lsh_candidates(sig, bands, rows) if cross_at is None else cross_candidates(sig, cross_at, bands, rows)
     empty = np.diff(offsets) == 0
     if len(cand):
         cand = cand[~(empty[cand[:, 0]] | empty[cand[:, 1]])]  # two empty texts share the all-max signature

@@ -113,6 +113,17 @@ class SplitParams(_Model):
         return self
 
 
+class ExcludeParams(_Model):
+    """Keeping finetune tasks' dev/test texts out of every pretraining corpus (the `tasks` stage's split files).
+
+    A document goes when it equals a dev/test text (whitespace and case aside), is a near-duplicate of one
+    (prepare.dedup's MinHash settings), or contains one of at least ``contain_min_chars`` characters verbatim."""
+
+    tasks: bool = True
+    # Shorter texts are too generic to mark a document that contains them ("本法自公布之日起施行。" is 11).
+    contain_min_chars: int = Field(20, ge=1, le=10000)
+
+
 def _default_domain() -> CorpusParams:
     return CorpusParams(
         sources=[
@@ -152,6 +163,7 @@ class PrepareParams(_Model):
     clean: CleanParams = Field(default_factory=CleanParams)
     dedup: DedupParams = Field(default_factory=DedupParams)
     split: SplitParams = Field(default_factory=SplitParams)
+    exclude: ExcludeParams = Field(default_factory=ExcludeParams)
     preview_chars: int = Field(80, ge=10, le=2000)  # text preview length in dedup_clusters.jsonl
 
     @model_validator(mode="before")

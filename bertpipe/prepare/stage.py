@@ -12,10 +12,11 @@ from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
+from bertpipe.prepare.exclude import EvalTexts
 from bertpipe.prepare.ingest import is_glob, source_files
 from bertpipe.prepare.params import PrepareParams
 
-VERSION = "1"
+VERSION = "2"  # 2: finetune tasks' dev/test texts are excluded
 CORPORA = ("domain", "general")
 BASE_COLUMNS = ("id", "text", "group", "source", "cluster")
 
@@ -99,6 +100,14 @@ def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
     return True
 
 
+def _excluded_line(ex: dict) -> str:
+    """One report line: what matched finetune tasks' dev/test texts, per task and reason."""
+    if not ex["by_task"]:
+        return "- task dev/test texts: none to exclude (no finetune tasks, or prepare.exclude.tasks: false)"
+    per = "; ".join(f"{t}: " + ", ".join(f"{r} {n:,}" for r, n in c.items()) for t, c in ex["by_task"].items())
+    return f"- removed {ex['docs']:,} documents matching finetune tasks' dev/test texts ({per})"
+
+
 def _report(results: list[CorpusResult], stats: dict) -> str:
     lines = ["# prepare", ""]
     for res in results:
@@ -110,6 +119,7 @@ def _report(results: list[CorpusResult], stats: dict) -> str:
             + ", ".join(f"{k} ({v:,})" for k, v in s["sources"].items()),
             "- cleaning removed "
             + (", ".join(f"{k} {v:,}" for k, v in s["clean"]["removed"].items() if v) or "nothing"),
+            _excluded_line(s["excluded"]),
             f"- exact duplicates removed {s['exact']['removed']:,} ({s['exact']['clusters']:,} clusters)",
             f"- near duplicates: {s['near']['pairs']:,} pairs over the threshold in {s['near']['clusters']:,} clusters "
             f"({s['near']['candidates']:,} LSH candidates), {s['near']['removed']:,} removed",
@@ -136,9 +146,13 @@ def build(ctx) -> dict:
     p: PrepareParams = ctx.params
     started = time.perf_counter()
     results: list[CorpusResult] = []
+    keep_out = EvalTexts.from_inputs(ctx.inputs, p) if p.exclude.tasks else EvalTexts()
+    if keep_out.texts:
+        ctx.log(f"keeping {len(keep_out.texts):,} dev/test texts of {len(keep_out.tasks)} task(s) out of the corpora")
     for name, cp in _corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
-        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test))
+        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
+                             keep_out=keep_out)
         _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
         results.append(res)
@@ -171,6 +185,7 @@ def build(ctx) -> dict:
                 f"{n}_kept": s["kept"],
                 f"{n}_chars_out": s["chars_out"],
                 f"{n}_exact_removed": s["exact"]["removed"],
+                f"{n}_task_excluded": s["excluded"]["docs"],
                 f"{n}_near_pairs": s["near"]["pairs"],
                 f"{n}_near_clusters": s["near"]["clusters"],
                 f"{n}_near_removed": s["near"]["removed"],
@@ -182,6 +197,7 @@ def build(ctx) -> dict:
             "ingested": s["ingested"],
             "removed_by_filter": s["clean"]["removed"],
             "exact_removed": s["exact"]["removed"],
+            "task_excluded": {t: sum(c.values()) for t, c in s["excluded"]["by_task"].items()},
             "near_removed": s["near"]["removed"],
             "near_pairs": s["near"]["pairs"],
             "splits": {sp: v["docs"] for sp, v in s["splits"].items()},

@@ -123,8 +123,11 @@ class PretrainModel(nn.Module):
             )
             logits, target = out.logits[sel], labels[sel]
             hidden = out.hidden_states[-1] if self.pair_head is not None else None
-        mlm_loss = nn.functional.cross_entropy(logits.float(), target)
-        result = {"mlm_loss": mlm_loss, "loss": mlm_loss, "n_masked": sel.sum()}
+        # The sum lets the training loop normalise by the masked tokens of a whole step (see train.backward_step).
+        mlm_sum = nn.functional.cross_entropy(logits.float(), target, reduction="sum")
+        n_masked = sel.sum()
+        mlm_loss = mlm_sum / n_masked.clamp(min=1)
+        result = {"mlm_loss": mlm_loss, "mlm_sum": mlm_sum, "loss": mlm_loss, "n_masked": n_masked}
         if self.pair_head is not None and pair_labels is not None:
             pair_logits = self.pair_head(hidden[:, 0])
             pair_loss = nn.functional.cross_entropy(pair_logits.float(), pair_labels)

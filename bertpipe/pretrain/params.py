@@ -74,6 +74,15 @@ class PretrainParams(BaseModel):
     threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0: torch's default
 
     @model_validator(mode="after")
+    def _segments_fit_positions(self) -> "PretrainParams":
+        # Only a from-scratch model (stage `base`) takes its position table from `arch`; a checkpoint's table is
+        # known once it is loaded, and max_seq_len is clamped to it there (with a notice).
+        if self.max_seq_len > self.arch.max_positions:
+            raise ValueError(f"max_seq_len ({self.max_seq_len}) exceeds arch.max_positions "
+                             f"({self.arch.max_positions}); lower max_seq_len or raise arch.max_positions")
+        return self
+
+    @model_validator(mode="after")
     def _ratios_sum_to_one(self) -> "PretrainParams":
         total = self.mask_token_ratio + self.random_token_ratio + self.keep_ratio
         if abs(total - 1.0) > 1e-6:

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 
 from bertpipe.errors import BertpipeError
+from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.train import eval_batches, setup_distributed, train
 
-VERSION = "1"
+VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
 
 
 def own_inputs(cfg) -> dict:
@@ -36,11 +37,13 @@ def build(ctx) -> dict:
 
 
 def _load(ctx, p):
+    """(model, tokenizer, fresh head, origin, params with max_seq_len fitted to the model's position table)."""
     if "model" in ctx.inputs:
         ref = ctx.inputs["model"]
         mlm, tok, fresh = model.load_checkpoint(ref, log=ctx.log)
+        p = p.model_copy(update={"max_seq_len": clamp_seq_len(p.max_seq_len, mlm, f"{ctx.name}.max_seq_len", ctx.log)})
         model.check_compatible(mlm, tok, p.max_seq_len, str(ref))
-        return mlm, tok, fresh, f"continued from `{ref}`"
+        return mlm, tok, fresh, f"continued from `{ref}`", p
     ref = ctx.inputs.get("tokenizer")
     if ref is None:
         raise BertpipeError(f"{ctx.name}: expected a `model` input or a `tokenizer` input (from scratch)")
@@ -49,7 +52,7 @@ def _load(ctx, p):
     mlm = model.from_scratch(tok, p.arch, p.max_seq_len)
     model.check_compatible(mlm, tok, p.max_seq_len, str(ref))
     a = p.arch
-    return mlm, tok, True, f"from scratch ({a.layers} layers, hidden {a.hidden}, {a.heads} heads, tokenizer `{ref}`)"
+    return mlm, tok, True, f"from scratch ({a.layers} layers, hidden {a.hidden}, {a.heads} heads, tokenizer `{ref}`)", p
 
 
 def _build(ctx, d) -> dict:
@@ -57,7 +60,7 @@ def _build(ctx, d) -> dict:
     if p.threads:
         torch.set_num_threads(p.threads)
     language = ctx.cfg.params.model.language
-    mlm, tok, fresh, origin = _load(ctx, p)
+    mlm, tok, fresh, origin, p = _load(ctx, p)
     corpus = Path(ctx.inputs["corpus"])
     train_ex = data.build_examples(data.read_texts(corpus, "train"), tok, language, p, p.max_train_examples, p.seed)
     valid_ex = data.build_examples(data.read_texts(corpus, "valid"), tok, language, p, p.eval_examples, p.seed + 1)
@@ -104,6 +107,10 @@ def _build(ctx, d) -> dict:
         "fresh_head": int(fresh),
         "resumed_from_step": res.resumed_from,
         "padding_share": round(pad, 4),
+        "max_seq_len": p.max_seq_len,
+        # max_time_s is an optional wall-clock guard (off by default): when it ends the run, the output depends on
+        # the machine's speed, so the manifest says so.
+        "stopped_by_max_time_s": int(res.stopped == "max_time_s"),
     }
     if "eval_pair_acc" in res.final_eval:
         metrics["eval_pair_acc"] = float(res.final_eval["eval_pair_acc"])

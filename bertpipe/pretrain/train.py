@@ -200,6 +200,35 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> 
     return res
 
 
+# ---------------------------------------------------------------- one optimizer step's gradients
+
+
+def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list[dict]:
+    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's outputs.
+
+    The MLM loss is normalised by the masked tokens of the whole step, summed over micro-batches and processes (as
+    transformers does with ``num_items_in_batch``), so every masked token weighs the same however the step is cut:
+    micro-batches with unequal masked counts give the gradient of one big batch. DDP averages gradients over
+    processes, hence the factor ``world``. The pair (NSP/SOP) loss is per example: a mean per micro-batch, averaged.
+    """
+    n_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches))], d)[0]
+    scale = d.world / max(n_step, 1.0)
+    outs = []
+    for k, b in enumerate(micro_batches):
+        b = to_device(b, d.device)
+        last = k == len(micro_batches) - 1
+        sync = model.no_sync() if (d.world > 1 and not last) else contextlib.nullcontext()
+        with sync:
+            with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+                out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
+            loss = out["mlm_sum"] * scale
+            if "pair_loss" in out:
+                loss = loss + out["pair_loss"] / len(micro_batches)
+            loss.backward()
+        outs.append(out)
+    return outs
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -275,6 +304,7 @@ def train(
         step = state["step"]
         t0 = time.perf_counter()
         torch.manual_seed(int(seeded(p.seed, step, d.rank, 3).initial_seed()) % (1 << 62))  # dropout stream
+        micro_batches = []
         for micro in range(p.grad_accum):
             exs = batches.get(step * p.grad_accum + micro)
             if trace is not None:
@@ -286,12 +316,8 @@ def train(
                 gen = seeded(p.seed, step, micro, d.rank)
                 ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
             b["input_ids"], b["labels"] = ids, labels
-            b = to_device(b, d.device)
-            sync = model.no_sync() if (d.world > 1 and micro < p.grad_accum - 1) else contextlib.nullcontext()
-            with sync:
-                with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
-                    out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
-                (out["loss"] / p.grad_accum).backward()
+            micro_batches.append(b)
+        for out, b in zip(backward_step(model, micro_batches, d, bf16), micro_batches):
             window[0] += float(out["mlm_loss"].detach())
             window[1] += float(out["pair_loss"].detach()) if "pair_loss" in out else 0.0
             window[2] += 1

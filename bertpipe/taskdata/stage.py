@@ -1,0 +1,118 @@
+"""The ``tasks`` stage: every finetune task's splits, materialised once (see ``bertpipe.taskdata`` for the layout).
+
+Per task: read and clean its files (``bertpipe.finetune.data``), find near-duplicates among all its examples
+(prepare's MinHash and settings), split off the missing dev/test by group with near-duplicate groups merged, drop what
+still crosses splits (``bertpipe.taskdata.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
+task ``train_overrides`` included) and map unknown dev/test labels. The files then hold exactly what finetune trains,
+selects and scores on, what prepare removes from the pretraining corpora, and what register identifies a test set by.
+
+The fingerprint covers the task definitions, the two caps and prepare.dedup, not e.g. the finetune learning rate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from bertpipe.errors import BertpipeError
+from bertpipe.finetune import data as D
+from bertpipe.finetune.params import FinetuneParams, TaskParams
+from bertpipe.stage import write_json
+from bertpipe.taskdata import SPLITS, SPLITS_JSON, write_split
+from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
+
+VERSION = "1"
+
+
+def sections(cfg) -> tuple[str, ...]:
+    """The params the splits depend on: each task's definition, the caps, and the near-duplicate settings."""
+    tasks = tuple(f"finetune.tasks.{t}" for t in cfg.params.finetune.tasks)
+    return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
+
+
+def task_params(cfg, task: str) -> TaskParams:
+    p = cfg.params.finetune.tasks.get(task)
+    if p is None:
+        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
+    return p
+
+
+def task_files(cfg, task: str) -> dict[str, Path]:
+    """The raw files one task reads, keyed ``<task>:<split or label>``."""
+    p = task_params(cfg, task)
+    files = {s: getattr(p, s) for s in SPLITS if getattr(p, s)}
+    files.update(p.label_files)
+    return {f"{task}:{k}": cfg.path(v) for k, v in files.items()}
+
+
+def own_inputs(cfg) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for task in cfg.params.finetune.tasks:
+        out.update(task_files(cfg, task))
+    return out
+
+
+def materialise(task: str, p: TaskParams, shared_train, resolve, dedup, root: Path | None = None):
+    """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""
+    tp = p.train_params(shared_train)
+    counts: Counter = Counter()
+    files = D.read_files(p, resolve, counts)
+    pool = [ex for s in SPLITS for ex in files.get(s, [])]
+    if root is not None:  # file:line relative to the project, so the split files (and their sha256) travel
+        prefix = str(root).rstrip("/") + "/"
+        for ex in pool:
+            if ex.where.startswith(prefix):
+                ex.where = ex.where[len(prefix):]
+    index = {id(ex): i for i, ex in enumerate(pool)}
+    pairs = near_pairs([leak_text(ex) for ex in pool], dedup)
+    keys = merged_groups(pool, pairs)
+    key_of = {id(ex): k for ex, k in zip(pool, keys)}
+    to_split = files.get("train", [])
+    counts["near_dup_pairs"] = len(pairs)
+    counts["groups"] = len({D.own_group(ex) for ex in to_split})
+    counts["groups_after_merge"] = len({key_of[id(ex)] for ex in to_split})
+    data = D.split_missing(files, p, counts, key=lambda ex: key_of[id(ex)])
+    data = decontaminate(data, index, pairs, counts)
+    caps = {"train": tp.max_train_examples, "dev": tp.max_eval_examples, "test": tp.max_eval_examples}
+    for s in SPLITS:
+        counts[f"{s}_available"] = len(data[s])
+        data[s] = D.cap(data[s], caps[s], p.split_seed)
+        counts[f"{s}_examples"] = len(data[s])
+    if not data["train"]:
+        raise BertpipeError(f"finetune.tasks.{task}: no training examples left after near-duplicate removal")
+    labels = D.label_list(p, data, counts)  # maps unseen dev/test labels (unknown_label: map) in place
+    return data, labels, counts, caps
+
+
+def build(ctx) -> dict:
+    fp: FinetuneParams = ctx.params
+    dedup = ctx.cfg.params.prepare.dedup
+    metrics: dict = {}
+    lines = ["# tasks", "", "| task | type | train | dev | test | near-dup pairs | groups merged | "
+             "dropped (train/dev) |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for task, p in fp.tasks.items():
+        data, labels, counts, caps = materialise(task, p, fp.train, ctx.cfg.path, dedup, ctx.cfg.root)
+        tdir = ctx.out / task
+        tdir.mkdir(parents=True)
+        splits = {s: write_split(tdir / f"{s}.jsonl", data[s]) for s in SPLITS}
+        info = {"task": task, "type": p.type, "splits": splits, "labels": labels, "caps": caps,
+                "counts": dict(sorted(counts.items()))}
+        if p.type == "ner":
+            info["entity_types"] = sorted({t for ex in data["train"] for *_, t in ex.spans})
+        write_json(tdir / SPLITS_JSON, info)
+        merged = counts["groups"] - counts["groups_after_merge"]
+        ctx.log(f"{task}: " + ", ".join(f"{s} {splits[s]['examples']}" for s in SPLITS)
+                + f" ({counts['near_dup_pairs']} near-duplicate pairs, {merged} groups merged)")
+        lines.append(f"| {task} | {p.type} | " + " | ".join(f"{splits[s]['examples']:,}" for s in SPLITS)
+                     + f" | {counts['near_dup_pairs']:,} | {merged:,} | "
+                     f"{counts['train_near_dup_dropped']:,}/{counts['dev_near_dup_dropped']:,} |")
+        for s in SPLITS:
+            metrics[f"{task}_{s}_examples"] = splits[s]["examples"]
+        metrics[f"{task}_near_dup_dropped"] = counts["train_near_dup_dropped"] + counts["dev_near_dup_dropped"]
+        ctx.counts[task] = {s: splits[s]["examples"] for s in SPLITS}
+    lines += ["", "Near-duplicates: prepare.dedup's MinHash over each task's texts. Groups sharing near-duplicates in "
+              "a good part of their examples are split together; an example still near-duplicating one in a more "
+              "precious split (train < dev < test) is dropped. Caps apply after that."]
+    (ctx.out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ctx.log_artifact(ctx.out / "report.md")
+    return metrics
