@@ -15,11 +15,10 @@ import torch
 from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate.stage import compare, interval, verdict
-from bertpipe.finetune import data as D
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage
+from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage, tasks_stage
 from bertpipe.stage import run_stage, write_json
-from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir, write_split
+from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -89,16 +88,6 @@ def test_interval_pairs_examples_by_id_and_falls_back_to_seeds(tmp_path):
     assert interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)[0] is None
 
 
-def _materialise_tasks(cfg) -> None:
-    """What the `tasks` stage writes: each task's splits exactly as finetune reads them, and their hashes."""
-    for task, p in cfg.params.finetune.tasks.items():
-        data = D.load_task(p, cfg.path, Counter())
-        out = task_dir(cfg, task)
-        out.mkdir(parents=True, exist_ok=True)
-        info = {s: write_split(out / f"{s}.jsonl", data[s]) for s in data}
-        write_json(out / SPLITS_JSON, {"splits": info, "labels": D.label_list(p, data, Counter())})
-
-
 def _short_encoder(out, zh_tokenizer_dir, positions: int):
     """A tiny MLM encoder with only ``positions`` positions (the case that crashed evaluate after minutes)."""
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
@@ -144,11 +133,9 @@ def test_report_base_vs_adapted(project):
     cfg = load_config(project / "params.yaml")
     with pytest.raises(BertpipeError, match="finetune"):  # nothing finetuned yet
         run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
+    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and the baselines read
     for t, e in finetune_pairs(cfg):
         run_stage(finetune_stage(t, e), cfg, tracker_factory=NO_TRACKING)
-    with pytest.raises(BertpipeError, match="tasks/cls"):  # the task splits are an input
-        run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
-    _materialise_tasks(cfg)
     res = run_stage(evaluate_stage(), cfg)  # the real MLflow store under state/
     out = res.out
     m = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
