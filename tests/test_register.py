@@ -340,3 +340,29 @@ def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tm
     (other / "predictions_test.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
     rec = record(run_stage(register_stage(other), cfg).out)
     assert rec["ci95"] is not None and rec["ci95"][0] <= 0 and not rec["promoted"] and "interval" in rec["reason"]
+
+
+def test_test_set_identity_is_data_and_eval_settings_not_training_params(tmp_path):
+    from bertpipe.register.gate import test_identity
+
+    cfg = make_project(tmp_path)
+    ft = tmp_path / "ft"
+    ft.mkdir()
+
+    def identity(train: dict, task_over: dict | None = None) -> str:
+        write_json(ft / "manifest.json", {"fingerprint": "x", "inputs": {}, "params": {
+            "finetune.tasks.sentiment": {**task_params(), **(task_over or {})}, "finetune.train": train}})
+        return test_identity(cfg, ft, "sentiment")[0]
+
+    base = identity({"lr": 3e-5})
+    assert identity({"lr": 1e-3, "epochs": 7, "seeds": [1, 2]}) == base
+    assert identity({"lr": 3e-5, "max_seq_len": 64}) != base
+    assert identity({"lr": 3e-5, "max_eval_examples": 10}) != base
+    assert identity({"lr": 3e-5}, {"truncation": "head_tail"}) != base
+    assert identity({"lr": 3e-5}, {"train_overrides": {"lr": 1e-2}}) == base
+    write_task(tmp_path, "sentiment", examples("other", 24))
+    assert identity({"lr": 3e-5}) != base
+    # Without work/tasks (before that stage existed): the finetune data inputs stand for the test data.
+    (tmp_path / "work" / "tasks" / "sentiment" / "splits.json").unlink()
+    fallback = identity({"lr": 3e-5})
+    assert identity({"lr": 1e-3}) == fallback and identity({"lr": 3e-5}, {"split_seed": 1}) != fallback

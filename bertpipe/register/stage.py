@@ -197,9 +197,13 @@ def _test_set_words(c: Candidate) -> str:
 
 
 def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
-    """Move aliases as decided, then record the decision on the version (tag + description)."""
-    if not rec["stays_champion"]:
-        client.set_registered_model_alias(c.name, CHALLENGER, c.version)
+    """Move aliases as decided, then record the decision on the version (tag + description). The champion itself
+    keeps the record of the decision that crowned it."""
+    if rec["stays_champion"]:
+        rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
+        ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
+        return
+    client.set_registered_model_alias(c.name, CHALLENGER, c.version)
     if rec["promoted"]:
         set_champion_locked(client, c.name, c.version)
     client.set_model_version_tag(c.name, c.version, "bertpipe.decision", rec["decision"])
