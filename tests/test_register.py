@@ -366,3 +366,91 @@ def test_test_set_identity_is_data_and_eval_settings_not_training_params(tmp_pat
     (tmp_path / "work" / "tasks" / "sentiment" / "splits.json").unlink()
     fallback = identity({"lr": 3e-5})
     assert identity({"lr": 1e-3}) == fallback and identity({"lr": 3e-5}, {"split_seed": 1}) != fallback
+
+
+def tiny_mlm(path: Path, tokenizer_dir: Path, texts: list[str], steps: int, seed: int,
+             start: Path | None = None) -> Path:
+    """A 1-layer BERT masked LM, from scratch or from ``start``, trained ``steps`` steps on ``texts``."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    model = BertForMaskedLM.from_pretrained(str(start)) if start else BertForMaskedLM(BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64))
+    enc = tok(texts, padding=True, truncation=True, max_length=48, return_tensors="pt")
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(steps):
+        ids = enc["input_ids"].clone()
+        mask = (torch.rand(ids.shape) < 0.15) & (enc["attention_mask"] == 1)
+        labels = torch.where(mask, ids, torch.full_like(ids, -100))
+        ids[mask] = tok.mask_token_id
+        model(input_ids=ids, attention_mask=enc["attention_mask"], labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path
+
+
+def prepared_domain(root: Path, texts: list[str], fingerprint: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = root / "work" / "prepare" / "domain"
+    d.mkdir(parents=True, exist_ok=True)
+    for split in ("valid", "test"):
+        pq.write_table(pa.table({"text": texts}), d / f"{split}.parquet")
+    write_json(root / "work" / "prepare" / "manifest.json", {"fingerprint": fingerprint})
+
+
+def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, sample_raw):
+    import shutil
+
+    from bertpipe.evaluate.fair_mlm import encoder_gate_score
+    from bertpipe.register.registry import current_champion
+    from bertpipe.tracking import client
+    from tests.corpus import law_texts
+
+    (tmp_path / "params.yaml").write_text(
+        "paths: {work: work, state: state}\nmodel: {base: base_mlm}\nfinetune: {tasks: {}}\n"
+        "evaluate: {mlm_max_texts: 24, mlm_max_seq_len: 48}\n")
+    cfg = load_config(tmp_path / "params.yaml")
+    (tmp_path / "work" / "evaluate").mkdir(parents=True)
+    texts = law_texts(sample_raw, 24)
+    prepared_domain(tmp_path, texts, "prep-1")
+    base = tiny_mlm(tmp_path / "base_mlm", zh_tokenizer_dir, texts, 0, seed=1)
+    adapted = tmp_path / "work" / "pretrain"
+
+    def pretrain_output(fingerprint: str, steps: int, start: Path = base) -> None:
+        shutil.rmtree(adapted, ignore_errors=True)
+        tiny_mlm(adapted / "model", zh_tokenizer_dir, texts, steps, seed=2, start=start)
+        write_json(adapted / "manifest.json", {"fingerprint": fingerprint})
+
+    # The base encoder itself, "adapted" for zero steps: it does not beat its own floor.
+    pretrain_output("pre-copy", 0)
+    rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")
+    assert rec["below_floor"] and not rec["promoted"] and "base encoder" in rec["floor"]
+
+    pretrain_output("pre-trained", 30)
+    rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")
+    assert rec["value"] > rec["floor_value"] and rec["promoted"] and rec["version"] == "2"
+    champion_dir = tmp_path / "champion_copy"
+    shutil.copytree(adapted / "model", champion_dir)
+
+    # Same content, the stage reruns for another reason: reused, stays champion, nothing registered.
+    rec = record(run_stage(register_stage(tasks=()), cfg.with_overrides(["register.floor_margin=0.001"])).out,
+                 "bertpipe-encoder")
+    assert rec["reused"] and rec["stays_champion"] and versions(cfg, "bertpipe-encoder") == ["1", "2"]
+
+    # New domain data: the champion is re-scored on the new held-out text before the comparison.
+    texts = law_texts(sample_raw, 24, offset=500)
+    prepared_domain(tmp_path, texts, "prep-2")
+    pretrain_output("pre-new", 5, start=champion_dir)
+    rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")
+    assert rec["champion_before"] == "2" and rec["champion_rescored"]
+    assert rec["champion_value"] == pytest.approx(encoder_gate_score(champion_dir, cfg)[1], abs=1e-5)
+    assert rec["promoted"] == (rec["value"] > rec["champion_value"])
+    champion = current_champion(client(cfg), "bertpipe-encoder").version
+    assert str(champion) == ("3" if rec["promoted"] else "2")
