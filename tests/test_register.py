@@ -171,7 +171,7 @@ def versions(cfg, name: str = "bertpipe-sentiment") -> list[str]:
 
 def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
     from bertpipe.register.decision import summary_lines
-    from bertpipe.register.registry import current_champion, history
+    from bertpipe.register.registry import current_champion, history, promote, rollback
     from bertpipe.tracking import client, fluent_mlflow
 
     cfg = make_project(tmp_path)
@@ -224,6 +224,14 @@ def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
     assert rec["champion_value"] == pytest.approx(expected, abs=1e-6) and expected < 1.0
     assert rec["promoted"] == (rec["value"] > max(expected, new_floor))
     assert history(c, "bertpipe-sentiment")[0] == champ_v
+
+    # A person promotes the newer version, then rolls back: a later rerun with that content must not undo it.
+    newer_v = rec["version"]
+    promote(c, "bertpipe-sentiment", newer_v)
+    assert rollback(c, "bertpipe-sentiment") == champ_v
+    rec = record(run_stage(register_stage(newer), cfg.with_overrides(["register.floor_margin=0.002"])).out)
+    assert rec["reused"] and not rec["promoted"] and "held champion before" in rec["reason"]
+    assert str(current_champion(c, "bertpipe-sentiment").version) == champ_v
 
     with fluent_mlflow(cfg) as mlflow:
         pipe = mlflow.transformers.load_model("models:/bertpipe-sentiment@champion")

@@ -22,6 +22,7 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 HISTORY_TAG = "bertpipe.champion_history"
 FINGERPRINT_TAG = "bertpipe.fingerprint"
+ROLLED_BACK_TAG = "bertpipe.rolled_back"
 
 
 def _lock_target(client) -> Path:
@@ -111,7 +112,15 @@ def rollback(client, name: str) -> str:
                                 f"choose one with `bertpipe models promote {name} VERSION`")
         client.set_registered_model_alias(name, CHAMPION, previous)
         client.set_registered_model_tag(name, HISTORY_TAG, ",".join(hist))
+        if champ is not None:  # so a later register run with the same content does not crown it again
+            client.set_model_version_tag(name, str(champ.version), ROLLED_BACK_TAG, f"rolled back to v{previous}")
         return previous
+
+
+def was_champion(client, name: str, version: str) -> bool:
+    """Whether ``version`` held champion and lost it (a rollback, or a later champion)."""
+    mv = get_version(client, name, version)
+    return mv is not None and (ROLLED_BACK_TAG in (mv.tags or {}) or str(version) in history(client, name))
 
 
 def describe_models(client, prefix: str | None = None) -> list[dict]:

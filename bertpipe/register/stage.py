@@ -21,7 +21,8 @@ from bertpipe.register import decision as D
 from bertpipe.register import gate as G
 from bertpipe.register import scoring as S
 from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_champion, export_model,
-                                        find_by_fingerprint, registry_lock, set_champion_locked)
+                                        find_by_fingerprint, registry_lock, set_champion_locked,
+                                        was_champion)
 from bertpipe.stage import StageContext, read_manifest, write_json
 
 VERSION = "2"
@@ -164,6 +165,12 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
         rec.update(champion_before=c.version, stays_champion=True,
                    reason=f"v{c.version} is the champion already (same content); nothing moved")
         rec["decision"] = "stays champion: " + rec["reason"]
+        return rec
+    if c.reused and was_champion(client, c.name, c.version):
+        # It was champion once and lost the alias (a rollback, or a later champion): a rerun must not undo that.
+        rec.update(champion_before=str(champ.version) if champ is not None else None,
+                   reason=f"v{c.version} held champion before and was replaced; promote it explicitly if wanted")
+        rec["decision"] = "not promoted: " + rec["reason"]
         return rec
     champ_value, note, preds = None, "", None
     if champ is not None:
