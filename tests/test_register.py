@@ -184,8 +184,9 @@ def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
     rec = record(r.out)
     assert rec["value"] == pytest.approx(floor) and rec["below_floor"] and not rec["promoted"]
     assert rec["aliases"] == ["challenger"] and current_champion(c, "bertpipe-sentiment") is None
-    assert f"{floor:.4f}" in rec["reason"] and "below the floor" in c.get_model_version(
-        "bertpipe-sentiment", rec["version"]).description
+    mv = c.get_model_version("bertpipe-sentiment", rec["version"])
+    assert f"{floor:.4f}" in rec["reason"] and "below the floor" in mv.description
+    assert mv.tags["bertpipe.below_floor"] == "true" and f"{floor:.4f}" in mv.tags["bertpipe.decision"]
     assert any("BELOW THE FLOOR" in line for line in summary_lines(r.out / "registry.json"))
 
     # A trained model above the floor: the first champion.

@@ -157,10 +157,8 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
            "test_set": _test_set_words(c), "champion_before": None, "champion_value": None,
            "champion_rescored": False, "ci95": None, "ci_note": "", "upstream_changes": [],
            "promoted": False, "stays_champion": False, "below_floor": False}
-    floor = (G.encoder_floor(ctx.cfg, p.floor) if c.ft_dir is None
-             else G.task_floor(Path(ctx.inputs["evaluate"]), c.task, p.floor, c.metric))
-    rec.update(floor=floor.describe(c.metric, p.floor_margin), floor_value=floor.value)
     champ = current_champion(client, c.name)
+    rec.update(floor="not needed for this decision", floor_value=None)
     if champ is not None and str(champ.version) == c.version:
         rec.update(champion_before=c.version, stays_champion=True,
                    reason=f"v{c.version} is the champion already (same content); nothing moved")
@@ -172,6 +170,9 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
                    reason=f"v{c.version} held champion before and was replaced; promote it explicitly if wanted")
         rec["decision"] = "not promoted: " + rec["reason"]
         return rec
+    floor = (G.encoder_floor(ctx.cfg, p.floor) if c.ft_dir is None
+             else G.task_floor(Path(ctx.inputs["evaluate"]), c.task, p.floor, c.metric))
+    rec.update(floor=floor.describe(c.metric, p.floor_margin), floor_value=floor.value)
     champ_value, note, preds = None, "", None
     if champ is not None:
         rec["champion_before"] = str(champ.version)
@@ -213,7 +214,11 @@ def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
     client.set_registered_model_alias(c.name, CHALLENGER, c.version)
     if rec["promoted"]:
         set_champion_locked(client, c.name, c.version)
-    client.set_model_version_tag(c.name, c.version, "bertpipe.decision", rec["decision"])
+    # The score and test set the decision used (a reused encoder may have been re-scored on new held-out text).
+    for key, value in {"bertpipe.decision": rec["decision"], "bertpipe.floor": rec["floor"],
+                       "bertpipe.below_floor": str(rec["below_floor"]).lower(),
+                       "bertpipe.primary_value": f"{c.value:.6f}", "bertpipe.test_hash": c.identity}.items():
+        client.set_model_version_tag(c.name, c.version, key, value)
     table = C.eval_table(Path(ctx.inputs["evaluate"]), c.task)
     client.update_model_version(c.name, c.version, description=C.model_card(
         c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table, D.model_section(rec)))
