@@ -71,14 +71,16 @@ def model_section(rec: dict) -> str:
     lines.append(f"- Test set: {rec.get('test_set', '')}")
     if champ is not None and not rec.get("stays_champion"):
         how = "re-scored on this test set" if rec.get("champion_rescored") else "its recorded score on this test set"
-        delta = (rec["value"] - rec["champion_value"]) if rec.get("champion_value") is not None else None
+        # Rounded as the registry records scores (and + 0.0 turns -0.0 into 0.0): a tie reads as +0.0000.
+        delta = (round(rec["value"] - rec["champion_value"], 6) + 0.0 if rec.get("champion_value") is not None
+                 else None)
         ci = rec.get("ci95")
         interval = f"95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else f"interval: n/a ({rec.get('ci_note', '')})"
         lines.append(f"- Challenger {rec['metric']} {_num(rec['value'])} vs champion v{champ} "
                      f"{_num(rec.get('champion_value'))} ({how}): difference "
                      f"{'n/a' if delta is None else f'{delta:+.4f}'}, {interval}")
     else:
-        lines.append(f"- Score: {rec['metric']} {_num(rec['value'])} (the registered seed's own test score)")
+        lines.append(f"- Score: {rec['metric']} {_num(rec['value'])} ({rec.get('score_source', '')})")
     lines.append(f"- Floor: {rec.get('floor', '')}")
     lines.append(f"- Decision: {rec['decision']}")
     return "\n".join(lines) + "\n"

@@ -150,7 +150,7 @@ def judge(metric: str, value: float, floor: Floor, floor_margin: float, champion
         return Verdict(False, True, f"below the floor: {metric} {value:.4f} does not beat the {floor.source} "
                                     f"{floor.value:.4f} + margin {floor_margin:g}; registered as challenger only")
     above = (f"beats the {floor.source} {floor.value:.4f} + {floor_margin:g}" if floor.value is not None
-             else f"({floor.source})")
+             else f"with {floor.source}")
     if champion_version is None:
         return Verdict(True, False, f"first champion: {metric} {value:.4f} {above}")
     if champion_value is None:

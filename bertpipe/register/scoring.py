@@ -45,7 +45,8 @@ def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[floa
     from bertpipe.modelinfo import clamp_seq_len
 
     tp, trp = task_settings(cfg, ft_dir, task)
-    trp = trp.model_copy(update={"max_seq_len": clamp_seq_len(trp.max_seq_len, model_dir, "finetune.train.max_seq_len")})
+    seq_len = clamp_seq_len(trp.max_seq_len, model_dir, "finetune.train.max_seq_len")
+    trp = trp.model_copy(update={"max_seq_len": seq_len})
     exs = test_examples(cfg, ft_dir, task)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = H.auto_class(tp.type).from_pretrained(str(model_dir)).to(pick_device(trp.device))

@@ -152,9 +152,11 @@ def _champion_score(ctx: StageContext, client, c: Candidate, champ):
 def _decide(ctx: StageContext, client, c: Candidate) -> dict:
     """Phase 2 for one model (caller holds the registry lock): the gate's numbers and verdict, as a record."""
     p = ctx.params
+    source = ("the registered seed's own test score" if c.ft_dir is not None
+              else "the encoder gate score on the domain held-out text")
     rec = {"name": c.name, "version": c.version, "task": c.pipeline_task, "registered": True, "reused": c.reused,
            "fingerprint": c.fingerprint, "metric": c.metric, "value": c.value, "test_identity": c.identity,
-           "test_set": _test_set_words(c), "champion_before": None, "champion_value": None,
+           "test_set": _test_set_words(c), "score_source": source, "champion_before": None, "champion_value": None,
            "champion_rescored": False, "ci95": None, "ci_note": "", "upstream_changes": [],
            "promoted": False, "stays_champion": False, "below_floor": False}
     champ = current_champion(client, c.name)
