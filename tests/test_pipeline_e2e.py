@@ -34,6 +34,9 @@ TINY = {
     "finetune": {"train": {"epochs": 1, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
                            "batch_size": 16, "lr": 1e-3}},
     "evaluate": {"mlm_max_texts": 50, "mlm_max_seq_len": 64},
+    # Models trained for 30 steps need not beat a baseline; these tests are about the chain's mechanics (the floor
+    # has its own tests in test_register.py), so every first version may become champion.
+    "register": {"floor": "none"},
 }
 
 FLOW_STATES = r"""

@@ -1,39 +1,58 @@
 """Champion/challenger bookkeeping on the MLflow model registry, shared by the register stage and `bertpipe models`.
 
-Aliases carry the state: the newest registered version is ``challenger``; ``champion`` moves only when a challenger's
-primary test metric beats the champion's by at least ``min_delta`` (higher is better for every primary metric we use:
-accuracy, macro-F1, entity F1, EM/F1). The registered model's tag ``bertpipe.champion_history`` lists the versions
-that have held ``champion``, oldest first, so ``rollback`` can restore the previous one.
+Aliases carry the state: ``challenger`` is the newest candidate the gate looked at; ``champion`` moves only through
+the gate (register stage) or an explicit ``promote``/``rollback``. The registered model's tag
+``bertpipe.champion_history`` lists the versions that have held ``champion``, oldest first, so ``rollback`` can
+restore the previous one. Every read-modify-write of aliases and history happens under ``registry_lock``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import unquote
 
 from bertpipe.errors import BertpipeError
+from bertpipe.stage import output_lock
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 HISTORY_TAG = "bertpipe.champion_history"
+FINGERPRINT_TAG = "bertpipe.fingerprint"
+ROLLED_BACK_TAG = "bertpipe.rolled_back"
 
 
-@dataclass
-class Decision:
-    promoted: bool
-    reason: str
-    champion_version: str | None
-    champion_value: float | None
+def _lock_target(client) -> Path:
+    uri = str(getattr(client, "_registry_uri", "") or "")
+    if uri.startswith("sqlite:"):
+        db = Path(unquote(uri[len("sqlite:///"):].split("?", 1)[0]))
+        return db.with_name(db.name + ".registry")
+    # A server: the lock serialises writers on this machine only. MLflow's registry has no compare-and-set, so two
+    # machines promoting the same model at the same moment can still interleave their history updates.
+    return Path(tempfile.gettempdir()) / f"bertpipe-registry-{hashlib.sha256(uri.encode()).hexdigest()[:16]}"
 
 
-def _history(client, name: str) -> list[str]:
+@contextlib.contextmanager
+def registry_lock(client) -> Iterator[None]:
+    """Exclusive lock on the registry's aliases and history, across processes and threads (each holder opens its
+    own file description). Not re-entrant: functions called while holding it are the ``_locked`` ones."""
+    with output_lock(_lock_target(client)):
+        yield
+
+
+def history(client, name: str) -> list[str]:
     rm = client.get_registered_model(name)
     raw = (rm.tags or {}).get(HISTORY_TAG, "")
     return [v for v in raw.split(",") if v]
 
 
-def set_champion(client, name: str, version: str) -> None:
+def set_champion_locked(client, name: str, version: str) -> None:
+    """Move ``champion`` to ``version`` and append it to the history; the caller holds ``registry_lock``."""
     client.set_registered_model_alias(name, CHAMPION, str(version))
-    hist = _history(client, name)
+    hist = history(client, name)
     if not hist or hist[-1] != str(version):
         hist.append(str(version))
     client.set_registered_model_tag(name, HISTORY_TAG, ",".join(hist))
@@ -42,58 +61,66 @@ def set_champion(client, name: str, version: str) -> None:
 def current_champion(client, name: str):
     try:
         return client.get_model_version_by_alias(name, CHAMPION)
-    except Exception:  # no such alias (MlflowException RESOURCE_DOES_NOT_EXIST)
+    except Exception:  # no such alias or model (MlflowException RESOURCE_DOES_NOT_EXIST)
         return None
 
 
-def decide(client, name: str, version: str, metric: str, value: float, test_hash: str, min_delta: float,
-           champion_value_on_same_test: float | None = None) -> Decision:
-    """Give ``version`` the challenger alias and promote it if it beats the champion on the same test set."""
-    client.set_registered_model_alias(name, CHALLENGER, str(version))
-    champ = current_champion(client, name)
-    if champ is None:
-        set_champion(client, name, version)
-        return Decision(True, "first registered version becomes champion", None, None)
-    tags = champ.tags or {}
-    if champion_value_on_same_test is not None:
-        champ_value = champion_value_on_same_test
-    elif tags.get("bertpipe.test_hash") == test_hash and "bertpipe.primary_value" in tags:
-        champ_value = float(tags["bertpipe.primary_value"])
-    else:
-        champ_value = None
-    if champ_value is None:
-        reason = (f"champion v{champ.version} has no {metric} on this test set ({test_hash[:12]}); "
-                  "kept champion, re-evaluate it to compare")
-        return Decision(False, reason, champ.version, None)
-    if value >= champ_value + min_delta:
-        set_champion(client, name, version)
-        return Decision(True, f"{metric} {value:.4f} >= champion v{champ.version} {champ_value:.4f} + min_delta "
-                              f"{min_delta}", champ.version, champ_value)
-    return Decision(False, f"{metric} {value:.4f} < champion v{champ.version} {champ_value:.4f} + min_delta "
-                           f"{min_delta}; champion kept", champ.version, champ_value)
+def get_version(client, name: str, version: str):
+    """The model version, or None when it does not exist (never registered, or deleted)."""
+    try:
+        return client.get_model_version(name, str(version))
+    except Exception:
+        return None
+
+
+def find_by_fingerprint(client, name: str, fingerprint: str):
+    """The oldest version of ``name`` whose content fingerprint tag is ``fingerprint``, or None."""
+    try:
+        client.get_registered_model(name)
+    except Exception:
+        return None
+    hits = [v for v in client.search_model_versions(f"name='{name}'")
+            if (v.tags or {}).get(FINGERPRINT_TAG) == fingerprint]
+    return min(hits, key=lambda v: int(v.version)) if hits else None
 
 
 def promote(client, name: str, version: str) -> None:
-    try:
-        client.get_model_version(name, str(version))
-    except Exception:
-        raise BertpipeError(f"model {name!r} has no version {version}") from None
-    set_champion(client, name, str(version))
+    if not str(version).isdigit():
+        raise BertpipeError(f"model {name!r}: version must be a number (got {version!r})")
+    with registry_lock(client):
+        if get_version(client, name, version) is None:
+            raise BertpipeError(f"model {name!r} has no version {version} (never registered or deleted)")
+        set_champion_locked(client, name, str(version))
 
 
 def rollback(client, name: str) -> str:
     """Give ``champion`` back to the version that held it before the current one; returns that version."""
-    hist = _history(client, name)
-    champ = current_champion(client, name)
-    if champ is not None and hist and hist[-1] != str(champ.version):
-        hist.append(str(champ.version))
-    if len(hist) < 2:
-        raise BertpipeError(f"model {name!r}: no earlier champion to roll back to (history: {hist or 'empty'})")
-    hist.pop()
-    previous = hist[-1]
-    client.set_registered_model_alias(name, CHAMPION, previous)
-    client.set_registered_model_tag(name, HISTORY_TAG, ",".join(hist))
-    return previous
+    with registry_lock(client):
+        try:
+            hist = history(client, name)
+        except Exception:
+            raise BertpipeError(f"no registered model named {name!r}") from None
+        champ = current_champion(client, name)
+        if champ is not None and hist and hist[-1] != str(champ.version):
+            hist.append(str(champ.version))
+        if len(hist) < 2:
+            raise BertpipeError(f"model {name!r}: no earlier champion to roll back to (history: {hist or 'empty'})")
+        hist.pop()
+        previous = hist[-1]
+        if get_version(client, name, previous) is None:
+            raise BertpipeError(f"model {name!r}: the previous champion v{previous} no longer exists (deleted); "
+                                f"choose one with `bertpipe models promote {name} VERSION`")
+        client.set_registered_model_alias(name, CHAMPION, previous)
+        client.set_registered_model_tag(name, HISTORY_TAG, ",".join(hist))
+        if champ is not None:  # so a later register run with the same content does not crown it again
+            client.set_model_version_tag(name, str(champ.version), ROLLED_BACK_TAG, f"rolled back to v{previous}")
+        return previous
+
+
+def was_champion(client, name: str, version: str) -> bool:
+    """Whether ``version`` held champion and lost it (a rollback, or a later champion)."""
+    mv = get_version(client, name, version)
+    return mv is not None and (ROLLED_BACK_TAG in (mv.tags or {}) or str(version) in history(client, name))
 
 
 def describe_models(client, prefix: str | None = None) -> list[dict]:
@@ -109,10 +136,9 @@ def describe_models(client, prefix: str | None = None) -> list[dict]:
 
 def describe_versions(client, name: str) -> list[dict]:
     try:
-        client.get_registered_model(name)
+        rm = client.get_registered_model(name)
     except Exception:
         raise BertpipeError(f"no registered model named {name!r}") from None
-    rm = client.get_registered_model(name)
     by_version: dict[str, list[str]] = {}
     for alias, v in (rm.aliases or {}).items():
         by_version.setdefault(str(v), []).append(alias)
@@ -130,18 +156,23 @@ def describe_versions(client, name: str) -> list[dict]:
     return rows
 
 
-def export_model(cfg, name: str, alias: str = CHAMPION):
-    """A registered version as a plain save_pretrained dir (model + tokenizer) under paths.state/exported, or None
-    when ``name@alias`` does not exist. Cached by version: exporting the same version twice reads nothing."""
+def export_model(cfg, name: str, alias: str = CHAMPION, version: str | None = None):
+    """A registered version (``name@alias``, or ``version``) as a plain save_pretrained dir (model + tokenizer)
+    under paths.state/exported, or None when it does not exist. Cached by version: exporting one twice reads
+    nothing."""
     import os
     import shutil
 
     from bertpipe.tracking import client, fluent_mlflow
 
     c = client(cfg)
-    try:
-        mv = c.get_model_version_by_alias(name, alias)
-    except Exception:
+    mv = get_version(c, name, version) if version is not None else None
+    if version is None:
+        try:
+            mv = c.get_model_version_by_alias(name, alias)
+        except Exception:
+            return None
+    if mv is None:
         return None
     dest = cfg.state / "exported" / f"{name}-v{mv.version}"
     if (dest / "config.json").exists():

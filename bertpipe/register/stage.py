@@ -1,143 +1,54 @@
-"""register: log each finetuned model (and the adapted encoder) with the MLflow transformers flavor, register a new
-version, write its model card, and move the champion/challenger aliases."""
+"""register: log each finetuned model (and the adapted encoder) with the MLflow transformers flavor, then decide.
+
+Two phases, so a failure halfway leaves nothing half-decided and a rerun completes:
+1. register every model of the run, or reuse the version that already holds the same content (its upstream
+   fingerprint tag): nothing is registered twice;
+2. under the registry lock, gate each one (floor, then the champion on the same test set, re-scoring the champion
+   when the test set changed) and only then move aliases and write the decision report.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.register.registry import decide
+from bertpipe.register import card as C
+from bertpipe.register import decision as D
+from bertpipe.register import gate as G
+from bertpipe.register import scoring as S
+from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_champion, export_model,
+                                        find_by_fingerprint, registry_lock, set_champion_locked,
+                                        was_champion)
 from bertpipe.stage import StageContext, read_manifest, write_json
 
-VERSION = "1"
-
-PIPELINE_TASKS = {
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
-    "ForMaskedLM": "fill-mask",
-}
+VERSION = "2"
+# Kept importable under their old names (h7 and tests use them).
+pipeline_task, input_example = C.pipeline_task, C.input_example
 
 
 def own_inputs(cfg) -> dict:
     return {}
 
 
-def pipeline_task(model_dir: Path) -> str:
-    arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
-    for suffix, task in PIPELINE_TASKS.items():
-        if arch.endswith(suffix):
-            return task
-    if arch.endswith("Model"):
-        return "feature-extraction"
-    raise BertpipeError(f"{model_dir}/config.json: architecture {arch!r} has no pipeline task bertpipe can register")
-
-
-def input_example(task: str, language: str):
-    text = "本法所称的发明创造是指发明、实用新型和外观设计。" if language == "zh" else "The court shall hear the case."
-    if task == "question-answering":
-        q = "发明创造是指什么？" if language == "zh" else "What shall the court do?"
-        return {"question": q, "context": text}
-    if task == "fill-mask":
-        return [text[:6] + "[MASK]" + text[7:]]
-    return [text]
-
-
-def primary_result(metrics: dict) -> tuple[str, float]:
-    """(primary metric name, test value averaged over seeds) from a finetune stage's metrics.json."""
-    name = metrics.get("primary")
-    if not name:
-        raise BertpipeError("finetune metrics.json: key 'primary' (the primary metric name) is missing")
-    test = (metrics.get("summary") or {}).get("test") or metrics.get("test") or {}
-    value = test.get(name)
-    if isinstance(value, dict) and "mean" in value:
-        return name, float(value["mean"])
-    if isinstance(value, (int, float)):
-        return name, float(value)
-    raise BertpipeError(f"finetune metrics.json: summary.test.{name} (the primary metric) is missing")
-
-
-def test_set_hash(ft_dir: Path) -> str:
-    """Identity of the test set a model was scored on: the finetune task's input data and task params."""
-    m = read_manifest(ft_dir) or {}
-    inputs = {k: v.get("digest") for k, v in (m.get("inputs") or {}).items() if k != "encoder"}
-    params = m.get("params") or {}
-    task_params = {k: v for k, v in params.items() if k.startswith("finetune.tasks")}
-    # The evaluation cap picks which test examples are scored, so it is part of the test set's identity.
-    cap = (params.get("finetune.train") or {}).get("max_eval_examples")
-    blob = json.dumps({"inputs": inputs, "task": task_params, "max_eval_examples": cap}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def model_card(name: str, task: str, metric: str, value: float, lineage: dict, eval_table: str, decision: str) -> str:
-    rows = "\n".join(f"| {k} | `{v}` |" for k, v in lineage.items())
-    return (
-        f"# {name}\n\nbertpipe {task} model. Primary test metric **{metric} = {value:.4f}**.\n\n"
-        f"Decision: {decision}\n\n## Base vs adapted\n\n{eval_table or '(no evaluate report)'}\n\n"
-        f"## Lineage\n\n| what | value |\n|---|---|\n{rows}\n"
-    )
-
-
-def _eval_table(evaluate_dir: Path, task: str | None) -> str:
-    try:
-        ev = json.loads((evaluate_dir / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    tasks = ev.get("tasks", {})
-    lines = ["| task | metric | base | adapted | delta |", "|---|---|---|---|---|"]
-    for t, res in tasks.items():
-        if task and t != task:
-            continue
-        for metric, base in (res.get("base") or {}).items():
-            ad = (res.get("adapted") or {}).get(metric)
-            if not isinstance(base, dict) or not isinstance(ad, dict):
-                continue
-            lines.append(f"| {t} | {metric} | {base.get('mean', float('nan')):.4f} ± {base.get('std', 0):.4f} | "
-                         f"{ad.get('mean', float('nan')):.4f} ± {ad.get('std', 0):.4f} | "
-                         f"{ad.get('mean', 0) - base.get('mean', 0):+.4f} |")
-    return "\n".join(lines) if len(lines) > 2 else ""
-
-
-def lineage(ctx: StageContext, ft_dir: Path | None) -> dict:
-    from bertpipe.tracking import git_commit
-
-    cfg = ctx.cfg
-    out = {"git commit": git_commit(cfg.root) or "(not a git checkout)", "base model": cfg.params.model.base,
-           "profile": cfg.params.profile or "(none)"}
-    for stage in ("prepare", "base", "vocab", "pretrain", "evaluate"):
-        m = read_manifest(cfg.work / stage)
-        if m:
-            out[f"{stage} fingerprint"] = m["fingerprint"]
-    if ft_dir is not None and read_manifest(ft_dir):
-        out["finetune fingerprint"] = read_manifest(ft_dir)["fingerprint"]
-    sources = cfg.raw / "SOURCES.json"
-    if sources.exists():
-        for name, rec in json.loads(sources.read_text()).items():
-            out[f"data {name}"] = rec.get("package", "")
-    dvc_file = cfg.raw.with_suffix(".dvc") if cfg.raw.name else None
-    if dvc_file is not None and dvc_file.exists():
-        for line in dvc_file.read_text().splitlines():
-            if "md5:" in line:
-                out["data DVC md5"] = line.split("md5:")[1].strip()
-                break
-    return out
-
-
-def _rescore_champion(cfg, client, name: str, thash: str) -> float | None:
-    """When the champion encoder was scored on another valid split (new data arrived), score it again on this one,
-    so challenger and champion are compared on the same held-out text."""
-    from bertpipe.register.registry import current_champion, export_model
-
-    champ = current_champion(client, name)
-    if champ is None or (champ.tags or {}).get("bertpipe.test_hash") == thash:
-        return None
-    from bertpipe.evaluate.fair_mlm import encoder_gate_score
-
-    exported = export_model(cfg, name)
-    return encoder_gate_score(exported, cfg)[1] if exported is not None else None
+@dataclass
+class Candidate:
+    name: str
+    model_dir: Path
+    ft_dir: Path | None  # None: the encoder
+    task: str | None
+    fingerprint: str = ""
+    metric: str = ""
+    value: float = float("nan")
+    identity: str = ""
+    identity_parts: dict = field(default_factory=dict)
+    lineage: dict = field(default_factory=dict)
+    version: str = ""
+    reused: bool = False
+    pipeline_task: str = ""
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -152,74 +63,219 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     return str(info.registered_model_version)
 
 
+def _candidates(ctx: StageContext) -> list[Candidate]:
+    cfg, p = ctx.cfg, ctx.params
+    out = []
+    for key, path in ctx.inputs.items():
+        if key.startswith("finetune/"):
+            task = key.split("/", 1)[1]
+            ft = Path(path)
+            fp = (read_manifest(ft) or {}).get("fingerprint")
+            if not fp:
+                raise BertpipeError(f"{ft}/manifest.json: missing (run finetune/{task}/adapted first)")
+            metric, value, _ = G.saved_seed_score(json.loads((ft / "metrics.json").read_text()),
+                                                  f"{ft}/metrics.json")
+            identity, parts = G.test_identity(cfg, ft, task)
+            task_data = (parts["data"].get("test_sha256") or identity)
+            out.append(Candidate(f"{p.prefix}-{task}", ft / "model", ft, task, fp, metric, value, identity, parts,
+                                 D.lineage(cfg, ft, task_data)))
+    if p.register_encoder:
+        pre = Path(ctx.inputs["adapted"])
+        fp = (read_manifest(pre) or {}).get("fingerprint")
+        if not fp:
+            raise BertpipeError(f"{pre}/manifest.json: missing (run pretrain first)")
+        identity, parts = G.encoder_identity(cfg)
+        out.append(Candidate(f"{p.prefix}-encoder", pre / "model", None, None, fp, identity=identity,
+                             identity_parts=parts, lineage=D.lineage(cfg, None, None)))
+    return out
+
+
+def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
+    """Phase 1 for one model: find the version holding this content, or log and register it with its tags."""
+    existing = find_by_fingerprint(client, c.name, c.fingerprint)
+    if c.ft_dir is None:  # the encoder's score: recorded with its version when the test set is the same
+        tags = existing.tags if existing is not None else {}
+        if tags.get("bertpipe.test_hash") == c.identity and "bertpipe.primary_value" in tags:
+            c.metric, c.value = tags["bertpipe.primary_metric"], float(tags["bertpipe.primary_value"])
+        else:
+            from bertpipe.evaluate.fair_mlm import encoder_gate_score
+
+            c.metric, c.value = encoder_gate_score(c.model_dir, ctx.cfg)
+    if existing is not None:
+        c.version, c.reused = str(existing.version), True
+        ctx.log(f"{c.name}: v{c.version} already holds this content (fingerprint {c.fingerprint[:12]}); reused")
+        return
+    ctx.log(f"registering {c.name} ({c.pipeline_task}) from {c.model_dir}")
+    c.version = _log_and_register(mlflow, c.name, c.model_dir, c.pipeline_task, ctx.cfg.params.model.language,
+                                  ctx.params.pip_requirements)
+    # The fingerprint first: it is what makes a rerun after a crash reuse this version. (A crash between MLflow
+    # creating the version and this call would leave an untagged version that a rerun cannot recognise.)
+    client.set_model_version_tag(c.name, c.version, FINGERPRINT_TAG, c.fingerprint)
+    tags = {"bertpipe.primary_metric": c.metric, "bertpipe.primary_value": f"{c.value:.6f}",
+            "bertpipe.test_hash": c.identity,
+            **{D.LINEAGE_PREFIX + k: v for k, v in c.lineage.items()}}
+    preds = c.ft_dir / S.PREDICTIONS if c.ft_dir is not None else None
+    if preds is not None and preds.is_file():
+        artifact_dir = f"predictions/{c.name}/v{c.version}"
+        mlflow.log_artifact(str(preds), artifact_path=artifact_dir)
+        tags[S.PREDICTIONS_TAG] = f"{mlflow.active_run().info.run_id}:{artifact_dir}/{S.PREDICTIONS}"
+    for k, v in tags.items():
+        client.set_model_version_tag(c.name, c.version, k, v)
+
+
+def _champion_score(ctx: StageContext, client, c: Candidate, champ):
+    """(champion value on this test set, re-scored?, note, champion predictions or None)."""
+    tags = champ.tags or {}
+    if (tags.get("bertpipe.test_hash") == c.identity and tags.get("bertpipe.primary_metric") == c.metric
+            and "bertpipe.primary_value" in tags):
+        preds = S.stored_predictions(client, champ, ctx.scratch / "champion") if c.ft_dir is not None else None
+        if preds is None and c.ft_dir is not None and ctx.params.require_ci:
+            with contextlib.suppress(Exception):  # predictions only feed the interval; the value is recorded
+                preds = S.score_model_dir(ctx.cfg, export_model(ctx.cfg, c.name, version=champ.version),
+                                          c.ft_dir, c.task)[1]
+        return float(tags["bertpipe.primary_value"]), False, "", preds
+    ctx.log(f"{c.name}: champion v{champ.version} was scored on another test set; re-scoring it on this one")
+    try:
+        exported = export_model(ctx.cfg, c.name, version=champ.version)
+        if exported is None:
+            return None, True, "its version no longer exists", None
+        if c.ft_dir is None:
+            from bertpipe.evaluate.fair_mlm import encoder_gate_score
+
+            return float(encoder_gate_score(exported, ctx.cfg)[1]), True, "re-scored", None
+        value, preds = S.score_model_dir(ctx.cfg, exported, c.ft_dir, c.task)
+        return value, True, "re-scored", preds
+    except Exception as e:  # noqa: BLE001 (a champion that cannot be loaded blocks promotion, with the reason)
+        return None, True, f"re-scoring failed: {type(e).__name__}: {e}", None
+
+
+def _decide(ctx: StageContext, client, c: Candidate) -> dict:
+    """Phase 2 for one model (caller holds the registry lock): the gate's numbers and verdict, as a record."""
+    p = ctx.params
+    source = ("the registered seed's own test score" if c.ft_dir is not None
+              else "the encoder gate score on the domain held-out text")
+    rec = {"name": c.name, "version": c.version, "task": c.pipeline_task, "registered": True, "reused": c.reused,
+           "fingerprint": c.fingerprint, "metric": c.metric, "value": c.value, "test_identity": c.identity,
+           "test_set": _test_set_words(c), "score_source": source, "champion_before": None, "champion_value": None,
+           "champion_rescored": False, "ci95": None, "ci_note": "", "upstream_changes": [],
+           "promoted": False, "stays_champion": False, "below_floor": False}
+    champ = current_champion(client, c.name)
+    rec.update(floor="not needed for this decision", floor_value=None)
+    if champ is not None and str(champ.version) == c.version:
+        rec.update(champion_before=c.version, stays_champion=True,
+                   reason=f"v{c.version} is the champion already (same content); nothing moved")
+        rec["decision"] = "stays champion: " + rec["reason"]
+        return rec
+    if c.reused and was_champion(client, c.name, c.version):
+        # It was champion once and lost the alias (a rollback, or a later champion): a rerun must not undo that.
+        rec.update(champion_before=str(champ.version) if champ is not None else None,
+                   reason=f"v{c.version} held champion before and was replaced; promote it explicitly if wanted")
+        rec["decision"] = "not promoted: " + rec["reason"]
+        return rec
+    floor = (G.encoder_floor(ctx.cfg, p.floor) if c.ft_dir is None
+             else G.task_floor(Path(ctx.inputs["evaluate"]), c.task, p.floor, c.metric))
+    rec.update(floor=floor.describe(c.metric, p.floor_margin), floor_value=floor.value)
+    champ_value, note, preds = None, "", None
+    if champ is not None:
+        rec["champion_before"] = str(champ.version)
+        rec["upstream_changes"] = D.upstream_changes(c.lineage, champ.tags or {})
+        champ_value, rescored, note, preds = _champion_score(ctx, client, c, champ)
+        rec.update(champion_value=champ_value, champion_rescored=rescored)
+        if preds is not None and (c.ft_dir / S.PREDICTIONS).is_file():
+            tp, _ = G.task_settings(ctx.cfg, c.ft_dir, c.task)
+            rec["ci95"], rec["ci_note"] = S.paired_interval(
+                tp.type, c.metric, preds, S.read_predictions(c.ft_dir / S.PREDICTIONS), p.ci_samples, p.ci_seed)
+        elif champ_value is not None:
+            rec["ci_note"] = ("the encoder gate score is one number" if c.ft_dir is None
+                              else "no per-example predictions for both models")
+    v = G.judge(c.metric, c.value, floor, p.floor_margin, rec["champion_before"], champ_value, p.min_delta,
+                p.require_ci, rec["ci95"], note if note != "re-scored" else "re-scored on this test set")
+    rec.update(promoted=v.promoted, below_floor=v.below_floor, reason=v.reason,
+               decision=("promoted: " if v.promoted else "not promoted: ") + v.reason)
+    return rec
+
+
+def _test_set_words(c: Candidate) -> str:
+    data, settings = c.identity_parts.get("data", {}), c.identity_parts.get("settings", {})
+    if c.ft_dir is None:
+        return f"domain corpus of prepare {str(c.identity_parts.get('prepare'))[:12]} (identity {c.identity[:12]})"
+    what = (f"{data.get('examples')} examples, sha256 {data['test_sha256'][:12]}" if data.get("test_sha256")
+            else "the finetune data inputs (no work/tasks split)")
+    keys = ", ".join(f"{k} {v}" for k, v in settings.items() if k in ("max_seq_len", "max_eval_examples",
+                                                                   "truncation", "head_tokens"))
+    return f"{what}; {keys} (identity {c.identity[:12]})"
+
+
+def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
+    """Move aliases as decided, then record the decision on the version (tag + description). The champion itself
+    keeps the record of the decision that crowned it."""
+    if rec["stays_champion"]:
+        rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
+        ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
+        return
+    client.set_registered_model_alias(c.name, CHALLENGER, c.version)
+    if rec["promoted"]:
+        set_champion_locked(client, c.name, c.version)
+    # The score and test set the decision used (a reused encoder may have been re-scored on new held-out text).
+    for key, value in {"bertpipe.decision": rec["decision"], "bertpipe.floor": rec["floor"],
+                       "bertpipe.below_floor": str(rec["below_floor"]).lower(),
+                       "bertpipe.primary_value": f"{c.value:.6f}", "bertpipe.test_hash": c.identity}.items():
+        client.set_model_version_tag(c.name, c.version, key, value)
+    table = C.eval_table(Path(ctx.inputs["evaluate"]), c.task)
+    client.update_model_version(c.name, c.version, description=C.model_card(
+        c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table, D.model_section(rec)))
+    rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
+    ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
+
+
+@contextlib.contextmanager
+def _hub_offline():
+    # Model cards and input examples are local: never let mlflow ask the Hub about a local path.
+    old = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = old
+
+
 def build(ctx: StageContext) -> dict:
     from bertpipe.tracking import client as mlflow_client
     from bertpipe.tracking import experiment_id, fluent_mlflow, tracking_uri
 
-    cfg, p = ctx.cfg, ctx.params
-    uri = tracking_uri(cfg)
+    cfg = ctx.cfg
     client = mlflow_client(cfg)
-    language = cfg.params.model.language
-    evaluate_dir = Path(ctx.inputs["evaluate"])
-    candidates: list[tuple[str, Path, Path | None]] = []
-    for key, path in ctx.inputs.items():
-        if key.startswith("finetune/"):
-            candidates.append((f"{p.prefix}-{key.split('/', 1)[1]}", Path(path) / "model", Path(path)))
-    if p.register_encoder:
-        candidates.append((f"{p.prefix}-encoder", Path(ctx.inputs["adapted"]) / "model", None))
-
-    # Model cards and input examples are local: never let mlflow ask the Hub about a local path.
-    old_offline = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    records = []
+    records, todo = [], []
     run_id = getattr(ctx.tracker, "run_id", None)
-    try:
+    with _hub_offline():
+        candidates = _candidates(ctx)
         with fluent_mlflow(cfg) as mlflow, mlflow.start_run(
             run_id=run_id, experiment_id=None if run_id else experiment_id(cfg)
         ):
-            for name, model_dir, ft_dir in candidates:
-                task = pipeline_task(model_dir)
-                if task == "question-answering":
+            for c in candidates:
+                c.pipeline_task = C.pipeline_task(c.model_dir)
+                if c.pipeline_task == "question-answering":
                     # transformers 5 dropped the QA pipeline the MLflow flavor logs through; the model stays a
                     # plain save_pretrained dir under work/finetune (AutoModelForQuestionAnswering loads it).
-                    ctx.log(f"{name}: not registered (no question-answering pipeline in transformers 5)")
-                    records.append({"name": name, "task": task, "registered": False,
+                    ctx.log(f"{c.name}: not registered (no question-answering pipeline in transformers 5)")
+                    records.append({"name": c.name, "task": c.pipeline_task, "registered": False,
                                     "reason": "transformers 5 has no question-answering pipeline"})
                     continue
-                if ft_dir is not None:
-                    metric, value = primary_result(json.loads((ft_dir / "metrics.json").read_text()))
-                    thash = test_set_hash(ft_dir)
-                else:
-                    from bertpipe.evaluate.fair_mlm import encoder_gate_score
-
-                    metric, value = encoder_gate_score(model_dir, cfg)
-                    thash = hashlib.sha256(str((read_manifest(cfg.work / "prepare") or {}).get("fingerprint"))
-                                           .encode()).hexdigest()[:32]
-                ctx.log(f"registering {name} ({task}) from {model_dir}")
-                version = _log_and_register(mlflow, name, model_dir, task, language, p.pip_requirements)
-                tags = {"bertpipe.primary_metric": metric, "bertpipe.primary_value": f"{value:.6f}",
-                        "bertpipe.test_hash": thash, "bertpipe.fingerprint": ctx.fingerprint}
-                for k, v in tags.items():
-                    client.set_model_version_tag(name, version, k, v)
-                champ_now = _rescore_champion(cfg, client, name, thash) if ft_dir is None else None
-                d = decide(client, name, version, metric, value, thash, p.min_delta, champ_now)
-                client.set_model_version_tag(name, version, "bertpipe.decision",
-                                             ("promoted: " if d.promoted else "not promoted: ") + d.reason)
-                card = model_card(name, task, metric, value, lineage(ctx, ft_dir),
-                                  _eval_table(evaluate_dir, name[len(p.prefix) + 1:]), d.reason)
-                client.update_model_version(name, version, description=card)
-                aliases = client.get_model_version(name, version).aliases
-                records.append({"name": name, "version": version, "task": task, "metric": metric, "value": value,
-                                "promoted": d.promoted, "reason": d.reason, "aliases": sorted(aliases),
-                                "champion_before": d.champion_version, "champion_value": d.champion_value})
-                ctx.log(f"{name} v{version}: {'champion' if d.promoted else 'challenger'} ({d.reason})")
-    finally:
-        if old_offline is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = old_offline
-    write_json(ctx.out / "registry.json", {"tracking_uri": uri, "models": records})
-    ctx.log_artifact(ctx.out / "registry.json")
+                _register(ctx, mlflow, client, c)
+                todo.append(c)
+        with registry_lock(client):
+            decided = [(c, _decide(ctx, client, c)) for c in todo]
+            for c, rec in decided:
+                _apply(ctx, client, c, rec)
+                records.append(rec)
+    write_json(ctx.out / "registry.json", {"tracking_uri": tracking_uri(cfg), "models": records})
+    (ctx.out / "decision.md").write_text(D.report(records), encoding="utf-8")
+    for name in ("registry.json", "decision.md"):
+        ctx.log_artifact(ctx.out / name)
     done = [r for r in records if r.get("registered", True)]
-    ctx.counts["registered"] = len(done)
+    ctx.counts.update(registered=sum(not r["reused"] for r in done), reused=sum(r["reused"] for r in done),
+                      below_floor=sum(r["below_floor"] for r in done))
     return {"registered": len(done), "promoted": sum(r["promoted"] for r in done)}
