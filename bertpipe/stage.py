@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from bertpipe.config import Config
-from bertpipe.errors import BertpipeError
+from bertpipe.errors import BertpipeError, raise_terminated
 
 MANIFEST = "manifest.json"
 
@@ -197,15 +197,88 @@ def output_lock(out: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def written_files(d: Path) -> list[str]:
+    """Every file under ``d`` (relative, sorted): the manifest records them so a later rebuild can tell a file the
+    user put there from one bertpipe wrote."""
+    return sorted(str(f.relative_to(d)) for f in Path(d).rglob("*") if f.is_file() or f.is_symlink())
+
+
+def foreign_files(out: Path) -> list[str]:
+    """What in ``out`` bertpipe did not write: everything when there is no manifest, else the files its manifest does
+    not list (a manifest from before the list existed vouches for the whole directory)."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink():
+        return []
+    if not out.is_dir() or out.is_symlink():
+        return ["."]
+    present = written_files(out)
+    if not (out / MANIFEST).is_file():
+        return present
+    m = read_manifest(out)
+    listed = (m or {}).get("files")
+    if not isinstance(listed, list):
+        return []
+    return sorted(set(present) - set(listed) - {MANIFEST})
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace an output directory holding anything bertpipe did not write (a user's notes, a dir that
+    happens to sit where the output goes): replacing it would delete them."""
+    foreign = foreign_files(out)
+    if foreign:
+        what = out if foreign == ["."] or not (Path(out) / MANIFEST).is_file() else Path(out) / foreign[0]
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 and what != out else ""
+        raise BertpipeError(
+            f"{what}{more}: not written by bertpipe, and rebuilding would replace {out}; move it elsewhere and rerun"
+        )
+
+
 def atomic_replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished ``tmp`` dir to ``out``; an older ``out`` is moved aside first, then deleted."""
+    """Move a finished ``tmp`` dir to ``out``; an older ``out`` is moved aside first, then deleted. An ``out`` holding
+    files bertpipe did not write is never touched (see ``check_replaceable``)."""
+    check_replaceable(out)
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(out, old)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except BaseException:  # e.g. SIGTERM between the two renames: put the previous output back
+        if old is not None and not out.exists():
+            os.replace(old, out)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(out: Path, log: Callable[[str], None] | None = None) -> list[Path]:
+    """Temp and moved-aside dirs of ``out`` left by a killed builder. Call only while holding ``output_lock(out)``:
+    then no live process owns them."""
+    gone = []
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for d in out.parent.glob(pattern):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    if gone and log is not None:
+        log(f"removed {len(gone)} leftover dir(s) of an interrupted run: {', '.join(d.name for d in gone)}")
+    return gone
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While building, SIGTERM raises ``Terminated`` in the main thread so the temp dir is removed and the MLflow run
+    is closed as KILLED. Leaves any handler someone else installed (Prefect, the CLI) alone."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def library_versions() -> dict[str, str]:
@@ -246,13 +319,14 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 
-    with output_lock(out):
+    with output_lock(out), sigterm_raises():
         m = read_manifest(out)  # another process may have built it while we waited
         if not force and m is not None and m.get("fingerprint") == fp:
             print(f"[{stage.name}] built by a concurrent run (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
+        check_replaceable(out)  # before the work, not after it
+        remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
         scratch = scratch_dir(stage, cfg, fp)
         section = stage.params_section or stage.sections[0]
         params = cfg.section(section)
@@ -260,6 +334,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             from bertpipe.tracking import stage_run as tracker_factory  # noqa: N806 (lazy: mlflow is slow to import)
         started = time.time()
         try:
+            tmp.mkdir(parents=True)
             with tracker_factory(stage, cfg, fp) as tracker:
                 ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker)
                 print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
@@ -269,13 +344,14 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "version": stage.version,
                     "fingerprint": fp,
                     "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
-                    "params": {s: cfg.section_dict(s) for s in stage.sections},
+                    "params": {s: cfg.section_shown(s) for s in stage.sections},
                     "metrics": metrics,
                     "counts": ctx.counts,
                     "started": started,
                     "duration_s": round(time.time() - started, 3),
                     "versions": library_versions(),
                     "mlflow_run_id": getattr(tracker, "run_id", None),
+                    "files": written_files(tmp),
                 }
                 write_json(tmp / MANIFEST, manifest)
                 if tracker is not None:
@@ -287,6 +363,18 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
+
+
+def stages_until(names: list[str], until: str | None) -> list[str]:
+    """The stages to run for ``--until``: everything up to and including ``until`` (a stage name, or a prefix such
+    as ``finetune`` for all of ``finetune/*``)."""
+    if until is None:
+        return list(names)
+    matches = [i for i, n in enumerate(names) if n == until or n.startswith(until + "/")]
+    if not matches:
+        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
+        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
+    return list(names[: max(matches) + 1])
 
 
 def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,6 +31,22 @@ def tracking_uri(cfg: Config) -> str:
         return os.environ["MLFLOW_TRACKING_URI"]
     cfg.state.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(cfg.state / 'mlflow.db').resolve()}"
+
+
+def display_uri(uri: str) -> str:
+    """A tracking URI fit to print or store: userinfo (``https://user:secret@host``) is dropped, and so is the value
+    of a query parameter that looks like a credential. Anything else is left exactly as written."""
+    import re
+    from urllib.parse import urlsplit
+
+    try:
+        netloc = urlsplit(uri).netloc
+    except ValueError:
+        return "<unparseable tracking URI>"
+    if "@" in netloc:
+        uri = uri.replace("//" + netloc, "//" + netloc.rsplit("@", 1)[1], 1)
+    secret = r"[^=&;?#]*(?:password|passwd|pwd|token|secret|key|auth|credential|signature)[^=&;?#]*"
+    return re.sub(rf"([?&;]{secret}=)[^&;#]*", r"\1***", uri, flags=re.I)
 
 
 def artifact_root(cfg: Config) -> str:
@@ -86,6 +104,68 @@ def git_commit(root: Path) -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+# ---------------------------------------------------------------- runs left RUNNING by a killed process
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not mistaken for the owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner_tags() -> dict[str, str]:
+    """Who holds a run open: checked by ``close_orphans`` on the next run."""
+    pid = os.getpid()
+    return {"bertpipe.pid": str(pid), "bertpipe.host": socket.gethostname(), "bertpipe.pid_start": _proc_start(pid)}
+
+
+def _owner_alive(tags: dict[str, str]) -> bool:
+    try:
+        pid = int(tags.get("bertpipe.pid", ""))
+    except ValueError:
+        return True  # not ours to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    started = tags.get("bertpipe.pid_start", "")
+    return not started or _proc_start(pid) in ("", started)
+
+
+def close_orphans(c, exp: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of this experiment whose process (same host) is gone: a SIGKILL or power loss
+    leaves them RUNNING forever otherwise. Runs of other hosts are left alone; their liveness cannot be seen here."""
+    host = socket.gethostname().replace("'", "")
+    try:
+        runs = c.search_runs(
+            [exp], filter_string=f"attributes.status = 'RUNNING' and tags.`bertpipe.host` = '{host}'", max_results=500
+        )
+    except Exception as e:  # housekeeping must never stop a run
+        print(f"[tracking] could not look for orphaned runs: {type(e).__name__}: {e}", file=sys.stderr)
+        return []
+    closed = []
+    for r in runs:
+        if _owner_alive(r.data.tags):
+            continue
+        pid = r.data.tags.get("bertpipe.pid")
+        c.set_tag(r.info.run_id, "bertpipe.error", f"orphaned: process {pid} on {host} ended without closing the run")
+        c.set_terminated(r.info.run_id, "KILLED")
+        closed.append(r.info.run_id)
+    if closed:
+        print(f"[tracking] marked {len(closed)} run(s) of killed processes KILLED: {', '.join(closed)}",
+              file=sys.stderr, flush=True)
+    return closed
+
+
+def _end_status(e: BaseException) -> str:
+    return "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"  # Ctrl-C and SIGTERM (errors.Terminated)
 
 
 def _param_value(v: Any) -> str:
@@ -154,7 +234,9 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
         "bertpipe.base_model": cfg.params.model.base,
         "bertpipe.profile": cfg.params.profile or "(none)",
         "mlflow.source.git.commit": git_commit(cfg.root),
+        **owner_tags(),
     }
+    close_orphans(c, exp)
     parent = os.environ.get(PARENT_ENV)
     if parent:
         tags["mlflow.parentRunId"] = parent
@@ -162,14 +244,14 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     tracker = StageRun(cfg, run.info.run_id, c)
     params = {}
     for s in stage.sections:
-        value = cfg.section_dict(s)
+        value = cfg.section_shown(s)
         params.update(dict(flatten(value, f"{s}.")) if isinstance(value, dict) else {s: value})
     tracker.log_params(params)
     try:
         yield tracker
     except BaseException as e:
         c.set_tag(run.info.run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
-        c.set_terminated(run.info.run_id, "FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
+        c.set_terminated(run.info.run_id, _end_status(e))
         raise
     c.set_terminated(run.info.run_id, "FINISHED")
 
@@ -185,15 +267,17 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
         "bertpipe.base_model": cfg.params.model.base,
         "bertpipe.profile": cfg.params.profile or "(none)",
         "mlflow.source.git.commit": git_commit(cfg.root),
+        **owner_tags(),
         **(tags or {}),
     }
+    close_orphans(c, exp)
     run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()}, run_name=name)
     previous = os.environ.get(PARENT_ENV)
     os.environ[PARENT_ENV] = run.info.run_id
     try:
         yield StageRun(cfg, run.info.run_id, c)
-    except BaseException:
-        c.set_terminated(run.info.run_id, "FAILED")
+    except BaseException as e:
+        c.set_terminated(run.info.run_id, _end_status(e))
         raise
     finally:
         if previous is None:

@@ -154,7 +154,7 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
 
 def build(ctx: StageContext) -> dict:
     from bertpipe.tracking import client as mlflow_client
-    from bertpipe.tracking import experiment_id, fluent_mlflow, tracking_uri
+    from bertpipe.tracking import display_uri, experiment_id, fluent_mlflow, tracking_uri
 
     cfg, p = ctx.cfg, ctx.params
     uri = tracking_uri(cfg)
@@ -218,7 +218,7 @@ def build(ctx: StageContext) -> dict:
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
             os.environ["HF_HUB_OFFLINE"] = old_offline
-    write_json(ctx.out / "registry.json", {"tracking_uri": uri, "models": records})
+    write_json(ctx.out / "registry.json", {"tracking_uri": display_uri(uri), "models": records})
     ctx.log_artifact(ctx.out / "registry.json")
     done = [r for r in records if r.get("registered", True)]
     ctx.counts["registered"] = len(done)
