@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -46,6 +47,7 @@ def user_errors(fn: Callable) -> Callable:
             fail(os_error_line(e))
         except KeyboardInterrupt as e:
             what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            end_progress_bars()
             typer.echo(f"error: {what}; nothing half-written was kept, rerun to continue", err=True)
             raise typer.Exit(143 if isinstance(e, Terminated) else 130)
 
@@ -53,8 +55,18 @@ def user_errors(fn: Callable) -> Callable:
 
 
 def fail(message: str) -> None:
+    end_progress_bars()
     typer.echo(f"error: {BertpipeError(message)}", err=True)
     raise typer.Exit(2)
+
+
+def end_progress_bars() -> None:
+    """Close progress bars the failed stage left open (its frames live on in the traceback), so the error starts on
+    its own line instead of after a half-drawn bar."""
+    tqdm_mod = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm_mod, "tqdm", None), "_instances", None) or []):
+        with contextlib.suppress(Exception):
+            bar.close()
 
 
 def os_error_line(e: OSError) -> str:

@@ -195,12 +195,13 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 def _format_validation(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) if len(str(p)) <= 80 else str(p)[:60] + "..." for p in first["loc"]) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif "input" in first and not isinstance(first["input"], (dict, list)):
-        msg = f"{msg} (got {first['input']!r})"
+        got = repr(first["input"])
+        msg = f"{msg} (got {got if len(got) <= 80 else got[:60] + f'... ({len(got):,} chars)'})"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{source}: {loc}: {msg}{more}"
 

@@ -16,6 +16,7 @@ so the three front doors agree on what is fresh.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -185,16 +186,30 @@ def is_fresh(stage: Stage, cfg: Config) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def output_lock(out: Path) -> Iterator[None]:
-    """Serialise builders of one output across processes (two flow runs started at once)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
+def output_lock(out: Path, lock_dir: Path | None = None) -> Iterator[None]:
+    """Serialise builders of one output across processes (two flow runs started at once). The lock file lives in
+    ``lock_dir`` (the state dir) when given, so a failed first build leaves nothing under work/."""
+    if lock_dir is None:
+        lock = out.parent / f".{out.name}.lock"
+    else:
+        lock = Path(lock_dir) / (hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:24] + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _missing_parents(out: Path, root: Path) -> list[Path]:
+    """The directories above ``out`` that do not exist yet (deepest first), to remove again if the build fails."""
+    missing = []
+    for p in [out.parent, *out.parent.parents]:
+        if p.exists() or p == root or root not in p.parents:
+            break
+        missing.append(p)
+    return missing
 
 
 def written_files(d: Path) -> list[str]:
@@ -319,7 +334,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 
-    with output_lock(out), sigterm_raises():
+    with output_lock(out, cfg.state / "locks"), sigterm_raises():
         m = read_manifest(out)  # another process may have built it while we waited
         if not force and m is not None and m.get("fingerprint") == fp:
             print(f"[{stage.name}] built by a concurrent run (fingerprint {fp[:12]}), skipping", file=sys.stderr)
@@ -327,6 +342,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         check_replaceable(out)  # before the work, not after it
         remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        made = _missing_parents(out, cfg.root)
         scratch = scratch_dir(stage, cfg, fp)
         section = stage.params_section or stage.sections[0]
         params = cfg.section(section)
@@ -357,8 +373,15 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                 if tracker is not None:
                     tracker.finish(metrics, manifest, tmp, out)
                 atomic_replace_dir(tmp, out)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            if isinstance(e, OSError) and (e.errno == errno.ENOSPC or "No space left on device" in str(e)):
+                # pyarrow, torch and zip writers report a full disk without the file name
+                raise BertpipeError(f"{out.parent}: no space left on device while building {stage.name} "
+                                    "(nothing was kept); free some space and rerun") from None
             raise
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
