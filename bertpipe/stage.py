@@ -328,6 +328,10 @@ def scratch_dir(stage: Stage, cfg: Config, fp: str) -> Path:
 def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: Callable | None = None) -> StageResult:
     """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run."""
     out = stage.output(cfg)
+    if tracker_factory is None:
+        from bertpipe.tracking import close_orphans
+
+        close_orphans(cfg)  # runs a SIGKILL left RUNNING are closed even when this stage turns out fresh
     fp, digests = fingerprint(stage, cfg)
     m = read_manifest(out)
     if not force and m is not None and m.get("fingerprint") == fp:

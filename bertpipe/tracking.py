@@ -7,6 +7,7 @@ Prefect runs tasks in worker threads and two stages may log at the same time.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -139,25 +140,56 @@ def _owner_alive(tags: dict[str, str]) -> bool:
     return not started or _proc_start(pid) in ("", started)
 
 
-def close_orphans(c, exp: str) -> list[str]:
-    """Mark KILLED the RUNNING runs of this experiment whose process (same host) is gone: a SIGKILL or power loss
-    leaves them RUNNING forever otherwise. Runs of other hosts are left alone; their liveness cannot be seen here."""
-    host = socket.gethostname().replace("'", "")
+def _markers(cfg: Config) -> Path:
+    return cfg.state / "open-runs"
+
+
+def _mark_open(cfg: Config, run_id: str) -> None:
+    """A file per open run, removed when it ends: after a SIGKILL it outlives its process, and the next bertpipe
+    command in this project closes the run (``close_orphans``). A listing of this dir is all it costs otherwise."""
+    d = _markers(cfg)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{run_id}.json").write_text(json.dumps(owner_tags()))
+
+
+def _mark_closed(cfg: Config, run_id: str) -> None:
+    with contextlib.suppress(OSError):
+        (_markers(cfg) / f"{run_id}.json").unlink()
+
+
+def close_orphans(cfg: Config) -> list[str]:
+    """Mark KILLED the MLflow runs whose process died without closing them (SIGKILL, OOM killer, power loss).
+    Called by every stage run, fresh or not, so a project is never left showing RUNNING runs of dead processes."""
     try:
-        runs = c.search_runs(
-            [exp], filter_string=f"attributes.status = 'RUNNING' and tags.`bertpipe.host` = '{host}'", max_results=500
-        )
-    except Exception as e:  # housekeeping must never stop a run
-        print(f"[tracking] could not look for orphaned runs: {type(e).__name__}: {e}", file=sys.stderr)
+        markers = sorted(_markers(cfg).glob("*.json"))
+    except OSError:
         return []
+    dead = []
+    for m in markers:
+        try:
+            owner = json.loads(m.read_text())
+        except (OSError, ValueError):
+            owner = {}
+        if owner.get("bertpipe.host") not in (None, socket.gethostname()):
+            continue  # another machine's run: its liveness cannot be seen from here
+        if not _owner_alive(owner):
+            dead.append((m, owner))
+    if not dead:
+        return []
+    c = client(cfg)
     closed = []
-    for r in runs:
-        if _owner_alive(r.data.tags):
+    for m, owner in dead:
+        run_id = m.stem
+        try:
+            if c.get_run(run_id).info.status == "RUNNING":
+                c.set_tag(run_id, "bertpipe.error",
+                          f"orphaned: process {owner.get('bertpipe.pid')} ended without closing the run")
+                c.set_terminated(run_id, "KILLED")
+                closed.append(run_id)
+        except Exception as e:  # a deleted run or an unreachable server must not stop the pipeline
+            print(f"[tracking] could not close orphaned run {run_id}: {type(e).__name__}: {e}", file=sys.stderr)
             continue
-        pid = r.data.tags.get("bertpipe.pid")
-        c.set_tag(r.info.run_id, "bertpipe.error", f"orphaned: process {pid} on {host} ended without closing the run")
-        c.set_terminated(r.info.run_id, "KILLED")
-        closed.append(r.info.run_id)
+        m.unlink(missing_ok=True)
     if closed:
         print(f"[tracking] marked {len(closed)} run(s) of killed processes KILLED: {', '.join(closed)}",
               file=sys.stderr, flush=True)
@@ -236,11 +268,12 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
         "mlflow.source.git.commit": git_commit(cfg.root),
         **owner_tags(),
     }
-    close_orphans(c, exp)
+    close_orphans(cfg)
     parent = os.environ.get(PARENT_ENV)
     if parent:
         tags["mlflow.parentRunId"] = parent
     run = c.create_run(exp, tags=tags, run_name=stage.name)
+    _mark_open(cfg, run.info.run_id)
     tracker = StageRun(cfg, run.info.run_id, c)
     params = {}
     for s in stage.sections:
@@ -252,8 +285,10 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     except BaseException as e:
         c.set_tag(run.info.run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
         c.set_terminated(run.info.run_id, _end_status(e))
+        _mark_closed(cfg, run.info.run_id)
         raise
     c.set_terminated(run.info.run_id, "FINISHED")
+    _mark_closed(cfg, run.info.run_id)
 
 
 @contextlib.contextmanager
@@ -270,14 +305,16 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
         **owner_tags(),
         **(tags or {}),
     }
-    close_orphans(c, exp)
+    close_orphans(cfg)
     run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()}, run_name=name)
+    _mark_open(cfg, run.info.run_id)
     previous = os.environ.get(PARENT_ENV)
     os.environ[PARENT_ENV] = run.info.run_id
     try:
         yield StageRun(cfg, run.info.run_id, c)
     except BaseException as e:
         c.set_terminated(run.info.run_id, _end_status(e))
+        _mark_closed(cfg, run.info.run_id)
         raise
     finally:
         if previous is None:
@@ -285,6 +322,7 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
         else:
             os.environ[PARENT_ENV] = previous
     c.set_terminated(run.info.run_id, "FINISHED")
+    _mark_closed(cfg, run.info.run_id)
 
 
 def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
