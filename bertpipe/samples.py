@@ -7,6 +7,7 @@ unpacked file's sha256 is recorded in ``<raw>/SOURCES.json``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -302,7 +303,10 @@ def export_laws_since(db: Path, since: str, out: Path, limit: int = 0) -> int:
                 f.write(json.dumps({"id": f"law-{i}", "text": text, "group": law, "publish_date": date},
                                    ensure_ascii=False) + "\n")
         os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise BertpipeError(f"--out {out}: cannot write it ({e.strerror or e})") from None
         raise
     return len(rows)

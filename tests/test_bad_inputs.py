@@ -72,6 +72,13 @@ CONLL = "中 B-LOC\n国 I-LOC\n人 O\n\n北 B-LOC\n京 I-LOC\n\n".encode()
 FT = ["finetune", "--task", "t", "--encoder", "base"]
 
 
+def immutable(d: Path) -> None:
+    """A dir even root cannot write into (`chattr +i`); the module's teardown makes it writable again."""
+    d.mkdir()
+    if subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+
+
 def notes_in_output(case: Path, sh: Shared) -> None:
     """A bertpipe output the user added a file to."""
     out = case / "work" / "prepare"
@@ -124,6 +131,9 @@ CASES = [
          {"paths": {"raw": "raw"}}, setup=lambda c, sh: (c / "raw").mkdir()),
     Case("new-laws-out-is-dir", ["data", "new-laws", "--out", "outdir"], r"--out outdir: is a directory",
          setup=lambda c, sh: (c / "outdir").mkdir()),
+    Case("new-laws-out-not-writable", ["data", "new-laws", "--limit", "3", "--out", "locked/n.jsonl"],
+         r"--out locked/n\.jsonl: cannot write it \(Operation not permitted\)",
+         setup=lambda c, sh: immutable(c / "locked")),
     # ---- data samples (offline: only the download cache can serve it)
     Case("samples-unknown", ["data", "samples", "nope", "--no-dvc"], r"unknown sample 'nope'"),
     Case("samples-user-file", ["data", "samples", "china_law", "--no-dvc"],
@@ -136,8 +146,8 @@ CASES = [
     Case("prepare-empty-file", ["prepare"], r"d\.txt|prepare\.domain", txt_source("d.txt"), {"d.txt": b""}, slow=True),
     Case("prepare-all-duplicates", ["prepare"], r"prepare\.domain: 1 of 200 documents left",
          txt_source("d.txt"), {"d.txt": "第一条 为了保护公民的合法权益，根据宪法，制定本法。\n".encode() * 200}),
-    Case("prepare-huge-line", ["prepare"], r"prepare\.domain: no document left after cleaning \(too_long=1\)", txt_source("d.txt"),
-         {"d.txt": ("法" * 400_000).encode()}, slow=True),
+    Case("prepare-huge-line", ["prepare"], r"prepare\.domain: no document left after cleaning \(too_long=1\)",
+         txt_source("d.txt"), {"d.txt": ("法" * 400_000).encode()}, slow=True),
     Case("prepare-jsonl-array", ["prepare"], r"d\.jsonl:2: ",
          {"prepare": {"domain": {"sources": [{"path": "d.jsonl", "format": "jsonl", "name": "j"}]}}},
          {"d.jsonl": '{"text": "第一条 本法。"}\n[1, 2]\n'.encode()}, slow=True),
@@ -146,6 +156,9 @@ CASES = [
          setup=lambda c, sh: laws_copy(c, sh, lambda b: b[:16384]), slow=True),
     Case("prepare-notes-in-output", ["prepare"], r"work/prepare/NOTES\.txt: not written by bertpipe",
          setup=notes_in_output),
+    Case("prepare-sqlite-hash-path", ["prepare"], r"laws #1\.db does not exist",
+         {"prepare": {"domain": {"sources": [{**laws_source(Path("raw"), FEW_LAWS), "path": "laws #1.db"}]}}},
+         files={"laws ": b"a file the old URI would have opened instead\n"}),
     Case("prepare-dir-in-the-way", ["prepare"], r"work/prepare: not written by bertpipe",
          files={"work/prepare/mine.csv": b"a,b\n"}, slow=True),
     # ---- finetune task data
@@ -158,6 +171,7 @@ CASES = [
          {"t.txt": CONLL}),
     Case("finetune-missing-label", FT, r"t\.jsonl:1: missing field 'label'", task("t", **CLS),
          {"t.jsonl": '{"text": "好"}\n'.encode()}, slow=True),
+    Case("finetune-empty-file", FT, r"t\.jsonl.*no training examples", task("t", **CLS), {"t.jsonl": b""}, slow=True),
     Case("finetune-no-such-task", ["finetune", "--task", "nope"], r"no finetune task matches --task nope"),
 ]
 
@@ -166,14 +180,15 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory, sample_raw, zh_tokenizer_dir) -> Shared:
+def shared(tmp_path_factory, sample_raw, zh_tokenizer_dir):
     from bertpipe.finetune.synthetic import tiny_encoder
 
     base = tmp_path_factory.mktemp("bad-inputs")
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     root = base / "bad inputs #1 ü"
     root.mkdir()
-    return Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir)
+    yield Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir)
+    subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
 
 
 def base_params(sh: Shared) -> dict:

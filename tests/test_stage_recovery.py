@@ -102,8 +102,9 @@ def test_runs_of_dead_processes_are_closed_by_the_next_run(cfg):
     assert c.get_run(res.run_id).info.status == "FINISHED"
     assert sorted(p.stem for p in marker.parent.glob("*.json")) == [alive]
     # A fresh stage closes orphans too (the kill may have come after the output was in place).
-    _mark_open(cfg, orphan2 := c.create_run(experiment_id(cfg, c), run_name="k2").info.run_id)
-    (cfg.state / "open-runs" / f"{orphan2}.json").write_text(json.dumps({**owner_tags(), "bertpipe.pid": str(dead.pid)}))
+    orphan2 = c.create_run(experiment_id(cfg, c), run_name="k2").info.run_id
+    marker2 = cfg.state / "open-runs" / f"{orphan2}.json"
+    marker2.write_text(json.dumps({**owner_tags(), "bertpipe.pid": str(dead.pid)}))
     assert run_stage(toy(), cfg).skipped
     assert c.get_run(orphan2).info.status == "KILLED"
 
