@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from bertpipe.errors import BertpipeError, Terminated
+from bertpipe.errors import BertpipeError, Terminated, raise_terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -349,8 +349,6 @@ def models_rollback(
 
 def main() -> None:  # pragma: no cover
     import signal
-
-    from bertpipe.errors import raise_terminated
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (a scheduler stopping the job, `kill`) unwinds like Ctrl-C: temp dirs removed, MLflow run KILLED.

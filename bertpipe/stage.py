@@ -270,10 +270,17 @@ def remove_stale(out: Path, log: Callable[[str], None] | None = None) -> list[Pa
     """Temp and moved-aside dirs of ``out`` left by a killed builder. Call only while holding ``output_lock(out)``:
     then no live process owns them."""
     gone = []
-    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
-        for d in out.parent.glob(pattern):
-            shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
+    for d in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if not out.exists() and (d / MANIFEST).is_file():  # killed between the two renames: the output comes back
+            os.replace(d, out)
+            if log is not None:
+                log(f"restored {out} from {d.name}, left by an interrupted run")
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
+    for d in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
     if gone and log is not None:
         log(f"removed {len(gone)} leftover dir(s) of an interrupted run: {', '.join(d.name for d in gone)}")
     return gone
@@ -339,12 +346,12 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 
     with output_lock(out, cfg.state / "locks"), sigterm_raises():
-        m = read_manifest(out)  # another process may have built it while we waited
+        remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
+        m = read_manifest(out)  # another process may have built it while we waited (or it was just restored)
         if not force and m is not None and m.get("fingerprint") == fp:
-            print(f"[{stage.name}] built by a concurrent run (fingerprint {fp[:12]}), skipping", file=sys.stderr)
+            print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
         check_replaceable(out)  # before the work, not after it
-        remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
         made = _missing_parents(out, cfg.root)
         scratch = scratch_dir(stage, cfg, fp)

@@ -66,6 +66,15 @@ def test_leftovers_of_a_killed_build_are_removed_under_the_lock(cfg):
     assert sorted(p.name for p in cfg.work.iterdir()) == [".other.tmp-12345678", "toy"]
 
 
+def test_an_output_moved_aside_by_a_killed_rename_comes_back(cfg):
+    good = run_stage(toy(), cfg, tracker_factory=NO_TRACKING)
+    os.replace(good.out, cfg.work / ".toy.old-deadbeef")  # where a kill between the two renames leaves it
+    (cfg.work / ".toy.tmp-deadbeef").mkdir()
+    again = run_stage(toy(), cfg, tracker_factory=NO_TRACKING)
+    assert again.skipped and read_manifest(again.out)["fingerprint"] == good.fingerprint
+    assert sorted(p.name for p in cfg.work.iterdir()) == ["toy"]
+
+
 def test_sigterm_mid_build_removes_the_temp_dir_and_keeps_the_old_output(cfg):
     good = run_stage(toy(), cfg, tracker_factory=NO_TRACKING)
 
