@@ -61,12 +61,17 @@ def fail(message: str) -> None:
 
 
 def end_progress_bars() -> None:
-    """Close progress bars the failed stage left open (its frames live on in the traceback), so the error starts on
-    its own line instead of after a half-drawn bar."""
+    """Close progress bars the failed stage left open (its frames live on in the traceback) and end the line they
+    were drawn on, so the error line starts at column 0, not after a half-drawn bar."""
     tqdm_mod = sys.modules.get("tqdm")
+    if tqdm_mod is None:
+        return  # nothing drew a bar
     for bar in list(getattr(getattr(tqdm_mod, "tqdm", None), "_instances", None) or []):
         with contextlib.suppress(Exception):
             bar.close()
+    with contextlib.suppress(Exception):
+        sys.stderr.write("\r\033[K" if sys.stderr.isatty() else "\n")
+        sys.stderr.flush()
 
 
 def os_error_line(e: OSError) -> str:

@@ -92,17 +92,18 @@ def test_sigterm_mid_build_removes_the_temp_dir_and_keeps_the_old_output(cfg):
 
 
 def test_runs_of_dead_processes_are_closed_by_the_next_run(cfg):
-    from bertpipe.tracking import _mark_open, client, experiment_id, owner_tags, stage_run
+    from bertpipe.orphans import mark_open, owner_tags
+    from bertpipe.tracking import client, experiment_id, stage_run
 
     c = client(cfg)
     dead = subprocess.Popen(["true"])
     dead.wait()
     orphan = c.create_run(experiment_id(cfg, c), run_name="killed").info.run_id
     marker = cfg.state / "open-runs" / f"{orphan}.json"
-    _mark_open(cfg, orphan)
+    mark_open(cfg, orphan)
     marker.write_text(json.dumps({**owner_tags(), "bertpipe.pid": str(dead.pid)}))
     alive = c.create_run(experiment_id(cfg, c), run_name="alive").info.run_id
-    _mark_open(cfg, alive)  # this process: alive, left alone
+    mark_open(cfg, alive)  # this process: alive, left alone
 
     res = run_stage(toy(), cfg, tracker_factory=stage_run)
     assert c.get_run(orphan).info.status == "KILLED"
