@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -10,7 +11,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from bertpipe.errors import BertpipeError
+from bertpipe.errors import BertpipeError, Terminated, raise_terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -30,20 +31,56 @@ ForceOpt = typer.Option(False, "--force", help="Rebuild even if the output is up
 
 
 def user_errors(fn: Callable) -> Callable:
-    """Turn BertpipeError (and a missing-file OSError) into `error: ...` on stderr and exit status 2."""
+    """Turn a user's mistake into one line on stderr: ``error: <file/line/key>: what was expected``, exit status 2.
+    BertpipeError carries its own message; an OSError names its file; Ctrl-C and SIGTERM end with one line too (the
+    stage contract has already removed its temp dir and closed its MLflow run). Anything else is a bug: traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except BertpipeError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
-        except FileNotFoundError as e:
-            typer.echo(f"error: {e.filename or e}: no such file or directory", err=True)
-            raise typer.Exit(2)
+            fail(str(e))
+        except UnicodeDecodeError as e:  # a reader that did not name its file: still one line, not a traceback
+            fail(f"input is not UTF-8 text ({e.reason} at byte {e.start}); convert it first")
+        except OSError as e:
+            fail(os_error_line(e))
+        except KeyboardInterrupt as e:
+            what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+            end_progress_bars()
+            typer.echo(f"error: {what}; nothing half-written was kept, rerun to continue", err=True)
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130)
 
     return wrapper
+
+
+def fail(message: str) -> None:
+    end_progress_bars()
+    typer.echo(f"error: {BertpipeError(message)}", err=True)
+    raise typer.Exit(2)
+
+
+def end_progress_bars() -> None:
+    """Close progress bars the failed stage left open (its frames live on in the traceback) and end the line they
+    were drawn on, so the error line starts at column 0, not after a half-drawn bar."""
+    tqdm_mod = sys.modules.get("tqdm")
+    if tqdm_mod is None:
+        return  # nothing drew a bar
+    for bar in list(getattr(getattr(tqdm_mod, "tqdm", None), "_instances", None) or []):
+        with contextlib.suppress(Exception):
+            bar.close()
+    with contextlib.suppress(Exception):
+        sys.stderr.write("\r\033[K" if sys.stderr.isatty() else "\n")
+        sys.stderr.flush()
+
+
+def os_error_line(e: OSError) -> str:
+    """``<file>: <reason>``; a write that ran out of space may have no file name, then just the reason."""
+    what = e.strerror or str(e)
+    if e.filename is None:
+        return what
+    extra = f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
+    return f"{e.filename}{extra}: {what}"
 
 
 def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
@@ -136,8 +173,19 @@ def config_cmd(
     import yaml
 
     cfg = load(params, profile, set_)
-    data = cfg.section_dict(section) if section else cfg.params.model_dump(mode="json", exclude={"profiles"})
+    if section:
+        data = cfg.section_shown(section)
+    else:
+        data = cfg.params.model_dump(mode="json", exclude={"profiles"})
+        data["tracking"] = cfg.section_shown("tracking")
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+
+
+def _check_until(cfg, until: Optional[str]) -> None:
+    from bertpipe.pipeline import all_stages
+    from bertpipe.stage import stages_until
+
+    stages_until(list(all_stages(cfg)), until)
 
 
 @app.command("run", help="Run the domain_adaptation Prefect flow (every stage; cached stages are skipped).")
@@ -146,7 +194,7 @@ def run_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage (e.g. prepare, pretrain)."),
 ):
-    load(params, profile, set_)  # fail fast, with a one-line error, before Prefect starts
+    _check_until(load(params, profile, set_), until)  # fail fast, with a one-line error, before Prefect starts
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
     from flows.domain_adaptation import domain_adaptation, summary  # the CLI is a front door; the library is not
 
@@ -180,7 +228,7 @@ def serve_cmd(
     until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
     name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
 ):
-    load(params, profile, set_)
+    _check_until(load(params, profile, set_), until)
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
     if not os.environ.get("PREFECT_API_URL"):
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
@@ -331,7 +379,11 @@ def models_serve(
 
 
 def main() -> None:  # pragma: no cover
+    import signal
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # SIGTERM (a scheduler stopping the job, `kill`) unwinds like Ctrl-C: temp dirs removed, MLflow run KILLED.
+    signal.signal(signal.SIGTERM, raise_terminated)
     app()
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bertpipe.errors import BertpipeError
+from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.prepare.params import PrepareParams
@@ -134,6 +134,15 @@ class Config:
         node = self.section(name)
         return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
 
+    def section_shown(self, name: str) -> Any:
+        """``section_dict`` fit to print, log or store: credentials in the tracking URI are dropped."""
+        value = self.section_dict(name)
+        if name == "tracking" and isinstance(value, dict) and value.get("uri"):
+            from bertpipe.tracking import display_uri
+
+            value = {**value, "uri": display_uri(value["uri"])}
+        return value
+
     def section_hash(self, *names: str) -> str:
         blob = json.dumps({n: self.section_dict(n) for n in names}, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -155,7 +164,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML (e.g. an SQL fragment with ': '): the string as typed
     return keys, value
 
 
@@ -188,12 +197,13 @@ def deep_merge(base: dict, over: dict) -> dict:
 
 def _format_validation(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    loc = ".".join(str(p) if len(str(p)) <= 80 else str(p)[:60] + "..." for p in first["loc"]) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif "input" in first and not isinstance(first["input"], (dict, list)):
-        msg = f"{msg} (got {first['input']!r})"
+        got = repr(first["input"])
+        msg = f"{msg} (got {got if len(got) <= 80 else got[:60] + f'... ({len(got):,} chars)'})"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{source}: {loc}: {msg}{more}"
 
@@ -213,6 +223,10 @@ def load_config(
     if src.exists():
         try:
             data = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise utf8_error(src, e) from None
+        except OSError as e:
+            raise BertpipeError(f"{src}: cannot read the params file ({e.strerror or e})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}" if mark is not None else ""
@@ -226,13 +240,22 @@ def load_config(
     root = src.resolve().parent
     data = copy.deepcopy(data)
     for item in overrides or []:
-        if item.split("=", 1)[0].strip() == "profile":
-            profile = yaml.safe_load(item.split("=", 1)[1])
+        keys, value = _parse_override(item)
+        if keys == ["profile"]:
+            profile = value
     chosen = profile if profile is not None else data.get("profile", "")
+    if chosen is None:
+        chosen = ""
+    if not isinstance(chosen, str):
+        raise BertpipeError(f"{src}: profile: expected a profile name, got {chosen!r}")
     profiles = data.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise BertpipeError(f"{src}: profiles: expected a mapping of profile name -> overrides")
     if chosen:
         if chosen not in profiles:
             raise BertpipeError(f"{src}: profile {chosen!r} is not defined under profiles: (have {sorted(profiles)})")
+        if not isinstance(profiles[chosen], dict):
+            raise BertpipeError(f"{src}: profiles.{chosen}: expected a mapping of section -> values")
         data = deep_merge(data, profiles[chosen])
         data["profile"] = chosen
     for item in overrides or []:

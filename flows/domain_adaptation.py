@@ -82,7 +82,7 @@ def summary(results: dict, cfg) -> str:
     """What a person wants at the end: what ran, where the report is, what got registered, how to browse it."""
     import json
 
-    from bertpipe.tracking import tracking_uri
+    from bertpipe.tracking import display_uri, tracking_uri
 
     lines = [f"{name:40s} {'up to date' if r['skipped'] else 'built':12s} {r['out']}" for name, r in results.items()]
     report = cfg.work / "evaluate" / "report.md"
@@ -97,7 +97,7 @@ def summary(results: dict, cfg) -> str:
                 continue
             aliases = ",".join(m.get("aliases", [])) or "-"
             lines.append(f"registered: {m['name']} version {m['version']} aliases [{aliases}]")
-    uri = tracking_uri(cfg)
+    uri = display_uri(tracking_uri(cfg))
     lines.append(f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
     return "\n".join(lines)
 

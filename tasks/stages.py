@@ -38,7 +38,7 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
                            + (proc.stdout.strip().splitlines() or ["no output"])[-1])
 
 
-@task(persist_result=True, log_prints=True)
+@task(persist_result=True, result_serializer="json", log_prints=True)  # results are data: never pickles
 def stage_task(stage_name: str, params: str, profile: str | None = None, overrides: list[str] | None = None,
                isolated: bool = False) -> dict:
     from bertpipe.pipeline import all_stages

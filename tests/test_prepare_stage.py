@@ -178,7 +178,11 @@ def test_nothing_left_after_filters(tmp_path):
 
 def test_malformed_jsonl_names_line(tmp_path):
     p = tmp_path / "docs.jsonl"
-    p.write_text('{"text": "第一条 合法的文本内容。"}\n{"text": "第二条 文本"\n', encoding="utf-8")
+    good = ["第一条 合法的文本内容。", "第三条 国家保护公民的财产权。", "第四条 本法自公布之日起施行。",
+            "第五条 合同应当以书面形式订立。", "第六条 违反本法规定的依法追究责任。"]
+    lines = [json.dumps({"text": good[0]}, ensure_ascii=False), '{"text": "第二条 文本"',
+             *(json.dumps({"text": t}, ensure_ascii=False) for t in good[1:])]
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")  # enough documents left to fill every split
     _assert_fails(make_config(tmp_path, domain=[{"path": str(p)}]), r"docs\.jsonl:2: expected one JSON object per line")
     cfg = make_config(tmp_path, domain=[{"path": str(p), "on_bad_record": "skip"}], general=[])
     res = run_stage(prepare_stage(), cfg, tracker_factory=NO_TRACKER)

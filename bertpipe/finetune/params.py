@@ -6,6 +6,7 @@ reruns only that task's finetunes.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -192,10 +193,11 @@ class FinetuneParams(_Strict):
             raise ValueError(f"encoders must be distinct names from ['base', 'adapted'] (got {v})")
         return v
 
-    @field_validator("tasks")
+    @field_validator("tasks", mode="before")  # before: a bad name is the error, not a field of its task
     @classmethod
-    def _task_names(cls, v: dict[str, TaskParams]) -> dict[str, TaskParams]:
-        for name in v:
-            if not name or "/" in name or name.startswith("."):
-                raise ValueError(f"task name {name!r} must be a plain directory name")
+    def _task_names(cls, v: Any) -> Any:
+        for name in v if isinstance(v, dict) else ():
+            # It is a dotted params path (finetune.tasks.<name>), a directory and an MLflow model name suffix.
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", str(name)):
+                raise ValueError(f"task name {name!r} must be letters, digits, '_' or '-' (no dots or slashes)")
         return v

@@ -11,12 +11,12 @@ import glob as globlib
 import io
 import json
 import re
-import sqlite3
 from pathlib import Path
 from typing import Callable, Iterator
 
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.params import SourceParams
+from bertpipe.sqlite_io import reading
 
 SUFFIX_FORMATS = {
     ".txt": "txt",
@@ -250,21 +250,12 @@ class Ingest:
     def _read_sqlite(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
         sql = f"SELECT * FROM ({src.query}) WHERE {src.where}" if src.where.strip() else src.query
         name = src.name or path.stem
-        try:
-            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        except sqlite3.Error as e:
-            raise BertpipeError(f"{path}: cannot open as SQLite ({e})") from None
-        try:
-            try:
-                cur = con.execute(sql)
-            except sqlite3.Error as e:
-                raise BertpipeError(f"{path}: the sqlite query failed ({e}); check query/where") from None
+        with reading(path, "the sqlite query failed", "check query/where") as con:
+            cur = con.execute(sql)
             cols = [d[0] for d in cur.description or []]
             self._check_columns(path, cols, src)
             for n, values in enumerate(cur, 1):
                 yield f"{name}:{n}", n, dict(zip(cols, values))
-        finally:
-            con.close()
 
     @staticmethod
     def _check_columns(path: Path, have: list[str], src: SourceParams) -> None:

@@ -142,6 +142,18 @@ def _report(results: list[CorpusResult], stats: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_splits(res: CorpusResult) -> None:
+    """An empty valid/test split is a failure here, not hours later in pretrain or evaluate."""
+    empty = [sp for sp, v in res.stats["splits"].items() if not v["docs"]]
+    if empty:
+        s = res.stats
+        raise BertpipeError(
+            f"prepare.{res.name}: {s['kept']:,} of {s['ingested']:,} documents left after cleaning and deduplication "
+            f"({s['exact']['removed']:,} exact, {s['near']['removed']:,} near duplicates removed), too few leak groups "
+            f"to fill every split ({', '.join(empty)} would be empty); add data or relax prepare.clean/prepare.dedup"
+        )
+
+
 def build(ctx) -> dict:
     p: PrepareParams = ctx.params
     started = time.perf_counter()
@@ -153,6 +165,7 @@ def build(ctx) -> dict:
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
         res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
                              keep_out=keep_out)
+        _check_splits(res)
         _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
         results.append(res)

@@ -18,7 +18,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.pretrain.train import eval_batches, setup_distributed, train
+from bertpipe.pretrain.train import eval_batches, safe_load, setup_distributed, train
 
 VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
 
@@ -88,7 +88,7 @@ def _build(ctx, d) -> dict:
     best_path = ctx.scratch / "best.pt"
     chosen = "last"
     if p.output == "best" and best_path.is_file():
-        best = torch.load(best_path, map_location="cpu", weights_only=False)
+        best = safe_load(best_path)
         mlm.load_state_dict(best["model"])
         chosen = f"best (step {best['step']})"
     lengths = np.array([len(e) for e in train_ex])

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from bertpipe.errors import BertpipeError
 from bertpipe.pretrain.data import Example, collate, epoch_batches
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
 from bertpipe.pretrain.model import PretrainModel
@@ -82,16 +83,46 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
 # ---------------------------------------------------------------- checkpoints
 
 
+def plain(obj):
+    """``obj`` as tensors and plain Python values only (numpy scalars become numbers), so it loads with
+    ``weights_only=True``: a checkpoint is data, never code to unpickle."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"checkpoint value of type {type(obj).__name__} is not a tensor or plain value")
+
+
 def atomic_save(obj, path: Path) -> None:
     """Write then rename: a reader (or a resumed run after SIGKILL) sees the old file or the new one, never half."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(plain(obj), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def safe_load(path: Path) -> dict:
+    """Load a checkpoint with ``weights_only=True``; anything else in it (a crafted pickle) is refused."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise BertpipeError(f"{path}: not a checkpoint of tensors and plain values, refusing to load it ({first}); "
+                            f"delete it to start this stage over") from None
 
 
 def load_checkpoint(scratch: Path) -> dict | None:
     p = scratch / "last.pt"
-    return torch.load(p, map_location="cpu", weights_only=False) if p.is_file() else None
+    return safe_load(p) if p.is_file() else None
 
 
 # ---------------------------------------------------------------- schedule

@@ -244,7 +244,7 @@ def _hub_offline():
 
 def build(ctx: StageContext) -> dict:
     from bertpipe.tracking import client as mlflow_client
-    from bertpipe.tracking import experiment_id, fluent_mlflow, tracking_uri
+    from bertpipe.tracking import display_uri, experiment_id, fluent_mlflow, tracking_uri
 
     cfg = ctx.cfg
     client = mlflow_client(cfg)
@@ -271,7 +271,7 @@ def build(ctx: StageContext) -> dict:
             for c, rec in decided:
                 _apply(ctx, client, c, rec)
                 records.append(rec)
-    write_json(ctx.out / "registry.json", {"tracking_uri": tracking_uri(cfg), "models": records})
+    write_json(ctx.out / "registry.json", {"tracking_uri": display_uri(tracking_uri(cfg)), "models": records})
     (ctx.out / "decision.md").write_text(D.report(records), encoding="utf-8")
     for name in ("registry.json", "decision.md"):
         ctx.log_artifact(ctx.out / name)
