@@ -158,10 +158,11 @@ def retrain_cmd(
     add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    load(params, profile, set_)
-    for p in add:
-        if not Path(p).is_file():
-            raise BertpipeError(f"--add {p}: not a file")
+    from bertpipe.incoming import check_file
+
+    cfg = load(params, profile, set_)
+    for p in add:  # every file as prepare will read it, before Prefect starts and before anything is copied
+        check_file(cfg, Path(p))
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
     from flows.domain_adaptation import summary
     from flows.retrain import retrain

@@ -207,3 +207,38 @@ def mlm_loss(
         count += int(mask.sum())
     return total / count if count else float("nan")
 
+
+
+INITS = ("mean", "mean_cov", "random")
+
+
+def compare_inits(model, base_tok, new_tok, texts: Sequence[str], methods: Sequence[str] = INITS,
+                  max_length: int = 128, seed: int = 0) -> dict[str, float]:
+    """Held-out MLM loss of ``model`` extended to ``new_tok`` with each init in ``methods`` (on a copy; ``model`` is
+    left as it is). Every candidate is scored on the same masked positions of ``texts``."""
+    import copy
+
+    out = {}
+    for method in methods:
+        trial = copy.deepcopy(model)
+        extend_model(trial, base_tok, new_tok, method, seed=seed)
+        out[method] = mlm_loss(trial, new_tok, texts, max_length=max_length, seed=seed)
+        del trial
+    return out
+
+
+def choose_init(requested: str, scored: dict[str, float]) -> tuple[str, str]:
+    """(init to use, why). ``best`` takes the lowest held-out loss (mean when nothing could be scored); a named init
+    is used as asked, with the comparison still reported."""
+    finite = {m: v for m, v in scored.items() if v == v}
+    if requested != "best":
+        if finite and requested in finite and min(finite.values()) < finite[requested]:
+            best = min(finite, key=finite.get)
+            return requested, f"as vocab.init asks, though {best} scored better ({finite[best]:.4f} vs " \
+                              f"{finite[requested]:.4f})"
+        return requested, "as vocab.init asks"
+    if not finite:
+        return "mean", "nothing to score (no new ids or no held-out texts): mean of the pieces"
+    best = min(finite, key=finite.get)
+    others = ", ".join(f"{m} {v:.4f}" for m, v in sorted(finite.items(), key=lambda x: x[1]) if m != best)
+    return best, f"lowest held-out MLM loss: {finite[best]:.4f}" + (f"; {others}" if others else "")
