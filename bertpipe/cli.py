@@ -158,11 +158,9 @@ def retrain_cmd(
     add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    from bertpipe.incoming import check_file
+    from bertpipe.incoming import plan
 
-    cfg = load(params, profile, set_)
-    for p in add:  # every file as prepare will read it, before Prefect starts and before anything is copied
-        check_file(cfg, Path(p))
+    plan(load(params, profile, set_), list(add))  # every file as prepare will read it, before Prefect starts
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
     from flows.domain_adaptation import summary
     from flows.retrain import retrain

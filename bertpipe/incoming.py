@@ -59,25 +59,31 @@ def check_file(cfg: Config, path: Path) -> int:
     return usable
 
 
-def add_files(cfg: Config, paths: list[str]) -> list[Path]:
-    """Validate every file, then copy each into the drop dir (atomically; the originals are never touched).
-    A file already there with the same bytes counts as added; one with other content under that name is an error."""
+def plan(cfg: Config, paths: list[str]) -> list[tuple[Path, Path]]:
+    """(file, where it goes in the drop dir) for every file, each checked; copies nothing. A file already there
+    with the same bytes counts as added; one with other content under that name is an error."""
     drop = drop_dir(cfg)
-    plan: list[tuple[Path, Path]] = []
+    out: list[tuple[Path, Path]] = []
     for p in paths:
         src = Path(p)
         check_file(cfg, src)
         dest = drop / src.name
         if dest.exists() and dest.read_bytes() != src.read_bytes():
             raise BertpipeError(f"--add {p}: {dest} already exists with other content; rename the new file")
-        if any(d == dest for _, d in plan):
+        if any(d == dest for _, d in out):
             raise BertpipeError(f"--add {p}: two files named {src.name}; rename one")
-        plan.append((src, dest))
-    drop.mkdir(parents=True, exist_ok=True)
-    for src, dest in plan:
+        out.append((src, dest))
+    return out
+
+
+def add_files(cfg: Config, paths: list[str]) -> list[Path]:
+    """Check every file (``plan``), then copy each into the drop dir (atomically; the originals are never touched)."""
+    todo = plan(cfg, paths)
+    drop_dir(cfg).mkdir(parents=True, exist_ok=True)
+    for src, dest in todo:
         if dest.exists():
             continue
-        tmp = drop / f".{src.name}.tmp"
+        tmp = dest.with_name(f".{src.name}.tmp")
         shutil.copyfile(src, tmp)
         os.replace(tmp, dest)
-    return [d for _, d in plan]
+    return [d for _, d in todo]
