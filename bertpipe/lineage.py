@@ -105,29 +105,8 @@ def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[
         mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, CHAMPION)
     except Exception:  # no such model/alias/version, or no registry: there is nothing to continue from
         return None
-    dest = cfg.state / "exported" / f"{name}-v{mv.version}"
-    if not (dest / "config.json").exists():
-        if version is None:
-            export_model(cfg, name)
-        else:
-            _export_pinned(cfg, name, str(mv.version), dest)
-    return str(mv.version), dest
-
-
-def _export_pinned(cfg: Config, name: str, version: str, dest: Path) -> None:
-    import os
-    import shutil
-
-    from bertpipe.tracking import fluent_mlflow
-
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with fluent_mlflow(cfg) as mlflow:
-        pipe = mlflow.transformers.load_model(f"models:/{name}/{version}")
-    pipe.model.save_pretrained(str(tmp))
-    pipe.tokenizer.save_pretrained(str(tmp))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    dest = export_model(cfg, name, version=str(mv.version))
+    return (str(mv.version), dest) if dest is not None else None
 
 
 def _from_record(cfg: Config, rec: dict) -> Start | None:

@@ -130,9 +130,10 @@ def describe_versions(client, name: str) -> list[dict]:
     return rows
 
 
-def export_model(cfg, name: str, alias: str = CHAMPION):
-    """A registered version as a plain save_pretrained dir (model + tokenizer) under paths.state/exported, or None
-    when ``name@alias`` does not exist. Cached by version: exporting the same version twice reads nothing."""
+def export_model(cfg, name: str, alias: str = CHAMPION, version: str | None = None):
+    """A registered version (``name@alias``, or ``version`` when given) as a plain save_pretrained dir (model +
+    tokenizer) under paths.state/exported, or None when it does not exist. Cached by version: exporting the same
+    version twice reads nothing."""
     import os
     import shutil
 
@@ -140,7 +141,7 @@ def export_model(cfg, name: str, alias: str = CHAMPION):
 
     c = client(cfg)
     try:
-        mv = c.get_model_version_by_alias(name, alias)
+        mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, alias)
     except Exception:
         return None
     dest = cfg.state / "exported" / f"{name}-v{mv.version}"
