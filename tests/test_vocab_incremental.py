@@ -139,3 +139,20 @@ def test_vocab_stage_extends_the_starting_encoder_and_only_its_new_rows(tmp_path
     assert m["unk_rate_after"] <= m["unk_rate_before"] and m["unk_tokens_after"] < m["unk_tokens_before"]
     report = (r2.out / "report.md").read_text(encoding="utf-8")
     assert f"initialised with **{m['init']}**" in report and "mean_cov init" in report and "champion" in report
+
+
+def test_eval_length_beyond_the_model_positions_is_clamped(tmp_path, sample_raw, zh_tokenizer_dir, capsys):
+    from transformers import BertConfig, BertForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(zh_tokenizer_dir)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=32)).save_pretrained(tmp_path / "base-model")
+    tok.save_pretrained(tmp_path / "base-model")
+    texts = legal_texts(sample_raw, 200)
+    assert max(len(t) for t in texts) > 64  # longer than the 32 positions: unclamped, the loss would crash
+    write_corpus(tmp_path / "work" / "prepare" / "domain", texts, texts[:20])
+    cfg = load_config(_params(tmp_path, zh_tokenizer_dir), overrides=["vocab.eval_max_length=512"])
+    res = run_stage(vocab_stage(), cfg, tracker_factory=NO_TRACKING)
+    assert res.metrics["init"] in INITS and res.metrics["added_tokens"] > 0
+    assert "vocab.eval_max_length=512 exceeds the model's 32 positions" in capsys.readouterr().err
