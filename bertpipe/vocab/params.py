@@ -31,8 +31,8 @@ class VocabParams(BaseModel):
     max_chars: int = Field(0, ge=0)
     # New embedding rows: "best" scores every init below on held-out (valid) text right after extension and keeps
     # the one with the lowest MLM loss (the report shows the comparison); or force one: mean of the base pieces'
-    # rows, mean-and-covariance sampling, or random.
-    init: Literal["best", "mean", "mean_cov", "random"] = "best"
+    # rows (output bias: their mean, or the rarest piece's minus ln(pieces)), mean-and-covariance sampling, random.
+    init: Literal["best", "mean", "mean_rare_bias", "mean_cov", "random"] = "best"
     # A base checkpoint without an MLM head (an encoder-only BertModel) gets a fresh head, fitted this many steps on
     # the train split with everything else frozen (batches of 16); a random head would make any MLM loss meaningless.
     head_fit_steps: int = Field(200, ge=0, le=100_000)
