@@ -106,7 +106,7 @@ def write_report(
         "",
         "## Valid split, before and after",
         "",
-        "| | base | extended |",
+        "| | before (starting tokenizer) | extended |",
         "|---|---|---|",
         f"| tokens per character | {_fmt(before['tokens_per_char'])} | {_fmt(after['tokens_per_char'])} |",
         f"| [UNK] rate (unknown characters per character) | {_fmt(before['unk_rate'], 6)} | "
