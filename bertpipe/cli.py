@@ -208,10 +208,9 @@ def retrain_cmd(
     add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    load(params, profile, set_)
-    for p in add:
-        if not Path(p).is_file():
-            raise BertpipeError(f"--add {p}: not a file")
+    from bertpipe.incoming import plan
+
+    plan(load(params, profile, set_), list(add))  # every file as prepare will read it, before Prefect starts
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
     from flows.domain_adaptation import summary
     from flows.retrain import retrain

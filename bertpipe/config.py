@@ -47,8 +47,8 @@ class ModelParams(Section):
     # Tokenizer of the base model. Empty means "the one saved with `base`".
     tokenizer: str = ""
     language: Literal["zh", "en"] = "zh"
-    # Continue pretraining from this encoder (a save_pretrained dir) instead of the vocab stage's extended base;
-    # `bertpipe retrain` sets it to the exported champion encoder when flow.retrain_from is "champion".
+    # Force where domain adaptation starts (a save_pretrained dir): the vocab stage extends this encoder and
+    # pretraining continues from it. Empty: bertpipe.lineage decides (the base, or the champion per flow.retrain_from).
     continue_from: str = ""
 
 

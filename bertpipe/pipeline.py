@@ -102,10 +102,15 @@ def vocab_stage() -> Stage:
     from bertpipe.vocab import stage as m
 
     def inputs(cfg: Config) -> dict:
+        # The encoder to extend: the base, or the champion when new data arrived (bertpipe.lineage decides, for
+        # every front door alike).
+        from bertpipe.lineage import resolve
+
+        start = resolve(cfg)
         return {
             "corpus": corpus_dir(cfg, "domain"),
-            "model": base_model(cfg),
-            "tokenizer": base_tokenizer(cfg),
+            "model": start.model,
+            "tokenizer": start.tokenizer,
             **m.own_inputs(cfg),
         }
 
@@ -117,9 +122,9 @@ def pretrain_stage() -> Stage:
     from bertpipe.pretrain import stage as m
 
     def inputs(cfg: Config) -> dict:
-        start = cfg.params.model.continue_from.strip()
-        model = cfg.path(start) if start else cfg.work / "vocab" / "model"
-        return {"corpus": corpus_dir(cfg, "domain"), "model": model}
+        # Always the vocab stage's model: the base or the champion encoder (see bertpipe.lineage), with the words
+        # mined from the current corpus added.
+        return {"corpus": corpus_dir(cfg, "domain"), "model": cfg.work / "vocab" / "model"}
 
     return Stage("pretrain", m.VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain", m.build,
                  params_section="pretrain")

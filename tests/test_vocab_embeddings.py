@@ -4,6 +4,7 @@ gives a lower held-out MLM loss than random init."""
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,21 @@ def test_mean_init_is_the_mean_of_the_pieces(tiny, tiny_model):
     # "㸃" is [UNK] in the base: it starts from the [UNK] row.
     i = ext.convert_tokens_to_ids("㸃")
     torch.testing.assert_close(emb[i], old[base.unk_token_id])
+
+
+def test_mean_rare_bias_init_keeps_the_mean_rows_and_starts_words_below_their_rarest_piece(tiny, tiny_model):
+    import math
+
+    _, base, ext = tiny
+    old = output_bias(tiny_model).detach().clone()
+    mean_model = copy.deepcopy(tiny_model)
+    extend_model(mean_model, base, ext, "mean")
+    extend_model(tiny_model, base, ext, "mean_rare_bias")
+    assert torch.equal(tiny_model.get_input_embeddings().weight, mean_model.get_input_embeddings().weight)
+    bias = output_bias(tiny_model)
+    for i in range(len(base), len(ext)):
+        pieces = base(ext.convert_ids_to_tokens(i).removeprefix("##"), add_special_tokens=False)["input_ids"]
+        torch.testing.assert_close(bias[i], old[pieces].min() - math.log(len(pieces)))
     assert piece_ids(base, ["##㸃"]) == [[base.unk_token_id]]
 
 

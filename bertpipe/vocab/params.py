@@ -29,12 +29,15 @@ class VocabParams(BaseModel):
     unk_char_min_freq: int = Field(1, ge=0)
     # Mine on at most this many characters of the train split (0 = all): bounds jieba's time on big corpora.
     max_chars: int = Field(0, ge=0)
-    # New embedding rows: mean of the base pieces' rows, mean-and-covariance sampling, or random (ablation).
-    init: Literal["mean", "mean_cov", "random"] = "mean"
+    # New embedding rows: "best" scores every init below on held-out (valid) text right after extension and keeps
+    # the one with the lowest MLM loss (the report shows the comparison); or force one: mean of the base pieces'
+    # rows (output bias: their mean, or the rarest piece's minus ln(pieces)), mean-and-covariance sampling, random.
+    init: Literal["best", "mean", "mean_rare_bias", "mean_cov", "random"] = "best"
     # A base checkpoint without an MLM head (an encoder-only BertModel) gets a fresh head, fitted this many steps on
     # the train split with everything else frozen (batches of 16); a random head would make any MLM loss meaningless.
     head_fit_steps: int = Field(200, ge=0, le=100_000)
-    # Held-out (valid) texts on which the MLM loss right after extension is compared across inits; 0 skips it.
+    # Held-out (valid) texts on which the MLM loss right after extension is compared across inits; 0 skips it
+    # (init "best" then falls back to mean). eval_max_length is clamped to the model's positions.
     eval_texts: int = Field(64, ge=0, le=100_000)
     eval_max_length: int = Field(128, ge=8, le=4096)
     seed: int = 0

@@ -46,7 +46,7 @@ def write_figure(path: Path, before: dict, after: dict, losses: dict[str, float]
         return False
     panels = [
         ("tokens per character", "tokens_per_char"),
-        ("[UNK] rate", "unk_rate"),
+        ("[UNK] characters per character", "unk_rate"),
         ("throughput (chars/s)", "chars_per_s"),
     ]
     n = len(panels) + (1 if losses else 0)
@@ -73,6 +73,8 @@ def write_report(
     base_src: str,
     model_src: str,
     mining,
+    start: str = "",
+    init: tuple[str, str] = ("", ""),
     rows: Sequence[dict],
     before: dict,
     after: dict,
@@ -88,7 +90,8 @@ def write_report(
     lines = [
         "# vocab: domain words added to the tokenizer",
         "",
-        f"- base tokenizer: `{base_src}`; base model: `{model_src}`; language: {language}",
+        f"- extended: {start or model_src}; tokenizer `{base_src}`, model `{model_src}`; language: {language}. Every "
+        "id of the starting tokenizer keeps its number; new ids follow them.",
         f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} jieba "
         f"words) in {mining.seconds:.1f} s; {mining.n_candidates} candidates passed the filters",
         f"- added {len(rows)} ids: {len(words)} words as added tokens "
@@ -99,12 +102,18 @@ def write_report(
         "vocab with their ## forms. Everything else tokenises exactly as before.",
         f"- MLM head: {head_note}",
         "",
+        f"- new rows initialised with **{init[0]}** ({init[1]})" if init[0] else "",
+        "",
         "## Valid split, before and after",
         "",
-        "| | base | extended |",
+        "| | before (starting tokenizer) | extended |",
         "|---|---|---|",
         f"| tokens per character | {_fmt(before['tokens_per_char'])} | {_fmt(after['tokens_per_char'])} |",
-        f"| [UNK] rate (per token) | {_fmt(before['unk_rate'], 6)} | {_fmt(after['unk_rate'], 6)} |",
+        f"| [UNK] rate (unknown characters per character) | {_fmt(before['unk_rate'], 6)} | "
+        f"{_fmt(after['unk_rate'], 6)} |",
+        f"| [UNK] tokens | {int(before['unk_tokens'])} | {int(after['unk_tokens'])} |",
+        f"| [UNK] per token (falls or rises with the token count) | {_fmt(before['unk_token_rate'], 6)} | "
+        f"{_fmt(after['unk_token_rate'], 6)} |",
         f"| tokens | {int(before['tokens'])} | {int(after['tokens'])} |",
         f"| throughput (chars/s, best of 3, alternating) | {before['chars_per_s']:.0f} | {after['chars_per_s']:.0f} |",
         "",
@@ -115,8 +124,9 @@ def write_report(
         lines += [
             "## MLM loss on held-out valid text right after extension",
             "",
-            "Same masked positions for every extended model (15% of tokens, fixed seed); `base` uses the base "
-            "tokenizer, so its positions differ.",
+            "Same masked positions for every extended model (15% of tokens, fixed seed); the lowest decides the init "
+            "when vocab.init is `best`. `start` is the starting model with its own tokenizer, so its positions "
+            "differ.",
             "",
             "| model | loss |",
             "|---|---|",

@@ -1,4 +1,5 @@
-"""The vocab stage: mine domain words, extend the base tokenizer, resize the model and initialise the new rows.
+"""The vocab stage: mine domain words, extend the starting encoder's tokenizer, resize the model and initialise the
+new rows. The starting encoder is the base, or on a retrain the champion (``bertpipe.lineage``): its ids never move.
 
 Output (``ctx.out``): ``tokenizer/``, ``model/`` (model + the same tokenizer, loadable with the Auto classes alone),
 ``added_tokens.tsv``, ``report.md``, ``vocab.png``.
@@ -14,7 +15,7 @@ import torch
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import embeddings, extend, mining, report
 
-VERSION = "1"
+VERSION = "2"
 
 
 def own_inputs(cfg) -> dict:
@@ -42,9 +43,17 @@ def _glossaries(ctx) -> list[mining.GlossaryTerm]:
 
 
 def build(ctx) -> dict:
+    from bertpipe import lineage
+    from bertpipe.modelinfo import clamp_seq_len
+
     p = ctx.params
     language = ctx.cfg.params.model.language
     torch.manual_seed(p.seed)
+    start = lineage.resolve(ctx.cfg)
+    if str(start.model) != str(ctx.inputs["model"]):
+        raise BertpipeError(f"vocab: the starting encoder changed while this run started ({ctx.inputs['model']} -> "
+                            f"{start.model}; a model was registered or promoted meanwhile): run again")
+    ctx.log(f"extending {start.describe()}")
     glossary = _glossaries(ctx)
     train = read_texts(ctx.inputs["corpus"], "train")
     valid = read_texts(ctx.inputs["corpus"], "valid")
@@ -53,34 +62,41 @@ def build(ctx) -> dict:
     base_tok = extend.load_tokenizer(ctx.inputs["tokenizer"])
 
     ctx.log(f"mining {len(train)} train texts with jieba (HMM {'on' if p.hmm else 'off'})")
+    # Mined against the starting tokenizer: words it already has (a champion's earlier additions) are one piece
+    # and never candidates again, so only new words are added, after every existing id.
     mined = mining.mine(train, base_tok, language, p, glossary)
     forms = [f for f, _ in mined.unk_forms]
     ext_tok = extend.extend_tokenizer(base_tok, [c.word for c in mined.candidates], forms)
     new_ids = extend.new_token_ids(base_tok, ext_tok)
+    moved = extend.moved_ids(base_tok, ext_tok)
+    if moved:  # a model finetuned on the starting encoder would read other ids for these: never ship that
+        raise BertpipeError(f"vocab: extending {start.describe()} moved {len(moved)} existing ids (e.g. {moved[0]!r})")
     ctx.log(f"added {len(new_ids)} ids ({len(mined.candidates)} words, {len(forms)} [UNK]-character forms)")
 
     model, head_missing = embeddings.load_mlm(ctx.inputs["model"], log=ctx.log)
+    max_length = clamp_seq_len(p.eval_max_length, model, "vocab.eval_max_length", ctx.log)
     head_note = "loaded from the checkpoint"
     if head_missing:
         head_note = "absent from the checkpoint: initialised fresh"
         if p.head_fit_steps > 0:
-            last = embeddings.fit_head(model, base_tok, train, p.head_fit_steps, seed=p.seed, log=ctx.log)
+            last = embeddings.fit_head(model, base_tok, train, p.head_fit_steps, max_length=max_length, seed=p.seed,
+                                       log=ctx.log)
             head_note += f", then fitted {p.head_fit_steps} steps on the train split, encoder frozen (loss {last:.3f})"
     ctx.log(f"MLM head {head_note}")
 
+    # Which initialisation of the new rows predicts held-out text best: each candidate on the same masked positions.
     eval_texts = valid[: p.eval_texts]
+    kw = dict(max_length=max_length, seed=p.seed)
     losses: dict[str, float] = {}
     if eval_texts:
-        kw = dict(max_length=p.eval_max_length, seed=p.seed)
-        losses["base (base tokenizer)"] = embeddings.mlm_loss(model, base_tok, eval_texts, **kw)
-        if p.init != "random" and new_ids:
-            ablation = copy.deepcopy(model)
-            embeddings.extend_model(ablation, base_tok, ext_tok, "random", seed=p.seed)
-            losses["random init"] = embeddings.mlm_loss(ablation, ext_tok, eval_texts, **kw)
-            del ablation
-    init_stats = embeddings.extend_model(model, base_tok, ext_tok, p.init, seed=p.seed)
-    if eval_texts:
-        losses[f"{p.init} init"] = embeddings.mlm_loss(model, ext_tok, eval_texts, **kw)
+        losses["start (its own tokenizer)"] = embeddings.mlm_loss(model, base_tok, eval_texts, **kw)
+    scored = embeddings.compare_inits(model, base_tok, ext_tok, eval_texts, embeddings.INITS, **kw) \
+        if eval_texts and new_ids else {}
+    losses.update({f"{m} init": v for m, v in scored.items()})
+    chosen, why = embeddings.choose_init(p.init, scored)
+    ctx.log(f"init of the {len(new_ids)} new rows: {chosen} ({why})")
+    init_stats = embeddings.extend_model(model, base_tok, ext_tok, chosen, seed=p.seed)
+    model.config.update({lineage.KEY: lineage.lineage_record(ctx.cfg, start)})
 
     out = Path(ctx.out)
     ext_tok.save_pretrained(out / "tokenizer")
@@ -99,11 +115,13 @@ def build(ctx) -> dict:
         language=language,
         base_src=str(ctx.inputs["tokenizer"]),
         model_src=str(ctx.inputs["model"]),
+        start=start.describe(),
         mining=mined,
         rows=rows,
         before=before,
         after=after,
         losses=losses,
+        init=(chosen, why),
         glossary_rows=glossary_rows,
         head_note=head_note,
         params=ctx.cfg.section_dict("vocab"),
@@ -117,6 +135,7 @@ def build(ctx) -> dict:
         {
             "train_texts": len(train),
             "valid_texts": len(valid),
+            "start_vocab_size": len(base_tok),
             "added_tokens": len(new_ids),
             "added_words": sum(r["kind"] != "unk_char" for r in rows),
             "added_unk_chars": sum(r["kind"] == "unk_char" for r in rows),
@@ -132,6 +151,8 @@ def build(ctx) -> dict:
         "tokens_per_char_after": after["tokens_per_char"],
         "unk_rate_before": before["unk_rate"],
         "unk_rate_after": after["unk_rate"],
+        "unk_tokens_before": before["unk_tokens"],
+        "unk_tokens_after": after["unk_tokens"],
         "speed_ratio": after["chars_per_s"] / max(before["chars_per_s"], 1e-9),
         "chars_per_s_before": before["chars_per_s"],
         "chars_per_s_after": after["chars_per_s"],
@@ -142,9 +163,10 @@ def build(ctx) -> dict:
     ctx.log_metrics(metrics)
     ctx.log(
         f"tokens/char {before['tokens_per_char']:.4f} -> {after['tokens_per_char']:.4f}, "
-        f"UNK {before['unk_rate']:.2e} -> {after['unk_rate']:.2e}, speed {metrics['speed_ratio']:.2f}x"
+        f"UNK chars/char {before['unk_rate']:.2e} -> {after['unk_rate']:.2e}, speed {metrics['speed_ratio']:.2f}x"
     )
-    return metrics
+    # Strings go to the manifest only (MLflow metrics are numbers).
+    return {**metrics, "init": chosen, "init_reason": why, "start": start.describe()}
 
 
 def _rows(ext_tok, base_tok, mined, new_ids) -> list[dict]:

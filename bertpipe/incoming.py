@@ -1,0 +1,89 @@
+"""The drop dir (``flow.drop_dir``): new domain files enter it only after prepare has been shown able to read them.
+
+A file that prepare cannot read would make every later run fail until someone deleted it by hand, and a file the
+incoming source's glob does not match would be reported as added and then silently ignored. So `bertpipe retrain
+--add` reads each file exactly as prepare will (``bertpipe.prepare.ingest`` with ``flow.incoming_source``) before
+copying anything; one bad file rejects the whole call and the drop dir stays as it was.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from pathlib import Path
+
+from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
+
+
+def drop_dir(cfg: Config) -> Path:
+    return cfg.path(cfg.params.flow.drop_dir)
+
+
+def _source(cfg: Config, path: Path):
+    from pydantic import ValidationError
+
+    from bertpipe.prepare.params import SourceParams
+
+    try:
+        return SourceParams.model_validate({**cfg.params.flow.incoming_source, "path": str(path)})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise BertpipeError(f"flow.incoming_source.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def check_file(cfg: Config, path: Path) -> int:
+    """Usable records in ``path`` read as prepare will read it from the drop dir; a one-line error otherwise."""
+    from bertpipe.prepare.ingest import Ingest, file_format
+
+    if not path.is_file():
+        raise BertpipeError(f"--add {path}: not a file")
+    src = _source(cfg, path)
+    pattern = src.glob or "*"
+    if path.name.startswith(".") or not fnmatch.fnmatch(path.name, pattern):
+        raise BertpipeError(f"--add {path}: prepare reads only files matching {pattern!r} (not starting with '.') "
+                            "from the drop dir (flow.incoming_source.glob); rename the file")
+    ingest = Ingest(cfg.path)
+    reader = getattr(ingest, f"_read_{file_format(src, path)}")
+    usable = 0
+    try:
+        for _, _, row in reader(src, path):
+            text = row.get(src.text_field)
+            usable += isinstance(text, str) and bool(text.strip())
+    except BertpipeError as e:
+        raise BertpipeError(f"--add {e}") from None
+    if not usable:
+        raise BertpipeError(f"--add {path}: no record with a non-empty {src.text_field!r} field "
+                            f"(flow.incoming_source.text_field); nothing for prepare to read")
+    return usable
+
+
+def plan(cfg: Config, paths: list[str]) -> list[tuple[Path, Path]]:
+    """(file, where it goes in the drop dir) for every file, each checked; copies nothing. A file already there
+    with the same bytes counts as added; one with other content under that name is an error."""
+    drop = drop_dir(cfg)
+    out: list[tuple[Path, Path]] = []
+    for p in paths:
+        src = Path(p)
+        check_file(cfg, src)
+        dest = drop / src.name
+        if dest.exists() and dest.read_bytes() != src.read_bytes():
+            raise BertpipeError(f"--add {p}: {dest} already exists with other content; rename the new file")
+        if any(d == dest for _, d in out):
+            raise BertpipeError(f"--add {p}: two files named {src.name}; rename one")
+        out.append((src, dest))
+    return out
+
+
+def add_files(cfg: Config, paths: list[str]) -> list[Path]:
+    """Check every file (``plan``), then copy each into the drop dir (atomically; the originals are never touched)."""
+    todo = plan(cfg, paths)
+    drop_dir(cfg).mkdir(parents=True, exist_ok=True)
+    for src, dest in todo:
+        if dest.exists():
+            continue
+        tmp = dest.with_name(f".{src.name}.tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    return [d for _, d in todo]

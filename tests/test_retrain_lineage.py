@@ -1,0 +1,99 @@
+"""Where pretraining starts (bertpipe.lineage), against a real MLflow registry: the same answer for every front
+door, continuing from the champion only when the corpus changed since it was trained, and reproducing the
+champion's own start otherwise (so a rerun after a retrain rebuilds nothing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bertpipe import lineage
+from bertpipe.config import load_config
+from bertpipe.pipeline import all_stages
+from tests.e2e_project import write_project
+
+NAME = "bertpipe-encoder"
+
+
+@pytest.fixture()
+def project(tmp_path, sample_raw):
+    return write_project(tmp_path / "proj", sample_raw)
+
+
+def _client(cfg):
+    from bertpipe.tracking import client
+
+    return client(cfg)
+
+
+def _register(cfg, lineage_rec: dict | None) -> str:
+    """A registered encoder version whose export (the per-version cache lineage reads) carries ``lineage_rec``."""
+    c = _client(cfg)
+    try:
+        c.create_registered_model(NAME)
+    except Exception:
+        pass
+    src = cfg.state / "sources" / str(len(c.search_model_versions(f"name='{NAME}'")) + 1)
+    src.mkdir(parents=True)
+    mv = c.create_model_version(NAME, source=src.resolve().as_uri())
+    exported = cfg.state / "exported" / f"{NAME}-v{mv.version}"
+    exported.mkdir(parents=True)
+    conf = {"model_type": "bert"}
+    if lineage_rec is not None:
+        conf[lineage.KEY] = lineage_rec
+    (exported / "config.json").write_text(json.dumps(conf))
+    c.set_registered_model_alias(NAME, "champion", mv.version)
+    return str(mv.version)
+
+
+def test_no_registry_means_the_base_and_creates_no_store(project):
+    cfg = load_config(project)
+    start = lineage.resolve(cfg)
+    assert start.kind == "base" and start.model == cfg.work / "base" / "model"
+    assert not (cfg.state / "mlflow.db").exists()
+
+
+def test_champion_lineage_rules(project):
+    cfg = load_config(project)
+    corpus = lineage.corpus_id(cfg)
+    assert corpus and corpus == lineage.corpus_id(load_config(project))
+
+    # v1 was trained from the base on exactly this corpus: a rerun starts where v1 started (the base).
+    v1 = _register(cfg, {"corpus": corpus, "start": {"kind": "base"}})
+    assert lineage.resolve(cfg).kind == "base"
+    # ... the vocab stage's inputs say so for every door (they all build this graph).
+    assert all_stages(cfg)["vocab"].inputs(cfg)["model"] == cfg.work / "base" / "model"
+
+    # New data in the drop dir: the corpus changed, so pretraining continues from the champion.
+    drop = project.parent / "data" / "incoming"
+    drop.mkdir(parents=True)
+    (drop / "new.jsonl").write_text(json.dumps({"id": "n1", "text": "新的法律条文。"}, ensure_ascii=False) + "\n")
+    grown = load_config(project)
+    assert lineage.corpus_id(grown) != corpus
+    start = lineage.resolve(grown)
+    assert (start.kind, start.version) == ("champion", v1)
+    assert all_stages(grown)["vocab"].inputs(grown)["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
+    assert all_stages(grown)["pretrain"].inputs(grown)["model"] == grown.work / "vocab" / "model"
+
+    # v2, trained from v1 on the grown corpus, becomes champion: a scheduled run on that corpus starts from v1
+    # again (the same inputs as the retrain that made v2, so nothing is rebuilt) ...
+    v2 = _register(grown, {"corpus": lineage.corpus_id(grown), "start": {"kind": "champion", "name": NAME,
+                                                                         "version": v1}})
+    again = lineage.resolve(grown)
+    assert (again.kind, again.version, again.model) == ("champion", v1, start.model)
+    # ... and the next new data continues from v2.
+    (drop / "newer.jsonl").write_text(json.dumps({"id": "n2", "text": "更新的法律条文。"}, ensure_ascii=False) + "\n")
+    assert lineage.resolve(load_config(project)).version == v2
+
+    # retrain_from: base always adapts the base; an explicit continue_from always wins.
+    assert lineage.resolve(load_config(project, overrides=["flow.retrain_from=base"])).kind == "base"
+    explicit = lineage.resolve(load_config(project, overrides=[f"model.continue_from={start.model}"]))
+    assert (explicit.kind, explicit.model) == ("path", Path(start.model))
+
+
+def test_a_champion_without_lineage_is_continued_from(project):
+    cfg = load_config(project)
+    v = _register(cfg, None)
+    assert (lineage.resolve(cfg).kind, lineage.resolve(cfg).version) == ("champion", v)

