@@ -109,6 +109,38 @@ def finetune_cmd(
         _run_one(f"finetune/{t}/{e}", params, profile, set_, force)
 
 
+def _run_selected(prefix: str, wanted: Optional[str], params: str, profile, set_, force: bool) -> None:
+    """Run every ``prefix/<key>`` stage of this config's graph, or the one named by ``wanted``."""
+    from bertpipe.pipeline import all_stages
+
+    cfg = load(params, profile, set_)
+    names = [n for n in all_stages(cfg) if n.startswith(prefix + "/") and wanted in (None, n.split("/", 1)[1])]
+    if not names:
+        raise BertpipeError(f"no {prefix} stage matches {wanted or '(any)'} in this config's pipeline")
+    for n in names:
+        _run_one(n, params, profile, set_, force)
+
+
+@app.command("distill", help="Distill each finetuned task into a smaller student (or one with --task).")
+@user_errors
+def distill_cmd(
+    task: Optional[str] = typer.Option(None, "--task", help="One task from distill.tasks / finetune.tasks."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    force: bool = ForceOpt,
+) -> None:
+    _run_selected("distill", task, params, profile, set_, force)
+
+
+@app.command("export", help="Export models register will log to ONNX + int8, checked against torch (or --model KEY).")
+@user_errors
+def export_cmd(
+    model: Optional[str] = typer.Option(None, "--model", help="<task>, <task>-student or encoder."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    force: bool = ForceOpt,
+) -> None:
+    _run_selected("export", model, params, profile, set_, force)
+
+
 @app.command("stages", help="List the stages of this config's pipeline and whether each is up to date.")
 @user_errors
 def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
