@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 data_app = typer.Typer(no_args_is_help=True, help="Sample data shipped inside PyPI packages.")
 app.add_typer(data_app, name="data")
-models_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: list, show, promote, rollback.")
+models_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: list, show, promote, rollback, predict.")
 app.add_typer(models_app, name="models")
 
 ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of configuration).")
@@ -334,6 +334,29 @@ def models_rollback(
     cfg, c = _registry(params, profile, set_)
     v = rollback(c, name)
     typer.echo(f"{name}: champion -> v{v}")
+
+
+@models_app.command("predict", help="Score a jsonl/csv/txt file with a registered model (NAME, NAME@alias, NAME/3).")
+@user_errors
+def models_predict(
+    model: str = typer.Argument(..., help="NAME (its champion), NAME@alias or NAME/version."),
+    input_: str = typer.Option(..., "--input", "-i", help="jsonl ({text} or {question, context}), csv or txt."),
+    output: str = typer.Option(..., "--output", "-o", help="jsonl: one line per input line, in order."),
+    backend: str = typer.Option("torch", "--backend", help="torch, onnx or int8 (the version's export files)."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad line (default: report it, go on)."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+) -> None:
+    from bertpipe.export.batch import predict_file
+    from bertpipe.export.infer import Predictor
+    from bertpipe.register.artifacts import local_version
+
+    cfg = load(params, profile, set_)
+    lv = local_version(cfg, model)
+    predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size)
+    stats = predict_file(predictor, Path(input_), Path(output), strict=strict)
+    typer.echo(f"{lv.name} v{lv.version} ({backend}): {stats['predicted']} of {stats['lines']} lines predicted, "
+               f"{stats['bad']} bad -> {output}")
 
 
 def main() -> None:  # pragma: no cover

@@ -37,6 +37,16 @@ def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
             **{k: getattr(p, k) for k in META_KEYS}}
 
 
+def meta_from_config(model_dir: Path) -> dict:
+    """A task.json for a model exported without one: type and labels from its config, default long-text handling."""
+    from bertpipe.distill.data import model_labels
+    from bertpipe.export.onnx import model_kind
+
+    conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return {"type": model_kind(model_dir), "labels": model_labels(model_dir),
+            "max_seq_len": min(int(conf.get("max_position_embeddings", 512)), 512)}
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.register.artifacts import export_section
 from bertpipe.register.registry import decide
 from bertpipe.stage import StageContext, read_manifest, write_json
 
@@ -141,15 +142,30 @@ def _rescore_champion(cfg, client, name: str, thash: str) -> float | None:
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
-    from transformers import AutoTokenizer, pipeline
+    import tempfile
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
-    info = mlflow.transformers.log_model(
-        pipe, name=name, task=task, input_example=input_example(task, language),
-        pip_requirements=reqs, registered_model_name=name,
-    )
-    return str(info.registered_model_version)
+    from bertpipe.register import artifacts as A
+
+    export_dir = A.export_dir_for(model_dir)
+    if task in ("question-answering", "token-classification"):
+        # pyfunc: QA has no transformers 5 pipeline; NER users want entities, not the flavor's bare tag string.
+        from bertpipe.register.pyfunc import log_pyfunc
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = A.task_files(model_dir, export_dir, Path(tmp) / "files")
+            version = log_pyfunc(mlflow, name, model_dir, files, input_example(task, language), reqs)
+    else:
+        from transformers import AutoTokenizer, pipeline
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
+        info = mlflow.transformers.log_model(
+            pipe, name=name, task=task, input_example=input_example(task, language),
+            pip_requirements=reqs, registered_model_name=name,
+        )
+        version = str(info.registered_model_version)
+    A.attach_export(mlflow, name, version, export_dir)
+    return version
 
 
 def build(ctx: StageContext) -> dict:
@@ -165,6 +181,8 @@ def build(ctx: StageContext) -> dict:
     for key, path in ctx.inputs.items():
         if key.startswith("finetune/"):
             candidates.append((f"{p.prefix}-{key.split('/', 1)[1]}", Path(path) / "model", Path(path)))
+        elif key.startswith("distill/"):  # students: same metrics.json schema, registered as <prefix>-<task>-student
+            candidates.append((f"{p.prefix}-{key.split('/', 1)[1]}-student", Path(path) / "model", Path(path)))
     if p.register_encoder:
         candidates.append((f"{p.prefix}-encoder", Path(ctx.inputs["adapted"]) / "model", None))
 
@@ -179,13 +197,6 @@ def build(ctx: StageContext) -> dict:
         ):
             for name, model_dir, ft_dir in candidates:
                 task = pipeline_task(model_dir)
-                if task == "question-answering":
-                    # transformers 5 dropped the QA pipeline the MLflow flavor logs through; the model stays a
-                    # plain save_pretrained dir under work/finetune (AutoModelForQuestionAnswering loads it).
-                    ctx.log(f"{name}: not registered (no question-answering pipeline in transformers 5)")
-                    records.append({"name": name, "task": task, "registered": False,
-                                    "reason": "transformers 5 has no question-answering pipeline"})
-                    continue
                 if ft_dir is not None:
                     metric, value = primary_result(json.loads((ft_dir / "metrics.json").read_text()))
                     thash = test_set_hash(ft_dir)
@@ -207,6 +218,7 @@ def build(ctx: StageContext) -> dict:
                                              ("promoted: " if d.promoted else "not promoted: ") + d.reason)
                 card = model_card(name, task, metric, value, lineage(ctx, ft_dir),
                                   _eval_table(evaluate_dir, name[len(p.prefix) + 1:]), d.reason)
+                card += export_section(client, name, version)
                 client.update_model_version(name, version, description=card)
                 aliases = client.get_model_version(name, version).aliases
                 records.append({"name": name, "version": version, "task": task, "metric": metric, "value": value,
