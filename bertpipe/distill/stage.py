@@ -23,15 +23,14 @@ def _scorer(model, split, p, labels, pad, tp, bf16):
     return H.score(model, split, p, labels, pad, tp.eval_batch_size, bf16)
 
 
-def _throughput(models: dict, feats: list, pad: int, batch_size: int, rounds: int) -> dict:
-    """Examples/s and latency of each model over the same test batches, interleaved in one run."""
+def _throughput(models: dict, feats: list, pad: int, batch_size: int, n_batches: int) -> dict:
+    """Examples/s and per-batch latency of each model over the same test batches, interleaved in one run."""
     from bertpipe.export.speed import batched, time_calls
     from bertpipe.finetune.heads import run_model
 
-    chunks = batched(feats, batch_size)[:max(1, rounds)]
-    calls = {name: (lambda m=m: sum(len(run_model(m, c, pad, batch_size, False)) for c in chunks))
-             for name, m in models.items()}
-    return time_calls(calls, rounds=3)
+    chunks = batched(feats, batch_size)[: max(1, n_batches)]
+    calls = {name: (lambda c, m=m: len(run_model(m, c, pad, batch_size, False))) for name, m in models.items()}
+    return time_calls(calls, chunks, rounds=3)
 
 
 def report_md(task: str, primary: str, rows: list[dict], speed_ratio: float, quality_ratio: float) -> str:

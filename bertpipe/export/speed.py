@@ -21,19 +21,22 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def time_calls(calls: dict[str, Callable[[], int]], rounds: int, warmup: int = 1) -> dict[str, dict]:
-    """Run each named call (returning how many examples it scored) ``rounds`` times, interleaved so that load
-    changes hit every contestant alike; returns p50/p99 latency (ms) and examples/s per name."""
+def time_calls(calls: dict[str, Callable[[object], int]], items: Sequence, rounds: int = 3, warmup: int = 1
+               ) -> dict[str, dict]:
+    """Time ``call(item)`` (returning how many examples it scored) per name over every item, ``rounds`` times,
+    interleaved per item so that load changes hit every contestant alike. Returns per name the p50/p99 latency of
+    one call (ms) and examples/s over all calls."""
     for fn in calls.values():
-        for _ in range(warmup):
-            fn()
+        for item in list(items)[:warmup]:
+            fn(item)
     times: dict[str, list[float]] = {k: [] for k in calls}
     counts: dict[str, int] = {k: 0 for k in calls}
     for _ in range(rounds):
-        for name, fn in calls.items():
-            t = time.perf_counter()
-            counts[name] += fn()
-            times[name].append(time.perf_counter() - t)
+        for item in items:
+            for name, fn in calls.items():
+                t = time.perf_counter()
+                counts[name] += fn(item)
+                times[name].append(time.perf_counter() - t)
     out = {}
     for name, ts in times.items():
         arr = np.array(ts)

@@ -14,6 +14,7 @@ The model carries the bertpipe package (``code_paths``), so loading needs no ber
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -40,15 +41,21 @@ def to_records(model_input, task_type: str) -> list[dict]:
     return [r if isinstance(r, dict) else {"text": str(r)} for r in model_input]
 
 
-class TaskModel(mlflow.pyfunc.PythonModel):
-    def load_context(self, context):
-        from bertpipe.export.infer import Predictor
+with warnings.catch_warnings():
+    # mlflow suggests type hints on predict; they would make it validate and coerce inputs, but the input here is
+    # free-form on purpose (strings, rows, a DataFrame).
+    warnings.simplefilter("ignore", UserWarning)
 
-        backend = (getattr(context, "model_config", None) or {}).get("backend", "torch")
-        self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"], backend=backend)
+    class TaskModel(mlflow.pyfunc.PythonModel):
+        def load_context(self, context):
+            from bertpipe.export.infer import Predictor
 
-    def predict(self, context, model_input, params=None):
-        return self.predictor.predict(to_records(model_input, self.predictor.type))
+            backend = (getattr(context, "model_config", None) or {}).get("backend", "torch")
+            self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
+                                                backend=backend)
+
+        def predict(self, context, model_input, params=None):
+            return self.predictor.predict(to_records(model_input, self.predictor.type))
 
 
 def log_pyfunc(mlflow, name: str, model_dir: Path, files_dir: Path, input_example, reqs: list[str]) -> str:
