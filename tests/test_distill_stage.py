@@ -105,3 +105,39 @@ def test_export_matches_torch_and_int8_is_smaller(built, key):
     feed = {i.name: (ids if i.name == "input_ids" else (ids * 0 + (i.name == "attention_mask")))
             for i in sess.get_inputs()}
     assert sess.run(None, feed)[0].shape[0] == 3
+
+
+def test_student_shapes_and_the_distillation_loss(tmp_path, zh_tokenizer_dir):
+    from transformers import AutoModelForTokenClassification
+
+    from bertpipe.distill.loss import Distiller
+    from bertpipe.distill.params import DistillParams
+    from bertpipe.distill.student import layer_map, make_student
+
+    assert layer_map(6, 3) == [1, 3, 5] and layer_map(12, 6) == [1, 3, 5, 7, 9, 11] and layer_map(4, 1) == [3]
+    enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=4, hidden=64)
+    teacher = AutoModelForTokenClassification.from_pretrained(str(enc), num_labels=3).eval()
+    same, info = make_student(teacher, DistillParams(ratio=0.5), seed=0)
+    assert info["layer_map"] == [1, 3]
+    t_state, s_state = teacher.state_dict(), same.state_dict()
+    assert torch.equal(s_state["bert.encoder.layer.0.attention.self.query.weight"],
+                       t_state["bert.encoder.layer.1.attention.self.query.weight"])
+    assert torch.equal(s_state["classifier.weight"], t_state["classifier.weight"])
+    small, info = make_student(teacher, DistillParams(student={"layers": 1, "hidden": 32, "heads": 2}), seed=0)
+    assert (small.config.hidden_size, small.config.num_hidden_layers) == (32, 1) and info["init"].startswith("random")
+
+    d = Distiller(small, teacher, temperature=2.0, alpha=0.5, hidden_weight=1.0, layer_map=info["layer_map"])
+    # Only the student and the projection train: the teacher is invisible to the optimiser and the state snapshot.
+    names = [n for n, _ in d.named_parameters()]
+    assert names and all(n.startswith(("student.", "proj.")) for n in names)
+    ids = torch.randint(1000, 3000, (2, 10))
+    labels = torch.full((2, 10), -100)
+    labels[:, 1:9] = torch.randint(0, 3, (2, 8))
+    out = d(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and d.proj.weight.grad is not None
+    assert all(p.grad is None for p in teacher.parameters())
+    # A student equal to its teacher has zero soft loss: what remains is the hard-label loss alone.
+    twin = Distiller(teacher, teacher, temperature=2.0, alpha=1.0)
+    assert twin(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.item() == pytest.approx(0.0,
+                                                                                                             abs=1e-6)
