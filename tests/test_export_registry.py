@@ -24,6 +24,7 @@ def registered(tmp_path_factory, zh_tokenizer_dir):
     S.tiny_encoder(root / "work" / "pretrain" / "model", zh_tokenizer_dir, layers=2, hidden=64)
     (root / "work" / "evaluate").mkdir(parents=True)
     S.write_jsonl(root / "ner.jsonl", S.ner_sentences(300, seed=3))
+    S.write_jsonl(root / "cls.jsonl", S.keyword_classification(240, seed=1))
     (root / "qa.json").write_text(json.dumps(S.squad(240, seed=4), ensure_ascii=False), encoding="utf-8")
     (root / "params.yaml").write_text(
         """
@@ -35,6 +36,7 @@ finetune:
           early_stopping: {patience: 0}, bf16: false}
   tasks:
     ner: {type: ner, format: jsonl, train: ner.jsonl, stride: 8, train_overrides: {epochs: 5}}
+    cls: {type: classification, format: jsonl, train: cls.jsonl, truncation: head_tail, head_tokens: 8}
     qa: {type: qa, format: squad, train: qa.json, doc_stride: 16, max_query_len: 16}
 distill: {enabled: false}
 register: {register_encoder: false}
@@ -43,7 +45,8 @@ register: {register_encoder: false}
     )
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
-    for name in ("finetune/ner/adapted", "finetune/qa/adapted", "export/ner", "export/qa", "register"):
+    for name in ("finetune/ner/adapted", "finetune/qa/adapted", "finetune/cls/adapted", "export/ner", "export/qa",
+                 "export/cls", "register"):
         run_stage(stages[name], cfg)
     return root, cfg
 
@@ -54,7 +57,7 @@ def test_ner_and_qa_pyfunc_from_the_registry(registered):
 
     root, cfg = registered
     reg = json.loads((root / "work" / "register" / "registry.json").read_text(encoding="utf-8"))
-    assert {m["name"] for m in reg["models"]} == {"bertpipe-ner", "bertpipe-qa"}
+    assert {m["name"] for m in reg["models"]} == {"bertpipe-ner", "bertpipe-qa", "bertpipe-cls"}
     with fluent_mlflow(cfg) as mlflow:
         ner = mlflow.pyfunc.load_model("models:/bertpipe-ner@champion")
         texts = ["的一是在李四不了有和人去北京", "国务院总理李克强在北京会见了法国总统马克龙。"]
@@ -113,3 +116,26 @@ def test_models_predict_with_bad_lines_every_backend(registered, tmp_path):
     assert dst.read_text(encoding="utf-8") == "keep me" and not list(tmp_path.glob(".strict.jsonl*"))
     res = runner.invoke(app, ["models", "predict", "bertpipe-nope", "-i", str(src), "-o", str(dst), "--params", p])
     assert res.exit_code == 2 and "no registered model 'bertpipe-nope'" in res.output
+
+
+@pytest.mark.slow
+def test_models_predict_classification_from_the_transformers_flavor(registered, tmp_path):
+    """The classification version is a transformers-flavor model; its ONNX files come from the version's run."""
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+
+    root, _ = registered
+    src = tmp_path / "in.txt"
+    texts = ["这本书太好了吧", "这本书太坏了吧", "的一是在" * 40 + "好"]  # the last: past max_seq_len, head_tail keeps "好"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    labels = {}
+    for backend in ("torch", "int8"):
+        dst = tmp_path / f"{backend}.jsonl"
+        res = CliRunner().invoke(app, ["models", "predict", "bertpipe-cls@champion", "-i", str(src), "-o", str(dst),
+                                       "--backend", backend, "--params", str(root / "params.yaml")])
+        assert res.exit_code == 0, res.output
+        rows = [json.loads(ln) for ln in dst.read_text(encoding="utf-8").splitlines()]
+        labels[backend] = [r["prediction"]["label"] for r in rows]
+        assert all(0.5 <= r["prediction"]["score"] <= 1.0 for r in rows)
+    assert labels["torch"] == ["pos", "neg", "pos"] and labels["int8"] == labels["torch"]
