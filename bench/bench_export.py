@@ -5,7 +5,9 @@ test examples, calls interleaved so load changes hit every backend alike.
     .venv/bin/python bench/bench_export.py [--threads 2] [--layers 4] [--hidden 256] [--rounds 20]
     .venv/bin/python bench/bench_export.py --project . --task sentiment     # a real run's outputs (work/...)
 
-Without --project it builds a throwaway project (a random-init BERT teacher of --layers x --hidden finetuned on a
+With --project DIR holding a params.yaml it benchmarks that project's outputs (running what is missing); with an
+empty or new DIR it builds the synthetic project there and keeps it for reruns; without --project it builds a
+throwaway one (a random-init BERT teacher of --layers x --hidden finetuned on a
 learnable synthetic classification task, then the distill and export stages, all through the real stage code).
 Prints p50/p99 latency per batch, examples/s, size and test quality per backend, and ratios against torch fp32.
 Targets (issue 11): int8 >= 2x torch fp32 examples/s at batch 32 with <= 1 point quality loss; student >= 2x teacher
@@ -82,16 +84,18 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=1200)
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--project", default="", help="a project dir whose work/ holds finetune, distill, export outputs")
+    ap.add_argument("--project", default="", help="a project dir (its work/ outputs are reused), or where to keep one")
     ap.add_argument("--task", default="cls")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tmp = None
-    if args.project:
-        root = Path(args.project).resolve()
+    if args.project and (Path(args.project) / "params.yaml").is_file():
+        root = Path(args.project).resolve()  # a real project, or a synthetic one kept from an earlier run
     else:
-        tmp = tempfile.TemporaryDirectory()
-        root = synthetic_project(Path(tmp.name), args.layers, args.hidden, args.examples, args.epochs)
+        if not args.project:
+            tmp = tempfile.TemporaryDirectory()
+        root = Path(args.project or tmp.name).resolve()
+        synthetic_project(root, args.layers, args.hidden, args.examples, args.epochs)
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
     task = args.task

@@ -4,7 +4,6 @@ stage, registered in a real MLflow sqlite store; loaded back with mlflow.pyfunc 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

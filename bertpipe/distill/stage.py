@@ -133,7 +133,8 @@ def build(ctx, task: str) -> dict:
         "per_seed": {str(seed): {"dev": s["dev"], "test": s["test"], "test_details": s["test_details"],
                                  "best_step": res.best_step, "steps": res.steps, "saved": True,
                                  "train_seconds": round(res.seconds, 2)}},
-        "summary": {sp: {k: {"mean": v, "std": 0.0, "values": [v]} for k, v in s[sp].items()} for sp in ("dev", "test")},
+        "summary": {sp: {k: {"mean": v, "std": 0.0, "values": [v]} for k, v in s[sp].items()}
+                    for sp in ("dev", "test")},
         "teacher": rows[0], "student": rows[1], "comparison": comparison, "counts": dict(counts),
     }
     write_json(ctx.out / "metrics.json", out)
