@@ -2,7 +2,7 @@
 int8 (dynamic quantization), and its distilled student (torch and int8), at batch 1 and batch 32 — one run, the same
 test examples, calls interleaved so load changes hit every backend alike.
 
-    .venv/bin/python bench/bench_export.py [--threads 2] [--layers 4] [--hidden 256] [--rounds 20]
+    .venv/bin/python bench/bench_export.py [--threads 1] [--layers 4] [--hidden 256] [--rounds 20]
     .venv/bin/python bench/bench_export.py --project . --task sentiment     # a real run's outputs (work/...)
 
 With --project DIR holding a params.yaml it benchmarks that project's outputs (running what is missing); with an
@@ -10,6 +10,9 @@ empty or new DIR it builds the synthetic project there and keeps it for reruns; 
 throwaway one (a random-init BERT teacher of --layers x --hidden finetuned on a
 learnable synthetic classification task, then the distill and export stages, all through the real stage code).
 Prints p50/p99 latency per batch, examples/s, size and test quality per backend, and ratios against torch fp32.
+Threads: one by default. On a machine shared beyond its cores, torch's OpenMP pool collapses with 2+ threads (its
+workers spin at barriers while preempted: a 4x256 forward went from 27 ms to 475 ms at 2 threads under load 16) and
+onnxruntime's pool much less, so multi-thread figures there measure the contention, not the backends.
 Targets (issue 11): int8 >= 2x torch fp32 examples/s at batch 32 with <= 1 point quality loss; student >= 2x teacher
 at >= 95% of its primary metric.
 """
@@ -78,7 +81,7 @@ register: {{register_encoder: false}}
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--examples", type=int, default=1200)

@@ -41,8 +41,12 @@ def report_md(task: str, primary: str, rows: list[dict], speed_ratio: float, qua
         lines.append(f"| {r['name']} | {r['layers']} | {r['hidden']} | {r['params']:,} | {r['size_bytes'] / 1e6:.2f} | "
                      f"{r['test'].get(primary, float('nan')):.4f} | {r['speed']['examples_per_s']:.1f} | "
                      f"{r['speed']['p50_ms']:.1f} |")
-    lines += ["", f"Student/teacher: {speed_ratio:.2f}x examples/s at {quality_ratio:.1%} of the teacher's test "
-                  f"{primary} (measured side by side in this run; absolute figures depend on the machine's load)."]
+    share = f"{quality_ratio:.1%}" if quality_ratio == quality_ratio else "n/a (teacher scored 0)"
+    lines += ["", f"Student/teacher: {speed_ratio:.2f}x examples/s at {share} of the teacher's test {primary} "
+                  "(measured side by side in this run; absolute figures depend on the machine's load)."]
+    if rows[0]["layers"] == rows[1]["layers"] and rows[0]["hidden"] == rows[1]["hidden"]:
+        lines += ["", "The student has the teacher's shape (nothing to shrink at this ratio): the speed ratio shows "
+                      "the measurement's noise."]
     return "\n".join(lines) + "\n"
 
 
