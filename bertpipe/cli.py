@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 data_app = typer.Typer(no_args_is_help=True, help="Sample data shipped inside PyPI packages.")
 app.add_typer(data_app, name="data")
-models_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: list, show, promote, rollback.")
+models_app = typer.Typer(no_args_is_help=True, help="The MLflow model registry: list, show, promote, rollback, predict.")
 app.add_typer(models_app, name="models")
 
 ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of configuration).")
@@ -146,6 +146,38 @@ def finetune_cmd(
         raise BertpipeError(f"no finetune task matches --task {task} --encoder {encoder} (params: finetune.tasks)")
     for t, e in pairs:
         _run_one(f"finetune/{t}/{e}", params, profile, set_, force)
+
+
+def _run_selected(prefix: str, wanted: Optional[str], params: str, profile, set_, force: bool) -> None:
+    """Run every ``prefix/<key>`` stage of this config's graph, or the one named by ``wanted``."""
+    from bertpipe.pipeline import all_stages
+
+    cfg = load(params, profile, set_)
+    names = [n for n in all_stages(cfg) if n.startswith(prefix + "/") and wanted in (None, n.split("/", 1)[1])]
+    if not names:
+        raise BertpipeError(f"no {prefix} stage matches {wanted or '(any)'} in this config's pipeline")
+    for n in names:
+        _run_one(n, params, profile, set_, force)
+
+
+@app.command("distill", help="Distill each finetuned task into a smaller student (or one with --task).")
+@user_errors
+def distill_cmd(
+    task: Optional[str] = typer.Option(None, "--task", help="One task from distill.tasks / finetune.tasks."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    force: bool = ForceOpt,
+) -> None:
+    _run_selected("distill", task, params, profile, set_, force)
+
+
+@app.command("export", help="Export models register will log to ONNX + int8, checked against torch (or --model KEY).")
+@user_errors
+def export_cmd(
+    model: Optional[str] = typer.Option(None, "--model", help="<task>, <task>-student or encoder."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    force: bool = ForceOpt,
+) -> None:
+    _run_selected("export", model, params, profile, set_, force)
 
 
 @app.command("stages", help="List the stages of this config's pipeline and whether each is up to date.")
@@ -375,6 +407,29 @@ def models_serve(
     ref = ModelRef.parse(model, sp.alias)
     resolve_version(c, ref)  # a one-line error now rather than a worker that never becomes ready
     serve(ref, tracking_uri(cfg), sp, cfg.state, log=lambda m: typer.echo(m, err=True))
+
+
+@models_app.command("predict", help="Score a jsonl/csv/txt file with a registered model (NAME, NAME@alias, NAME/3).")
+@user_errors
+def models_predict(
+    model: str = typer.Argument(..., help="NAME (its champion), NAME@alias or NAME/version."),
+    input_: str = typer.Option(..., "--input", "-i", help="jsonl ({text} or {question, context}), csv or txt."),
+    output: str = typer.Option(..., "--output", "-o", help="jsonl: one line per input line, in order."),
+    backend: str = typer.Option("torch", "--backend", help="torch, onnx or int8 (the version's export files)."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad line (default: report it, go on)."),
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+) -> None:
+    from bertpipe.export.batch import predict_file
+    from bertpipe.export.infer import Predictor
+    from bertpipe.register.artifacts import local_version
+
+    cfg = load(params, profile, set_)
+    lv = local_version(cfg, model)
+    predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size)
+    stats = predict_file(predictor, Path(input_), Path(output), strict=strict)
+    typer.echo(f"{lv.name} v{lv.version} ({backend}): {stats['predicted']} of {stats['lines']} lines predicted, "
+               f"{stats['bad']} bad -> {output}")
 
 
 def main() -> None:  # pragma: no cover

@@ -19,7 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bertpipe.errors import BertpipeError, utf8_error
+from bertpipe.distill.params import DistillParams
 from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.export.params import ExportParams
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.prepare.params import PrepareParams
 from bertpipe.pretrain.params import PretrainParams
@@ -91,6 +93,8 @@ class Params(Section):
     pretrain: PretrainParams = Field(default_factory=PretrainParams)
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    distill: DistillParams = Field(default_factory=DistillParams)
+    export: ExportParams = Field(default_factory=ExportParams)
     register: RegisterParams = Field(default_factory=RegisterParams)
     serve: ServeParams = Field(default_factory=ServeParams)
 

@@ -27,6 +27,9 @@ def cli_args(name: str) -> list[str]:
     if name.startswith("finetune/"):
         _, task, encoder = name.split("/")
         return ["finetune", "--task", task, "--encoder", encoder]
+    if name.startswith(("distill/", "export/")):
+        stage, key = name.split("/", 1)
+        return [stage, "--task" if stage == "distill" else "--model", key]
     return [name]
 
 

@@ -4,6 +4,7 @@
       │                          └─(domain)───────────┴─> vocab ─> pretrain ─┐
       └─(task dir)──────────────────────────────────────────────────────────┴─> finetune/<task>/<encoder> ─> ...
     ... ─> evaluate ─> register
+    finetune ─> distill/<task> ─> export/<model> ─> register
 
 ``tasks`` materialises every finetune task's splits once; prepare removes their dev/test texts from the pretraining
 corpora, and finetune trains on the task dirs.
@@ -158,6 +159,68 @@ def finetune_pairs(cfg: Config) -> list[tuple[str, str]]:
     return [(t, e) for t in ft.tasks for e in ft.encoders]
 
 
+def distill_tasks(cfg: Config) -> list[str]:
+    """Tasks that get a student: distill.tasks (empty: every task) whose teacher encoder is finetuned at all."""
+    dp, ft = cfg.params.distill, cfg.params.finetune
+    if not dp.enabled or dp.teacher_encoder not in ft.encoders:
+        return []
+    unknown = [t for t in dp.tasks if t not in ft.tasks]
+    if unknown:
+        from bertpipe.errors import BertpipeError
+
+        raise BertpipeError(f"distill.tasks: {unknown} are not finetune tasks (have {sorted(ft.tasks)})")
+    return [t for t in ft.tasks if not dp.tasks or t in dp.tasks]
+
+
+def distill_out(cfg: Config, task: str) -> Path:
+    return cfg.work / "distill" / task
+
+
+def distill_stage(task: str) -> Stage:
+    from bertpipe.distill import stage as m
+
+    def inputs(cfg: Config) -> dict:
+        # The teacher's fingerprint covers the task data and params it was trained on.
+        return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder)}
+
+    return Stage(f"distill/{task}", m.VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
+                 lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill")
+
+
+def export_targets(cfg: Config) -> dict[str, tuple[str | None, Path]]:
+    """What register logs, by export key: {key: (task or None for the encoder, stage dir holding model/)}."""
+    out: dict[str, tuple[str | None, Path]] = {}
+    if not cfg.params.export.enabled:
+        return out
+    if "adapted" in cfg.params.finetune.encoders:
+        for t in cfg.params.finetune.tasks:
+            out[t] = (t, finetune_out(cfg, t, "adapted"))
+    for t in distill_tasks(cfg):
+        out[f"{t}-student"] = (t, distill_out(cfg, t))
+    if cfg.params.register.register_encoder:
+        out["encoder"] = (None, cfg.work / "pretrain")
+    return out
+
+
+def export_out(cfg: Config, key: str) -> Path:
+    return cfg.work / "export" / key
+
+
+def export_stage(key: str) -> Stage:
+    from bertpipe.export import stage as m
+
+    # Keys are "<task>", "<task>-student" or "encoder" (see export_targets).
+    task = None if key == "encoder" else key.removesuffix("-student")
+
+    def inputs(cfg: Config) -> dict:
+        src = export_targets(cfg)[key][1]
+        return {"model": src} if task else {"model": src, "corpus": corpus_dir(cfg, "domain")}
+
+    sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
+    return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
+                 lambda ctx: m.build(ctx, key=key, task=task), params_section="export")
+
+
 def evaluate_stage() -> Stage:
     from bertpipe.evaluate import stage as m
 
@@ -178,6 +241,8 @@ def register_stage() -> Stage:
 
     def inputs(cfg: Config) -> dict:
         ins: dict = {f"finetune/{t}": finetune_out(cfg, t, "adapted") for t in cfg.params.finetune.tasks}
+        ins.update({f"distill/{t}": distill_out(cfg, t) for t in distill_tasks(cfg)})
+        ins.update({f"export/{k}": export_out(cfg, k) for k in export_targets(cfg)})
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
         return ins
@@ -194,6 +259,12 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
     stages["pretrain"] = pretrain_stage()
     for t, e in finetune_pairs(cfg):
         s = finetune_stage(t, e)
+        stages[s.name] = s
+    for t in distill_tasks(cfg):
+        s = distill_stage(t)
+        stages[s.name] = s
+    for k in export_targets(cfg):
+        s = export_stage(k)
         stages[s.name] = s
     stages["evaluate"] = evaluate_stage()
     stages["register"] = register_stage()

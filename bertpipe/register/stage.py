@@ -20,6 +20,7 @@ from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import gate as G
 from bertpipe.register import scoring as S
+from bertpipe.register.artifacts import export_section
 from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_champion, export_model,
                                         find_by_fingerprint, registry_lock, set_champion_locked,
                                         was_champion)
@@ -52,23 +53,39 @@ class Candidate:
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
-    from transformers import AutoTokenizer, pipeline
+    import tempfile
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
-    info = mlflow.transformers.log_model(
-        pipe, name=name, task=task, input_example=input_example(task, language),
-        pip_requirements=reqs, registered_model_name=name,
-    )
-    return str(info.registered_model_version)
+    from bertpipe.register import artifacts as A
+
+    export_dir = A.export_dir_for(model_dir)
+    if task in ("question-answering", "token-classification"):
+        # pyfunc: QA has no transformers 5 pipeline; NER users want entities, not the flavor's bare tag string.
+        from bertpipe.register.pyfunc import log_pyfunc
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = A.task_files(model_dir, export_dir, Path(tmp) / "files")
+            version = log_pyfunc(mlflow, name, model_dir, files, input_example(task, language), reqs)
+    else:
+        from transformers import AutoTokenizer, pipeline
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
+        info = mlflow.transformers.log_model(
+            pipe, name=name, task=task, input_example=input_example(task, language),
+            pip_requirements=reqs, registered_model_name=name,
+        )
+        version = str(info.registered_model_version)
+    A.attach_export(mlflow, name, version, export_dir)
+    return version
 
 
 def _candidates(ctx: StageContext) -> list[Candidate]:
     cfg, p = ctx.cfg, ctx.params
     out = []
     for key, path in ctx.inputs.items():
-        if key.startswith("finetune/"):
+        if key.startswith(("finetune/", "distill/")):  # a student: same metrics.json schema, "<prefix>-<task>-student"
             task = key.split("/", 1)[1]
+            suffix = "-student" if key.startswith("distill/") else ""
             ft = Path(path)
             fp = (read_manifest(ft) or {}).get("fingerprint")
             if not fp:
@@ -77,7 +94,7 @@ def _candidates(ctx: StageContext) -> list[Candidate]:
                                                   f"{ft}/metrics.json")
             identity, parts = G.test_identity(cfg, ft, task)
             task_data = (parts["data"].get("test_sha256") or identity)
-            out.append(Candidate(f"{p.prefix}-{task}", ft / "model", ft, task, fp, metric, value, identity, parts,
+            out.append(Candidate(f"{p.prefix}-{task}{suffix}", ft / "model", ft, task, fp, metric, value, identity, parts,
                                  D.lineage(cfg, ft, task_data)))
     if p.register_encoder:
         pre = Path(ctx.inputs["adapted"])
@@ -222,8 +239,9 @@ def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
                        "bertpipe.primary_value": f"{c.value:.6f}", "bertpipe.test_hash": c.identity}.items():
         client.set_model_version_tag(c.name, c.version, key, value)
     table = C.eval_table(Path(ctx.inputs["evaluate"]), c.task)
-    client.update_model_version(c.name, c.version, description=C.model_card(
-        c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table, D.model_section(rec)))
+    card = C.model_card(c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table,
+                        D.model_section(rec))
+    client.update_model_version(c.name, c.version, description=card + export_section(client, c.name, c.version))
     rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
     ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
 
@@ -257,13 +275,6 @@ def build(ctx: StageContext) -> dict:
         ):
             for c in candidates:
                 c.pipeline_task = C.pipeline_task(c.model_dir)
-                if c.pipeline_task == "question-answering":
-                    # transformers 5 dropped the QA pipeline the MLflow flavor logs through; the model stays a
-                    # plain save_pretrained dir under work/finetune (AutoModelForQuestionAnswering loads it).
-                    ctx.log(f"{c.name}: not registered (no question-answering pipeline in transformers 5)")
-                    records.append({"name": c.name, "task": c.pipeline_task, "registered": False,
-                                    "reason": "transformers 5 has no question-answering pipeline"})
-                    continue
                 _register(ctx, mlflow, client, c)
                 todo.append(c)
         with registry_lock(client):

@@ -1,0 +1,69 @@
+"""bertpipe's pyfunc models: QA and NER (transformers 5 has no question-answering pipeline, and the MLflow
+transformers flavor's token-classification output is a bare tag string), served from the saved Auto model dir.
+
+``mlflow.pyfunc.load_model("models:/NAME@champion").predict(...)`` returns one item per input row:
+
+- NER, input ``["国务院总理李克强在北京会见了法国总统马克龙。"]``: ``[[{"text", "label", "start", "end", "score"}, ...]]``
+  — entities aggregated from word pieces, character offsets into the text (end exclusive);
+- QA, input ``{"question": ..., "context": ...}`` (or a DataFrame / list of such rows):
+  ``[{"answer", "score", "start", "end"}]`` with character offsets into the context;
+- classification (if logged this way): ``[{"label", "score"}]``.
+
+The model carries the bertpipe package (``code_paths``), so loading needs no bertpipe install.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import mlflow.pyfunc
+
+
+def to_records(model_input, task_type: str) -> list[dict]:
+    """Rows in any form pyfunc users pass: a DataFrame, a list of strings or dicts, one dict, one string."""
+    import pandas as pd
+
+    if isinstance(model_input, pd.DataFrame):
+        if task_type == "qa":
+            return [{"question": str(q), "context": str(c)}
+                    for q, c in zip(model_input["question"], model_input["context"])]
+        col = "text" if "text" in model_input.columns else model_input.columns[0]
+        pairs = model_input["text_pair"] if "text_pair" in model_input.columns else [None] * len(model_input)
+        return [{"text": str(t), "text_pair": p} for t, p in zip(model_input[col], pairs)]
+    if isinstance(model_input, str):
+        return [{"text": model_input}]
+    if isinstance(model_input, dict):
+        if all(isinstance(v, (list, tuple)) for v in model_input.values()):  # {"question": [...], "context": [...]}
+            keys = list(model_input)
+            return [dict(zip(keys, vals)) for vals in zip(*model_input.values())]
+        return [dict(model_input)]
+    return [r if isinstance(r, dict) else {"text": str(r)} for r in model_input]
+
+
+with warnings.catch_warnings():
+    # mlflow suggests type hints on predict; they would make it validate and coerce inputs, but the input here is
+    # free-form on purpose (strings, rows, a DataFrame).
+    warnings.simplefilter("ignore", UserWarning)
+
+    class TaskModel(mlflow.pyfunc.PythonModel):
+        def load_context(self, context):
+            from bertpipe.export.infer import Predictor
+
+            backend = (getattr(context, "model_config", None) or {}).get("backend", "torch")
+            self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
+                                                backend=backend)
+
+        def predict(self, context, model_input, params=None):
+            return self.predictor.predict(to_records(model_input, self.predictor.type))
+
+
+def log_pyfunc(mlflow, name: str, model_dir: Path, files_dir: Path, input_example, reqs: list[str]) -> str:
+    import bertpipe
+
+    info = mlflow.pyfunc.log_model(
+        name=name, python_model=TaskModel(), artifacts={"model": str(model_dir), "files": str(files_dir)},
+        code_paths=[str(Path(bertpipe.__file__).parent)], input_example=input_example, pip_requirements=reqs,
+        registered_model_name=name,
+    )
+    return str(info.registered_model_version)
