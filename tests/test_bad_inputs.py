@@ -69,7 +69,7 @@ def task(name: str, **spec) -> dict:
 CLS = {"type": "classification", "format": "jsonl", "train": "t.jsonl"}
 NER = {"type": "ner", "format": "conll", "train": "t.txt", "tag_scheme": "BIO"}
 CONLL = "中 B-LOC\n国 I-LOC\n人 O\n\n北 B-LOC\n京 I-LOC\n\n".encode()
-FT = ["finetune", "--task", "t", "--encoder", "base"]
+FT = ["tasks"]  # task data is read (and refused) where it is materialised, before any finetune
 
 
 def immutable(d: Path) -> None:
@@ -196,6 +196,7 @@ def base_params(sh: Shared) -> dict:
         "paths": {"raw": str(sh.raw), "work": "work", "state": str(sh.state)},
         "model": {"base": str(sh.encoder), "tokenizer": str(sh.tokenizer), "language": "zh"},
         "prepare": {"domain": {"sources": [laws_source(sh.raw, FEW_LAWS)]}, "general": {"enabled": False}},
+        "finetune": {"tasks": {}},  # prepare's only inputs are the sources (a case adds its own task)
     }
 
 
