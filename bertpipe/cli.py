@@ -70,7 +70,9 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
             return
     else:
         res = run_stage(stages[stage_name], cfg, force=force)
-    typer.echo(f"{res.name}: {'up to date' if res.skipped else 'built'} -> {res.out}")
+    from flows.summary import stage_line
+
+    typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
 
 
 def _stage_command(name: str, help_text: str) -> None:
@@ -138,18 +140,27 @@ def config_cmd(
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
 
 
+def _prefect_env(cfg, params: str) -> None:
+    """Prefect's home under paths.state, set before the flows (and Prefect) are imported."""
+    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    from tasks.env import prefect_env
+
+    prefect_env(cfg)
+
+
 @app.command("run", help="Run the domain_adaptation Prefect flow (every stage; cached stages are skipped).")
 @user_errors
 def run_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage (e.g. prepare, pretrain)."),
 ):
-    load(params, profile, set_)  # fail fast, with a one-line error, before Prefect starts
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from flows.domain_adaptation import domain_adaptation, summary  # the CLI is a front door; the library is not
+    cfg = load(params, profile, set_)  # fail fast, with a one-line error, before Prefect starts
+    _prefect_env(cfg, params)
+    from flows.domain_adaptation import domain_adaptation  # the CLI is a front door; the library is not
+    from flows.summary import summary
 
     results = domain_adaptation(params, profile, list(set_ or []), until)
-    typer.echo(summary(results, load(params, profile, set_)))
+    typer.echo(summary(results, cfg))
 
 
 @app.command("retrain", help="Add new domain files, re-run what they invalidate, challenger vs champion.")
@@ -158,13 +169,13 @@ def retrain_cmd(
     add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    load(params, profile, set_)
+    cfg = load(params, profile, set_)
     for p in add:
         if not Path(p).is_file():
             raise BertpipeError(f"--add {p}: not a file")
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from flows.domain_adaptation import summary
+    _prefect_env(cfg, params)
     from flows.retrain import retrain
+    from flows.summary import summary
 
     out = retrain(params, list(add), profile, list(set_ or []))
     typer.echo(f"added: {', '.join(out['added'])}")
@@ -178,8 +189,8 @@ def serve_cmd(
     until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
     name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
 ):
-    load(params, profile, set_)
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    cfg = load(params, profile, set_)
+    _prefect_env(cfg, params)
     if not os.environ.get("PREFECT_API_URL"):
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
