@@ -142,6 +142,9 @@ def mlm_perplexity(
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForMaskedLM.from_pretrained(str(model_dir))
     model.eval()
+    from bertpipe.modelinfo import clamp_seq_len
+
+    max_len = clamp_seq_len(max_len, model, "evaluate.mlm_max_seq_len", lambda m: print(m, file=sys.stderr))
     head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
     specials = set(tok.all_special_ids)
     gen = torch.Generator().manual_seed(seed)

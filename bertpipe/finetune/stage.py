@@ -19,6 +19,7 @@ from bertpipe.finetune import data as D
 from bertpipe.finetune import heads as H
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.finetune.train import bf16_ok, pick_device, train
+from bertpipe.modelinfo import clamp_seq_len
 
 VERSION = "1"
 PIPELINE_TASK = {
@@ -86,6 +87,9 @@ def build(ctx, task: str, encoder: str) -> dict:
     labels = D.label_list(p, data, counts)
     label2id = {lab: i for i, lab in enumerate(labels)}
     src = ctx.inputs["encoder"]
+    # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
+    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, "finetune.train.max_seq_len",
+                                                             ctx.log)})
     try:
         tok = AutoTokenizer.from_pretrained(str(src))
     except (OSError, ValueError) as e:
