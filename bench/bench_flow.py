@@ -1,6 +1,6 @@
 """Finetuning inside the flow vs alone: the same finetunes, measured in one run.
 
-    .venv/bin/python bench/bench_flow.py [--train 640] [--parallel 1 auto]
+    .venv/bin/python bench/bench_flow.py [--train 1000] [--parallel 1 auto]
 
 A temp project with a tiny encoder (2 layers, hidden 128: the demo's size) and two real tasks of the bundled data
 (sentiment reviews, law_department articles), finetuned on that encoder:
@@ -102,7 +102,7 @@ def _line(label: str, m: dict, fanout_s: float, alone_s: float | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--train", type=int, default=640, help="training examples per finetune (one epoch)")
+    ap.add_argument("--train", type=int, default=1000, help="training examples per finetune (one epoch)")
     ap.add_argument("--parallel", nargs="+", default=["1", "auto"], help="flow.max_parallel values to measure")
     args = ap.parse_args()
     from tasks.parallel import auto_workers, cores

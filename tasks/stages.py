@@ -14,6 +14,7 @@ from prefect import task
 from prefect.cache_policies import CachePolicy
 
 from bertpipe.config import Config, load_config
+from bertpipe.errors import BertpipeError
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 from tasks.parallel import child_env, slot
 
@@ -73,8 +74,10 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
     tail = log.read_text(encoding="utf-8", errors="replace")
     print(tail[-4000:])
     if proc.returncode != 0:
-        raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): "
-                           + (tail.strip().splitlines() or ["no output"])[-1])
+        last = (tail.strip().splitlines() or ["no output"])[-1]
+        if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
+            raise BertpipeError(last[len("error: "):])
+        raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
 
 
 def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | None) -> dict:
