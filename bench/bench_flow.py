@@ -1,6 +1,6 @@
 """Finetuning inside the flow vs alone: the same finetunes, measured in one run.
 
-    .venv/bin/python bench/bench_flow.py [--train 1000] [--parallel 1 auto]
+    .venv/bin/python bench/bench_flow.py [--train 1000] [--parallel 1 auto] [--alone-threads default 1]
 
 A temp project with a tiny encoder (2 layers, hidden 128: the demo's size) and two real tasks of the bundled data
 (sentiment reviews, law_department articles), finetuned on that encoder:
@@ -61,19 +61,21 @@ def _project(root: Path, raw: Path, n_train: int) -> None:
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
 
 
-def _env(root: Path, threads: int | None) -> dict:
+def _env(root: Path, threads: str) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "BERTPIPE_ROOT": str(root), "PREFECT_HOME": str(root / ".bertpipe" / "prefect"),
            "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PREFECT_API_URL", None)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env.pop(var, None)  # torch's default, as a user's shell has it
+        env.pop(var, None)  # "default": torch's default (every core), as a user's shell has it
+        if threads != "default":
+            env[var] = threads
     return env
 
 
-def _run(cmd: list[str], root: Path) -> float:
+def _run(cmd: list[str], root: Path, threads: str = "default") -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=root, env=_env(root, None), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=root, env=_env(root, threads), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - t0
@@ -93,17 +95,19 @@ def _measure(root: Path) -> dict:
     return out
 
 
-def _line(label: str, m: dict, fanout_s: float, alone_s: float | None) -> str:
+def _line(label: str, m: dict, fanout_s: float, alone: dict[str, float]) -> str:
     ex = sum(v["examples"] for v in m.values())
     per = "  ".join(f"{t} {v['examples'] / v['train_s']:6.1f} ex/s" for t, v in m.items())
-    ratio = f"  ratio {alone_s / fanout_s:.2f}" if alone_s else ""
-    return f"{label:24s} {per}  | fan-out {ex / fanout_s:6.1f} ex/s over {fanout_s:6.1f}s wall{ratio}"
+    ratios = "".join(f"  ratio vs alone({k}) {s / fanout_s:.2f}" for k, s in alone.items())
+    return f"{label:26s} {per}  | fan-out {ex / fanout_s:6.1f} ex/s over {fanout_s:6.1f}s wall{ratios}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", type=int, default=1000, help="training examples per finetune (one epoch)")
     ap.add_argument("--parallel", nargs="+", default=["1", "auto"], help="flow.max_parallel values to measure")
+    ap.add_argument("--alone-threads", nargs="+", default=["default"],
+                    help="threads of the alone runs: default (torch's: every core) and/or a number")
     args = ap.parse_args()
     from tasks.parallel import auto_workers, cores
 
@@ -113,11 +117,13 @@ def main() -> None:
         root = Path(tmp)
         _project(root, _raw(), args.train)
         cli = [sys.executable, "-m", "bertpipe.cli"]
-        for t in TASKS:
-            _run([*cli, "finetune", "--task", t, "--encoder", "base"], root)
-        alone = _measure(root)
-        alone_s = sum(v["wall_s"] for v in alone.values())
-        print(_line("alone, one after another", alone, alone_s, None), flush=True)
+        alone_s: dict[str, float] = {}
+        for threads in args.alone_threads:
+            for t in TASKS:
+                _run([*cli, "finetune", "--task", t, "--encoder", "base"], root, threads)
+            alone = _measure(root)
+            alone_s[threads] = sum(v["wall_s"] for v in alone.values())
+            print(_line(f"alone ({threads} threads)", alone, alone_s[threads], {}), flush=True)
         for par in args.parallel:
             _run([sys.executable, "-m", "flows.domain_adaptation", "--until", "finetune",
                   "--set", f"flow.max_parallel={par}"], root)
