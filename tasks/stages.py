@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +70,16 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
     log = cfg.state / "logs" / f"{stage_name.replace('/', '__')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{stage_name}] running in its own process with {threads} thread(s); log: {log}")
-    with open(log, "w", encoding="utf-8") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, text=True, env=child_env(threads))
-    tail = log.read_text(encoding="utf-8", errors="replace")
-    print(tail[-4000:])
+    with open(log, "ab") as fh:  # appended: concurrent flow runs may run the same stage
+        start = fh.tell()
+        fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads))
+    with open(log, "rb") as fh:
+        fh.seek(start)
+        tail = fh.read().decode("utf-8", errors="replace")
     if proc.returncode != 0:
+        print(tail[-4000:])
         last = (tail.strip().splitlines() or ["no output"])[-1]
         if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
             raise BertpipeError(last[len("error: "):])
@@ -97,12 +103,15 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
     with slot(pool, priority):
         fresh, fp = is_fresh(stage, cfg)
         if threads and not fresh:
+            launched = time.time()
             _isolated(stage_name, params, profile, overrides, threads, cfg)
             fresh, fp = is_fresh(stage, cfg)
             if not fresh:
                 raise RuntimeError(f"{stage_name}: the child process finished but {stage.output(cfg)} is not fresh")
             m = read_manifest(stage.output(cfg)) or {}
-            res = _result(stage_name, stage.output(cfg), fp, "built", m.get("metrics"), m.get("mlflow_run_id"))
+            # An output started before the child was: a concurrent flow run built it, the child only waited.
+            status = "built" if m.get("started", 0) >= launched else "cached"
+            res = _result(stage_name, stage.output(cfg), fp, status, m.get("metrics"), m.get("mlflow_run_id"))
         else:
             r = run_stage(stage, cfg)
             res = _result(r.name, r.out, r.fingerprint, "cached" if r.skipped else "built", r.metrics, r.run_id)

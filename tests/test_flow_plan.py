@@ -85,3 +85,18 @@ def test_slots_admit_by_priority_and_never_exceed_the_count():
     for t in [first, *others]:
         t.join(10)
     assert order == ["first", "high", "mid", "low"] and peak[0] == 1
+
+
+def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
+    import pytest
+
+    from bertpipe.errors import BertpipeError
+    from tasks.stages import _isolated
+
+    params = write_project(tmp_path, sample_raw, {"finetune": {"tasks": {"mine": {
+        "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
+    cfg = load_config(params)
+    with pytest.raises(BertpipeError, match="missing.csv"):
+        _isolated("finetune/mine/base", str(params), None, [], 1, cfg)
+    log = (cfg.state / "logs" / "finetune__mine__base.log").read_text()
+    assert log.startswith("=== ") and "error: " in log and "Traceback" not in log
