@@ -156,9 +156,11 @@ def run_cmd(
 ):
     cfg = load(params, profile, set_)  # fail fast, with a one-line error, before Prefect starts
     _prefect_env(cfg, params)
-    from flows.domain_adaptation import domain_adaptation  # the CLI is a front door; the library is not
+    from bertpipe.pipeline import all_stages
+    from flows.domain_adaptation import domain_adaptation, targets  # the CLI is a front door; the library is not
     from flows.summary import summary
 
+    targets(list(all_stages(cfg)), until)  # a wrong --until is a one-line error before Prefect starts
     results = domain_adaptation(params, profile, list(set_ or []), until)
     typer.echo(summary(results, cfg))
 
