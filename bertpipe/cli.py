@@ -107,7 +107,9 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
             return
     else:
         res = run_stage(stages[stage_name], cfg, force=force)
-    typer.echo(f"{res.name}: {'up to date' if res.skipped else 'built'} -> {res.out}")
+    from flows.summary import stage_line
+
+    typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
 
 
 def _stage_command(name: str, help_text: str) -> None:
@@ -220,18 +222,30 @@ def _check_until(cfg, until: Optional[str]) -> None:
     stages_until(list(all_stages(cfg)), until)
 
 
+def _prefect_env(cfg, params: str) -> None:
+    """Prefect's home under paths.state, set before the flows (and Prefect) are imported."""
+    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    from tasks.env import prefect_env
+
+    prefect_env(cfg)
+
+
 @app.command("run", help="Run the domain_adaptation Prefect flow (every stage; cached stages are skipped).")
 @user_errors
 def run_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage (e.g. prepare, pretrain)."),
 ):
-    _check_until(load(params, profile, set_), until)  # fail fast, with a one-line error, before Prefect starts
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from flows.domain_adaptation import domain_adaptation, summary  # the CLI is a front door; the library is not
+    cfg = load(params, profile, set_)
+    _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
+    _prefect_env(cfg, params)
+    from bertpipe.pipeline import all_stages
+    from flows.domain_adaptation import domain_adaptation, targets  # the CLI is a front door; the library is not
+    from flows.summary import summary
 
+    targets(list(all_stages(cfg)), until)  # a wrong --until is a one-line error before Prefect starts
     results = domain_adaptation(params, profile, list(set_ or []), until)
-    typer.echo(summary(results, load(params, profile, set_)))
+    typer.echo(summary(results, cfg))
 
 
 @app.command("retrain", help="Add new domain files, re-run what they invalidate, challenger vs champion.")
@@ -242,10 +256,11 @@ def retrain_cmd(
 ):
     from bertpipe.incoming import plan
 
-    plan(load(params, profile, set_), list(add))  # every file as prepare will read it, before Prefect starts
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from flows.domain_adaptation import summary
+    cfg = load(params, profile, set_)
+    plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
+    _prefect_env(cfg, params)
     from flows.retrain import retrain
+    from flows.summary import summary
 
     out = retrain(params, list(add), profile, list(set_ or []))
     typer.echo(f"added: {', '.join(out['added'])}")
@@ -259,8 +274,9 @@ def serve_cmd(
     until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
     name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
 ):
-    _check_until(load(params, profile, set_), until)
-    os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
+    cfg = load(params, profile, set_)
+    _check_until(cfg, until)
+    _prefect_env(cfg, params)
     if not os.environ.get("PREFECT_API_URL"):
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",

@@ -13,7 +13,7 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -71,8 +71,10 @@ class FlowParams(Section):
                                  "group_field": "group", "name": "incoming"}
     )
     retrain_from: Literal["champion", "base"] = "champion"
-    # Finetune tasks run concurrently in the flow, this many at a time (each also uses torch's intra-op threads).
-    max_parallel: int = Field(2, ge=1, le=64)
+    # Stages the graph lets run at once (e.g. finetunes, or base finetunes beside pretraining) run this many at a
+    # time, each in its own process with cores / max_parallel torch threads; 1 runs everything in the flow's process
+    # on all cores. auto: by the usable core count (see tasks.parallel.auto_workers, measured in bench/bench_flow.py).
+    max_parallel: Union[Literal["auto"], Annotated[int, Field(ge=1, le=64)]] = "auto"
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.

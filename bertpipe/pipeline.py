@@ -269,3 +269,17 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
     stages["evaluate"] = evaluate_stage()
     stages["register"] = register_stage()
     return stages
+
+
+def upstream(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> list[str]:
+    """The stages whose outputs stage ``name`` reads, found from its inputs (an input at or under another stage's
+    output), so the flow's dependencies follow whatever ``inputs`` say and never need listing by hand."""
+    stages = stages if stages is not None else all_stages(cfg)
+    outs = {other: stages[other].output(cfg).resolve() for other in stages if other != name}
+    found: list[str] = []
+    for p in stages[name].inputs(cfg).values():
+        if isinstance(p, str) and not Path(p).exists() and not Path(p).is_absolute():
+            continue  # a hub id
+        path = cfg.path(p).resolve()
+        found += [o for o, out in outs.items() if (path == out or out in path.parents) and o not in found]
+    return [o for o in stages if o in found]

@@ -1,5 +1,10 @@
 """domain_adaptation: prepare -> [base] -> vocab -> pretrain -> finetune (tasks x encoders) -> evaluate -> register.
 
+Every stage is submitted at once with its upstream stages' futures as ``wait_for`` (the graph comes from
+``bertpipe.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside pretraining,
+all finetunes together. ``flow.max_parallel`` bounds how many run at once and divides the cores among them
+(tasks.parallel); stages that never overlap another run in this process on every core.
+
 Run with `bertpipe run` or `python -m flows.domain_adaptation [--params params.yaml] [--until STAGE]`.
 """
 
@@ -7,43 +12,48 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 from pathlib import Path
 
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from bertpipe.config import Config, load_config
+from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import all_stages, upstream
+from bertpipe.stage import Stage
+from bertpipe.tracking import flow_run
+from flows.summary import stage_line, summary  # noqa: F401  (summary: flows.retrain and the CLI import it here)
+from tasks import parallel
 from tasks.env import prefect_env
-
-prefect_env()
-
-from prefect import flow  # noqa: E402
-
-from bertpipe.config import load_config  # noqa: E402
-from bertpipe.pipeline import all_stages  # noqa: E402
-from bertpipe.tracking import flow_run  # noqa: E402
-from tasks.stages import task_for  # noqa: E402
+from tasks.stages import task_for
 
 
-def _warm_imports() -> None:
-    """transformers resolves its lazy attributes on first access, and that is not thread-safe: import what the
-    concurrent finetune tasks need once, here, before the task runner starts them in threads."""
-    import transformers  # noqa: F401
-    from transformers import (  # noqa: F401
-        AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
-        AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer, pipeline,
-    )
-
-    import bertpipe.evaluate.stage  # noqa: F401
-    import bertpipe.finetune.stage  # noqa: F401
+def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
+    return {name: upstream(name, cfg, stages) for name in stages}
 
 
-def _order(names: list[str], until: str | None) -> list[str]:
+def targets(names: list[str], until: str | None) -> list[str] | None:
+    """``--until X``: stage X (or every ``X/...``, e.g. ``finetune``) and, through the graph, what it needs."""
     if until is None:
-        return names
-    matches = [i for i, n in enumerate(names) if n == until or n.startswith(until + "/")]
+        return None
+    matches = [n for n in names if n == until or n.startswith(until + "/")]
     if not matches:
-        raise ValueError(f"--until {until!r}: not a stage of this pipeline ({names})")
-    return names[: max(matches) + 1]
+        raise BertpipeError(f"--until {until}: not a stage of this pipeline (have {', '.join(names)})")
+    return matches
 
 
-@flow(name="domain_adaptation", log_prints=True)
+def _outcome(fut) -> tuple[str, dict | None]:
+    """(status, result) of a finished future: built / cached from what Prefect and the stage reported."""
+    state = fut.state
+    if state.is_completed():
+        res = fut.result()
+        cached = state.name == "Cached" or res.get("status") == "cached"
+        return ("cached" if cached else "built"), res
+    return ("failed" if state.is_failed() or state.is_crashed() else "not run"), None
+
+
+@flow(name="domain_adaptation", log_prints=True, task_runner=ThreadPoolTaskRunner())
 def domain_adaptation(
     params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
     until: str | None = None,
@@ -52,54 +62,39 @@ def domain_adaptation(
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)
     stages = all_stages(cfg)
-    names = _order(list(stages), until)
+    graph = parallel.select(stage_graph(cfg, stages), targets(list(stages), until))
+    side_by_side = parallel.overlapping(graph)
+    workers, threads = parallel.plan(cfg.params.flow.max_parallel, max(1, len(side_by_side)))
+    priority = parallel.remaining(graph)
+    print(f"{len(graph)} stages; up to {workers} at once with {threads} thread(s) each "
+          f"({parallel.cores()} cores, flow.max_parallel: {cfg.params.flow.max_parallel})")
+    parallel.use_threads(parallel.cores())  # stages that run alone run here, on every core
+    pool = uuid.uuid4().hex
+    parallel.open_pool(pool, workers)
+    futures = {}
+    try:
+        with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent:
+            for name, ups in graph.items():
+                own = threads if workers > 1 and name in side_by_side else 0
+                futures[name] = task_for(stages[name]).submit(
+                    name, params, profile, overrides, own, pool, priority[name],
+                    wait_for=[futures[u] for u in ups])
+            for fut in futures.values():
+                fut.wait()
+            outcomes = {name: _outcome(fut) for name, fut in futures.items()}
+            parent.set_tags({f"bertpipe.fingerprint.{n}": r["fingerprint"] for n, (_, r) in outcomes.items() if r})
+    finally:
+        parallel.close_pool(pool)
+    failed = [n for n, (status, _) in outcomes.items() if status == "failed"]
+    if failed:
+        for n, (status, r) in outcomes.items():
+            print(stage_line(n, status, r["out"] if r else stages[n].output(cfg)))
+        futures[failed[0]].result()  # raises the first failure: the flow run fails with it
     results: dict[str, dict] = {}
-    with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent:
-        i = 0
-        while i < len(names):
-            name = names[i]
-            if name.startswith("finetune/"):
-                # Independent finetune runs go to the task runner together, at most flow.max_parallel at a time;
-                # when several run at once each gets its own process (see tasks.stages._isolated).
-                _warm_imports()
-                batch = [n for n in names[i:] if n.startswith("finetune/")]
-                width = max(1, cfg.params.flow.max_parallel)
-                isolated = width > 1 and len(batch) > 1
-                for j in range(0, len(batch), width):
-                    futures = {n: task_for(stages[n], cfg).submit(n, params, profile, overrides, isolated)
-                               for n in batch[j : j + width]}
-                    for n, fut in futures.items():
-                        results[n] = fut.result()
-                i += len(batch)
-                continue
-            results[name] = task_for(stages[name], cfg)(name, params, profile, overrides)
-            i += 1
-        parent.set_tags({f"bertpipe.fingerprint.{k}": v["fingerprint"] for k, v in results.items()})
+    for name, st in stages.items():
+        status, res = outcomes.get(name, ("skipped", None))
+        results[name] = {**(res or {"stage": name, "out": str(st.output(cfg))}), "status": status}
     return results
-
-
-def summary(results: dict, cfg) -> str:
-    """What a person wants at the end: what ran, where the report is, what got registered, how to browse it."""
-    import json
-
-    from bertpipe.tracking import display_uri, tracking_uri
-
-    lines = [f"{name:40s} {'up to date' if r['skipped'] else 'built':12s} {r['out']}" for name, r in results.items()]
-    report = cfg.work / "evaluate" / "report.md"
-    if report.exists():
-        lines.append(f"report: {report}")
-    registry = cfg.work / "register" / "registry.json"
-    if registry.exists():
-        reg = json.loads(registry.read_text())
-        for m in reg.get("models", []):
-            if not m.get("registered", True):
-                lines.append(f"not registered: {m['name']} ({m['reason']})")
-                continue
-            aliases = ",".join(m.get("aliases", [])) or "-"
-            lines.append(f"registered: {m['name']} version {m['version']} aliases [{aliases}]")
-    uri = display_uri(tracking_uri(cfg))
-    lines.append(f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--until", default=None)
     a = ap.parse_args(argv)
+    cfg = load_config(a.params, a.profile, a.overrides)
+    prefect_env(cfg)
     results = domain_adaptation(a.params, a.profile, a.overrides, a.until)
-    print(summary(results, load_config(a.params, a.profile, a.overrides)))
+    print(summary(results, cfg))
     return 0
 
 

@@ -17,15 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from prefect import flow
+
+from bertpipe.config import load_config
+from bertpipe.incoming import add_files, drop_dir
+from flows.domain_adaptation import domain_adaptation
+from flows.summary import summary
 from tasks.env import prefect_env
-
-prefect_env()
-
-from prefect import flow  # noqa: E402
-
-from bertpipe.config import load_config  # noqa: E402
-from bertpipe.incoming import add_files, drop_dir  # noqa: E402
-from flows.domain_adaptation import domain_adaptation, summary  # noqa: E402
 
 
 @flow(name="retrain", log_prints=True)
@@ -61,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--add", nargs="+", default=[])
     a = ap.parse_args(argv)
+    prefect_env(load_config(a.params, a.profile, a.overrides))  # Prefect's home under paths.state, before it starts
     out = retrain(a.params, a.add, a.profile, a.overrides)
     print(summary(out["results"], load_config(a.params, a.profile, out["overrides"])))
     return 0

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertpipe.config import load_config
+from flows.domain_adaptation import domain_adaptation
 from tasks.env import prefect_env
-
-prefect_env()
-
-from bertpipe.config import load_config  # noqa: E402
-from flows.domain_adaptation import domain_adaptation  # noqa: E402
 
 DEPLOYMENT = "bertpipe-domain-adaptation"
 
@@ -19,6 +16,7 @@ DEPLOYMENT = "bertpipe-domain-adaptation"
 def serve(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
           until: str | None = None, name: str = DEPLOYMENT) -> None:
     cfg = load_config(params, profile, overrides or [])
+    prefect_env(cfg)
     domain_adaptation.serve(
         name=name,
         cron=cfg.params.flow.cron,

@@ -1,29 +1,65 @@
-"""One Prefect task per stage. Each calls ``bertpipe.stage.run_stage`` on the library's Stage object; the cache key
-is the stage fingerprint, so a flow run reports a stage as Cached exactly when its output is fresh (and the CLI and
-`dvc repro` would skip it too)."""
+"""One Prefect task per stage. Each calls ``bertpipe.stage.run_stage`` on the library's Stage object (or the stage's
+CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint, computed
+when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly when its
+output is fresh (and the CLI and `dvc repro` would skip it too)."""
 
 from __future__ import annotations
 
-from tasks.env import prefect_env
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
 
-prefect_env()
+from prefect import task
+from prefect.cache_policies import CachePolicy
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-from prefect import task  # noqa: E402
-
-from bertpipe.config import Config, load_config  # noqa: E402
-from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage  # noqa: E402
+from bertpipe.config import Config, load_config
+from bertpipe.errors import BertpipeError
+from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+from tasks.parallel import child_env, slot
 
 
 def _config(params: str, profile: str | None, overrides: list[str]) -> Config:
     return load_config(params, profile, overrides)
 
 
-def _isolated(stage_name: str, params: str, profile: str | None, overrides: list[str]) -> None:
-    """Run the stage through the CLI in a child process. Concurrent tasks need this: transformers builds models
-    under a process-wide meta-device context while loading, which breaks a forward pass in a neighbouring thread."""
+def _stage(stage_name: str, cfg: Config) -> Stage:
+    from bertpipe.pipeline import all_stages
+
+    return all_stages(cfg)[stage_name]
+
+
+def cache_key(stage: Stage, fingerprint: str) -> str:
+    return f"bertpipe-{stage.name.replace('/', '-')}-{fingerprint}"
+
+
+@dataclass
+class FreshOutput(CachePolicy):
+    """Key = the stage's fingerprint while its output on disk is fresh; no key (run, don't read a record) while it is
+    stale, e.g. after `rm -r work/`. The task then records its result under the fingerprint itself (``_remember``),
+    so the next run with the output intact reads as Cached."""
+
+    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
+        cfg = _config(inputs["params"], inputs.get("profile"), list(inputs.get("overrides") or []))
+        stage = _stage(inputs["stage_name"], cfg)
+        fresh, fp = is_fresh(stage, cfg)
+        return cache_key(stage, fp) if fresh else None
+
+
+def _remember(key: str, result: dict) -> None:
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    if ctx is not None and ctx.result_store is not None and ctx.persist_result:
+        ctx.result_store.write(obj=result, key=key)
+
+
+def _isolated(stage_name: str, params: str, profile: str | None, overrides: list[str], threads: int,
+              cfg: Config) -> None:
+    """Run the stage through the CLI in a child process with ``threads`` torch threads. Stages that run beside
+    others need this: transformers builds models under a process-wide meta-device context while loading, which
+    breaks a forward pass in a neighbouring thread, and torch's thread pools are per process."""
     from bertpipe.dvcfile import cli_args
 
     cmd = [sys.executable, "-m", "bertpipe.cli", *cli_args(stage_name), "--params", params]
@@ -31,48 +67,59 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         cmd += ["--profile", profile]
     for o in overrides:
         cmd += ["--set", o]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    print(proc.stdout[-4000:])
+    log = cfg.state / "logs" / f"{stage_name.replace('/', '__')}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[{stage_name}] running in its own process with {threads} thread(s); log: {log}")
+    with open(log, "ab") as fh:  # appended: concurrent flow runs may run the same stage
+        start = fh.tell()
+        fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads))
+    with open(log, "rb") as fh:
+        fh.seek(start)
+        tail = fh.read().decode("utf-8", errors="replace")
     if proc.returncode != 0:
-        raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}): "
-                           + (proc.stdout.strip().splitlines() or ["no output"])[-1])
+        print(tail[-4000:])
+        last = (tail.strip().splitlines() or ["no output"])[-1]
+        if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
+            raise BertpipeError(last[len("error: "):])
+        raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
+
+
+def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | None) -> dict:
+    return {"stage": name, "out": str(out), "fingerprint": fp, "status": status,
+            "metrics": {k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float, str))},
+            "mlflow_run_id": run_id}
 
 
 @task(persist_result=True, result_serializer="json", log_prints=True)  # results are data: never pickles
 def stage_task(stage_name: str, params: str, profile: str | None = None, overrides: list[str] | None = None,
-               isolated: bool = False) -> dict:
-    from bertpipe.pipeline import all_stages
-
-    cfg = _config(params, profile, overrides or [])
-    stage = all_stages(cfg)[stage_name]
-    if isolated:
-        _isolated(stage_name, params, profile, list(overrides or []))
+               threads: int = 0, pool: str = "", priority: int = 0) -> dict:
+    """Run one stage. ``threads`` > 0: in a child process with that many torch threads; ``pool``/``priority``: the
+    flow run's slot pool (see tasks.parallel)."""
+    overrides = list(overrides or [])
+    cfg = _config(params, profile, overrides)
+    stage = _stage(stage_name, cfg)
+    with slot(pool, priority):
         fresh, fp = is_fresh(stage, cfg)
-        m = read_manifest(stage.output(cfg)) or {}
-        if not fresh:
-            raise RuntimeError(f"{stage_name}: the child process finished but {stage.output(cfg)} is not fresh")
-        return {"stage": stage_name, "out": str(stage.output(cfg)), "fingerprint": fp, "skipped": False,
-                "metrics": {k: v for k, v in (m.get("metrics") or {}).items() if isinstance(v, (int, float, str))},
-                "mlflow_run_id": m.get("mlflow_run_id")}
-    res = run_stage(stage, cfg)
-    return {
-        "stage": res.name,
-        "out": str(res.out),
-        "fingerprint": res.fingerprint,
-        "skipped": res.skipped,
-        "metrics": {k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str))},
-        "mlflow_run_id": res.run_id,
-    }
+        if threads and not fresh:
+            launched = time.time()
+            _isolated(stage_name, params, profile, overrides, threads, cfg)
+            fresh, fp = is_fresh(stage, cfg)
+            if not fresh:
+                raise RuntimeError(f"{stage_name}: the child process finished but {stage.output(cfg)} is not fresh")
+            m = read_manifest(stage.output(cfg)) or {}
+            # An output started before the child was: a concurrent flow run built it, the child only waited.
+            status = "built" if m.get("started", 0) >= launched else "cached"
+            res = _result(stage_name, stage.output(cfg), fp, status, m.get("metrics"), m.get("mlflow_run_id"))
+        else:
+            r = run_stage(stage, cfg)
+            res = _result(r.name, r.out, r.fingerprint, "cached" if r.skipped else "built", r.metrics, r.run_id)
+    if res["status"] == "built":
+        _remember(cache_key(stage, res["fingerprint"]), res)
+    return res
 
 
-def task_for(stage: Stage, cfg: Config):
-    """The stage's task, keyed by its fingerprint. A stale output refreshes the cache entry instead of reusing it,
-    which keeps Prefect's cache and the on-disk manifests in agreement (e.g. after `rm -r work/`)."""
-    fresh, fp = is_fresh(stage, cfg)
-    key = f"bertpipe-{stage.name.replace('/', '-')}-{fp}"
-    return stage_task.with_options(
-        name=stage.name,
-        task_run_name=stage.name,
-        cache_key_fn=lambda *_: key,
-        refresh_cache=not fresh,
-    )
+def task_for(stage: Stage, cfg: Config | None = None):
+    """The stage's task: named after the stage, cached by its fingerprint (see FreshOutput)."""
+    return stage_task.with_options(name=stage.name, task_run_name=stage.name, cache_policy=FreshOutput())

@@ -85,6 +85,7 @@ def build(ctx, task: str, encoder: str) -> dict:
         raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
     key = (f"finetune.tasks.{task}.train_overrides.max_seq_len" if "max_seq_len" in p.train_overrides
            else "finetune.train.max_seq_len")
+    # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
     tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, key, ctx.log)})
     splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in D.SPLITS}
     H.describe(counts)

@@ -1,0 +1,63 @@
+"""The end-of-run summary every door prints: per stage what actually happened, then where to look.
+
+    built    the stage ran and wrote its output
+    cached   its output was already fresh (Prefect reported Cached, or the fingerprint matched): nothing ran
+    skipped  not run in this invocation (e.g. after `--until`)
+
+Imports neither Prefect nor torch, so the per-stage CLI commands use it too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+STATUSES = ("built", "cached", "skipped")
+
+
+def status_of(result: dict) -> str:
+    """A stage result's status; results from before statuses existed carry only ``skipped`` (= up to date)."""
+    if result.get("status") in STATUSES:
+        return result["status"]
+    return "cached" if result.get("skipped") else "built"
+
+
+def stage_line(name: str, status: str, out: Any) -> str:
+    return f"{name:40s} {status:8s} {out}"
+
+
+def registry_lines(cfg) -> list[str]:
+    """What the register stage did. ``bertpipe.register.summary_lines(registry_json)`` says it when the register
+    package offers it; otherwise read registry.json here."""
+    registry = cfg.work / "register" / "registry.json"
+    try:
+        from bertpipe.register import summary_lines
+    except ImportError:
+        summary_lines = None
+    if summary_lines is not None:
+        return list(summary_lines(registry)) if registry.exists() else []
+    if not registry.exists():
+        return []
+    lines = []
+    for m in json.loads(registry.read_text(encoding="utf-8")).get("models", []):
+        if not m.get("registered", True):
+            lines.append(f"not registered: {m['name']} ({m.get('reason', '')})")
+            continue
+        aliases = ",".join(m.get("aliases", [])) or "-"
+        lines.append(f"registered: {m['name']} version {m['version']} aliases [{aliases}]")
+    return lines
+
+
+def summary(results: dict[str, dict], cfg) -> str:
+    """What a person wants at the end: per stage built / cached / skipped, the report, the registry, the UI."""
+    from bertpipe.tracking import tracking_uri
+
+    lines = [stage_line(name, status_of(r), r.get("out", "")) for name, r in results.items()]
+    counts = {s: sum(status_of(r) == s for r in results.values()) for s in STATUSES}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    report = cfg.work / "evaluate" / "report.md"
+    if report.exists():
+        lines.append(f"report: {report}")
+    lines += registry_lines(cfg)
+    lines.append(f"browse: mlflow ui --backend-store-uri {tracking_uri(cfg)} --host 127.0.0.1 --port 5000")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""How the flow spends the machine's cores.
+
+Measured cause (issue 10): two finetunes in parallel child processes, each with torch's default intra-op threads
+(= every core), plus the temporary Prefect server, ran ~6x slower on 2 cores than one finetune alone. So concurrent
+stages divide the cores: ``workers`` stages run at once, each with ``cores // workers`` threads, set before torch
+starts its pools (OMP_NUM_THREADS/MKL_NUM_THREADS in the child's environment). A stage the graph never lets overlap
+another (prepare, evaluate, ...) runs in the flow's own process on every core.
+
+Why a slot pool rather than only the task runner's ``max_workers``: a submitted task waits for its upstream futures
+*inside* a runner thread, so a bounded thread pool fills with waiting tasks while cores idle. Every stage gets a
+thread; a stage takes one of ``workers`` slots only once its inputs exist, longest remaining path first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+from typing import Iterator
+
+# The graph as {stage: [upstream stages]}, in a topological order (bertpipe.pipeline.all_stages's order).
+Graph = dict[str, list[str]]
+
+
+def cores() -> int:
+    """Cores this process may use: the affinity mask (taskset, cpusets), narrowed by a cgroup v2 CPU quota
+    (`docker --cpus`), which the mask does not show."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def auto_workers(n_cores: int) -> int:
+    """``flow.max_parallel: auto``. On 2 cores two 1-thread finetunes beat one 2-thread finetune after another
+    (bench/bench_flow.py: in-flow / alone ratio > 1); tiny models stop scaling past a few threads, so bigger
+    machines run up to 4 stages of >= 2 threads each."""
+    if n_cores < 2:
+        return 1
+    if n_cores < 8:
+        return 2
+    return 4
+
+
+def plan(max_parallel: int | str, width: int, n_cores: int | None = None) -> tuple[int, int]:
+    """(workers, threads per worker) when at most ``width`` stages can run at once (``len(overlapping(graph))``
+    bounds it)."""
+    n = n_cores or cores()
+    wanted = auto_workers(n) if max_parallel == "auto" else int(max_parallel)
+    workers = max(1, min(wanted, width))
+    return workers, max(1, n // workers)
+
+
+def ancestors(graph: Graph, name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[name])
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += graph[n]
+    return seen
+
+
+def select(graph: Graph, until: list[str] | None) -> Graph:
+    """The part of the graph needed for ``until`` (those stages and everything upstream); all of it for None."""
+    if until is None:
+        return graph
+    keep = set(until)
+    for n in until:
+        keep |= ancestors(graph, n)
+    return {n: [u for u in ups if u in keep] for n, ups in graph.items() if n in keep}
+
+
+def overlapping(graph: Graph) -> set[str]:
+    """Stages that may run at the same time as another one: those with some stage neither up- nor downstream."""
+    anc = {n: ancestors(graph, n) for n in graph}
+    return {a for a in graph for b in graph if a != b and a not in anc[b] and b not in anc[a]}
+
+
+def remaining(graph: Graph) -> dict[str, int]:
+    """Stages on the longest path from each stage to the end: the scheduling priority (critical path first)."""
+    down: dict[str, list[str]] = {n: [] for n in graph}
+    for n, ups in graph.items():
+        for u in ups:
+            down[u].append(n)
+    out: dict[str, int] = {}
+    for n in reversed(list(graph)):
+        out[n] = 1 + max((out[d] for d in down[n]), default=0)
+    return out
+
+
+class Slots:
+    """A counting semaphore that admits the highest-priority waiter first (FIFO among equals)."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, int]] = []
+        self._seq = itertools.count()
+
+    @contextlib.contextmanager
+    def hold(self, priority: int = 0) -> Iterator[None]:
+        with self._cond:
+            ticket = (-priority, next(self._seq))
+            heapq.heappush(self._queue, ticket)
+            while not (self.free > 0 and self._queue[0] == ticket):
+                self._cond.wait()
+            heapq.heappop(self._queue)
+            self.free -= 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.free += 1
+                self._cond.notify_all()
+
+
+_POOLS: dict[str, Slots] = {}
+
+
+def open_pool(key: str, n: int) -> None:
+    _POOLS[key] = Slots(n)
+
+
+def close_pool(key: str) -> None:
+    _POOLS.pop(key, None)
+
+
+@contextlib.contextmanager
+def slot(key: str, priority: int) -> Iterator[None]:
+    """Hold a slot of the flow run's pool; without a pool (a task called on its own) run at once."""
+    pool = _POOLS.get(key)
+    if pool is None:
+        yield
+        return
+    with pool.hold(priority):
+        yield
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a stage's child process: its share of the cores, set before torch starts its pools."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def use_threads(n: int) -> None:
+    """This process's torch pools: ``n`` intra-op threads; inter-op threads too while torch still allows it."""
+    import torch
+
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # only settable before the first inter-op parallel work
+        torch.set_num_interop_threads(n)

@@ -1,0 +1,112 @@
+"""How the flow turns the stage graph into concurrency: edges from inputs, what may overlap, cores per worker, and
+the slot pool's order. (The real flow runs in test_front_doors, test_pipeline_e2e and test_own_domain.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bertpipe.config import load_config
+from bertpipe.pipeline import all_stages, upstream
+from tasks import parallel
+from tests.e2e_project import write_project
+
+
+def demo_graph(tmp_path, sample_raw, extra: dict | None = None) -> parallel.Graph:
+    cfg = load_config(write_project(tmp_path, sample_raw, extra))
+    stages = all_stages(cfg)
+    return {n: upstream(n, cfg, stages) for n in stages}
+
+
+def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
+    g = demo_graph(tmp_path, sample_raw)
+    assert g["prepare"] == []
+    assert g["base"] == ["prepare"]
+    assert g["vocab"] == ["prepare", "base"]
+    assert g["pretrain"] == ["prepare", "vocab"]
+    assert g["finetune/sentiment/base"] == ["base"]
+    assert g["finetune/sentiment/adapted"] == ["pretrain"]
+    assert set(g["register"]) >= {"evaluate", "pretrain", "finetune/sentiment/adapted"}
+    # A base given as a directory is no stage: its finetunes need nothing upstream.
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    g2 = demo_graph(tmp_path / "p2", sample_raw, {"model": {"base": str(enc)}})
+    assert "base" not in g2 and g2["finetune/sentiment/base"] == []
+
+
+def test_what_may_overlap_and_until(tmp_path, sample_raw):
+    g = demo_graph(tmp_path, sample_raw)
+    side = parallel.overlapping(g)
+    # prepare, base, evaluate and register are each before or after every other stage: they run alone.
+    assert not side & {"prepare", "base", "evaluate", "register"}
+    assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted"} <= side
+    upto = parallel.select(g, ["pretrain"])
+    assert list(upto) == ["prepare", "base", "vocab", "pretrain"] and not parallel.overlapping(upto)
+    prio = parallel.remaining(g)
+    assert prio["pretrain"] > prio["finetune/sentiment/base"]  # the critical path goes first
+
+
+def test_plan_divides_the_cores():
+    assert parallel.plan("auto", 6, n_cores=2) == (2, 1)
+    assert parallel.plan("auto", 6, n_cores=16) == (4, 4)
+    assert parallel.plan("auto", 1, n_cores=16) == (1, 16)  # nothing can overlap: one stage on every core
+    assert parallel.plan(1, 6, n_cores=2) == (1, 2)
+    assert parallel.plan(3, 6, n_cores=2) == (3, 1)
+    assert parallel.plan("auto", 6, n_cores=1) == (1, 1)
+
+
+def test_slots_admit_by_priority_and_never_exceed_the_count():
+    slots = parallel.Slots(1)
+    order, running, peak = [], [0], [0]
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def worker(name: str, prio: int) -> None:
+        with slots.hold(prio):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                order.append(name)
+            if name == "first":
+                release.wait(5)
+            time.sleep(0.01)
+            with lock:
+                running[0] -= 1
+
+    first = threading.Thread(target=worker, args=("first", 0))
+    first.start()
+    while not order:
+        time.sleep(0.01)
+    others = [threading.Thread(target=worker, args=(n, p)) for n, p in (("low", 1), ("high", 5), ("mid", 3))]
+    for t in others:
+        t.start()
+        time.sleep(0.05)  # all three queue while "first" holds the slot
+    release.set()
+    for t in [first, *others]:
+        t.join(10)
+    assert order == ["first", "high", "mid", "low"] and peak[0] == 1
+
+
+def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
+    import pytest
+
+    from bertpipe.errors import BertpipeError
+    from tasks.stages import _isolated
+
+    params = write_project(tmp_path, sample_raw, {"finetune": {"tasks": {"mine": {
+        "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
+    cfg = load_config(params)
+    with pytest.raises(BertpipeError, match="missing.csv"):
+        _isolated("finetune/mine/base", str(params), None, [], 1, cfg)
+    log = (cfg.state / "logs" / "finetune__mine__base.log").read_text()
+    assert log.startswith("=== ") and "error: " in log and "Traceback" not in log
+
+
+def test_an_unknown_until_is_a_one_line_error_before_the_flow_starts(tmp_path, sample_raw):
+    from tests.e2e_project import run
+
+    write_project(tmp_path, sample_raw)
+    proc = run(["bertpipe", "run", "--until", "pretrian"], tmp_path, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--until pretrian" in proc.stderr
+    assert not (tmp_path / "work").exists()
