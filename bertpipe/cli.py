@@ -408,21 +408,23 @@ def models_serve(
     host: Optional[str] = typer.Option(None, help="bind address (serve.host; 127.0.0.1 unless told otherwise)"),
     port: Optional[int] = typer.Option(None, help="port (serve.port)"),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="serve.max_batch_size (1: off)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="torch, onnx or int8 (serve.backend; the ONNX "
+                                          "files registered with the version)"),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
     from bertpipe.serve.app import serve
-    from bertpipe.serve.predictor import ModelRef, resolve_version
-    from bertpipe.tracking import tracking_uri
+    from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 
-    extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size))
-             if v is not None]
-    cfg, c = _registry(params, profile, list(set_ or []) + extra)
+    extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size),
+                                            ("backend", backend)) if v is not None]
+    overrides = list(set_ or []) + extra
+    cfg, c = _registry(params, profile, overrides)
     sp = cfg.params.serve
-    if sp.backend != "torch":
-        raise BertpipeError(f"serve.backend: {sp.backend!r} is not available yet (use torch)")
     ref = ModelRef.parse(model, sp.alias)
-    resolve_version(c, ref)  # a one-line error now rather than a worker that never becomes ready
-    serve(ref, tracking_uri(cfg), sp, cfg.state, log=lambda m: typer.echo(m, err=True))
+    # Load it once here: a missing model or export is a one-line error now, not a worker that never becomes ready
+    # (and the version's files are then cached for the worker).
+    Served(cfg, ref.name, resolve_version(c, ref), sp.backend, sp.max_batch_size)
+    serve(ref, (str(Path(params).resolve()), profile, overrides), sp, cfg.state, log=lambda m: typer.echo(m, err=True))
 
 
 @models_app.command("predict", help="Score a jsonl/csv/txt file with a registered model (NAME, NAME@alias, NAME/3).")

@@ -41,7 +41,7 @@ def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str
                    name: str = "bertpipe-sentiment", hidden: int = 32, layers: int = 1) -> tuple[Path, list[str]]:
     """A project dir (params.yaml + state) whose registry holds ``versions`` versions of ``name``; v1 is champion."""
     from bertpipe.config import load_config
-    from bertpipe.register.registry import set_champion
+    from bertpipe.register.registry import promote
     from bertpipe.register.stage import _log_and_register
     from bertpipe.tracking import client, experiment_id, fluent_mlflow
 
@@ -56,5 +56,5 @@ def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str
                                    hidden=hidden, layers=layers)
             with mlflow.start_run(experiment_id=experiment_id(cfg)):
                 made.append(_log_and_register(mlflow, name, model_dir, task, "zh", []))
-    set_champion(client(cfg), name, made[0])
+    promote(client(cfg), name, made[0])
     return root, made

@@ -122,7 +122,7 @@ def test_serves_batches_follows_alias_and_refuses_bad_input(registry):
     svc = Service(registry, "serve.poll_s=0.5", "serve.batch_wait_ms=20")
     try:
         status, health, _ = svc.get("/health")
-        assert status == 200 and health["version"] == "1" and health["task"] == "text-classification"
+        assert status == 200 and health["version"] == "1" and health["task"] == "classification"
         status, out, _ = svc.predict("这个产品很好")
         assert status == 200 and out["version"] == "1" and out["label"] in ("neg", "pos") and 0 <= out["score"] <= 1
         # Concurrent requests are answered one-to-one (batched inside), each with its own text's prediction.

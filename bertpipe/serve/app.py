@@ -25,32 +25,34 @@ from pathlib import Path
 
 import litserve as ls
 
-from bertpipe.serve.predictor import ModelRef, Predictor, input_kind, resolve_version
+from bertpipe.serve.predictor import ModelRef, Served, input_kind, resolve_version
 from bertpipe.serve.params import ServeParams
 
 
 class RegistryModelAPI(ls.LitAPI):
-    def __init__(self, ref: ModelRef, tracking_uri: str, sp: ServeParams, state_file: Path):
+    def __init__(self, ref: ModelRef, config: tuple, sp: ServeParams, state_file: Path):
         super().__init__(max_batch_size=sp.max_batch_size, batch_timeout=sp.batch_wait_ms / 1000.0)
-        self.ref, self.uri, self.sp, self.state_file = ref, tracking_uri, sp, Path(state_file)
+        # (params path, profile, overrides): the worker is a spawned process and loads the config itself
+        self.ref, self.config, self.sp, self.state_file = ref, config, sp, Path(state_file)
 
     # ------------------------------------------------------------ worker process
     def setup(self, device) -> None:
-        from mlflow.tracking import MlflowClient
+        from bertpipe.config import load_config
+        from bertpipe.tracking import client
 
         if self.sp.num_threads:
             import torch
 
             torch.set_num_threads(self.sp.num_threads)
-
-        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.cfg = load_config(*self.config)
+        self.client = client(self.cfg)
         self.lock = threading.Lock()
         self.model = self._load(resolve_version(self.client, self.ref))
         if self.ref.alias:  # a pinned version never moves
             threading.Thread(target=self._follow, name="follow-alias", daemon=True).start()
 
-    def _load(self, version: str) -> Predictor:
-        model = Predictor(self.ref.name, version, self.uri)
+    def _load(self, version: str) -> Served:
+        model = Served(self.cfg, self.ref.name, version, self.sp.backend, self.sp.max_batch_size)
         _write_state(self.state_file, {"model": self.ref.name, "alias": self.ref.alias, "version": model.version,
                                        "task": model.task, "backend": self.sp.backend, "loaded_at": time.time()})
         return model
@@ -203,7 +205,7 @@ async def _reply(send, status: int, reason: str, retry: int | None = None) -> No
     await send({"type": "http.response.body", "body": body})
 
 
-def serve(ref: ModelRef, tracking_uri: str, sp: ServeParams, state_dir: Path, log=print) -> None:
+def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, log=print) -> None:
     """Run the service until SIGTERM/SIGINT; then stop admitting, let in-flight requests finish, exit."""
     from fastapi.responses import JSONResponse
 
@@ -217,7 +219,7 @@ def serve(ref: ModelRef, tracking_uri: str, sp: ServeParams, state_dir: Path, lo
         except (OSError, ValueError):
             return {}
 
-    api = RegistryModelAPI(ref, tracking_uri, sp, state_file)
+    api = RegistryModelAPI(ref, config, sp, state_file)
     server = ls.LitServer(
         api, accelerator="cpu", devices=1, workers_per_device=1, timeout=sp.request_timeout_s,
         healthcheck_path="/ready", fast_queue=True, middlewares=[(Guard, {"sp": sp, "shared": shared,
