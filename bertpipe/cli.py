@@ -66,9 +66,12 @@ def end_progress_bars() -> None:
     tqdm_mod = sys.modules.get("tqdm")
     if tqdm_mod is None:
         return  # nothing drew a bar
-    for bar in list(getattr(getattr(tqdm_mod, "tqdm", None), "_instances", None) or []):
+    bars = list(getattr(getattr(tqdm_mod, "tqdm", None), "_instances", None) or [])
+    for bar in bars:
         with contextlib.suppress(Exception):
             bar.close()
+    if not bars:
+        return  # tqdm imported (transformers does) but no bar on screen: the error line is already at column 0
     with contextlib.suppress(Exception):
         sys.stderr.write("\r\033[K" if sys.stderr.isatty() else "\n")
         sys.stderr.flush()

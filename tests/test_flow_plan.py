@@ -20,28 +20,31 @@ def demo_graph(tmp_path, sample_raw, extra: dict | None = None) -> parallel.Grap
 
 def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
-    assert g["prepare"] == []
+    assert g["tasks"] == []
+    assert g["prepare"] == ["tasks"]  # the dev/test texts it keeps out of the pretraining corpora
     assert g["base"] == ["prepare"]
     assert g["vocab"] == ["prepare", "base"]
     assert g["pretrain"] == ["prepare", "vocab"]
-    assert g["finetune/sentiment/base"] == ["base"]
-    assert g["finetune/sentiment/adapted"] == ["pretrain"]
+    assert sorted(g["finetune/sentiment/base"]) == ["base", "tasks"]
+    assert sorted(g["finetune/sentiment/adapted"]) == ["pretrain", "tasks"]
     assert set(g["register"]) >= {"evaluate", "pretrain", "finetune/sentiment/adapted"}
     # A base given as a directory is no stage: its finetunes need nothing upstream.
     enc = tmp_path / "enc"
     enc.mkdir()
     g2 = demo_graph(tmp_path / "p2", sample_raw, {"model": {"base": str(enc)}})
-    assert "base" not in g2 and g2["finetune/sentiment/base"] == []
+    assert "base" not in g2 and g2["finetune/sentiment/base"] == ["tasks"]
 
 
 def test_what_may_overlap_and_until(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
     side = parallel.overlapping(g)
-    # prepare, base, evaluate and register are each before or after every other stage: they run alone.
-    assert not side & {"prepare", "base", "evaluate", "register"}
-    assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted"} <= side
+    # tasks, prepare, base and register are each before or after every other stage: they run alone. (evaluate may
+    # run beside the distill/export stages, which also hang off the finetunes.)
+    assert not side & {"tasks", "prepare", "base", "register"}
+    assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted", "evaluate",
+            "distill/sentiment"} <= side
     upto = parallel.select(g, ["pretrain"])
-    assert list(upto) == ["prepare", "base", "vocab", "pretrain"] and not parallel.overlapping(upto)
+    assert list(upto) == ["tasks", "prepare", "base", "vocab", "pretrain"] and not parallel.overlapping(upto)
     prio = parallel.remaining(g)
     assert prio["pretrain"] > prio["finetune/sentiment/base"]  # the critical path goes first
 
@@ -97,8 +100,8 @@ def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
         "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
     cfg = load_config(params)
     with pytest.raises(BertpipeError, match="missing.csv"):
-        _isolated("finetune/mine/base", str(params), None, [], 1, cfg)
-    log = (cfg.state / "logs" / "finetune__mine__base.log").read_text()
+        _isolated("tasks", str(params), None, [], 1, cfg)  # task data is read where it is materialised
+    log = (cfg.state / "logs" / "tasks.log").read_text()
     assert log.startswith("=== ") and "error: " in log and "Traceback" not in log
 
 
@@ -108,5 +111,5 @@ def test_an_unknown_until_is_a_one_line_error_before_the_flow_starts(tmp_path, s
     write_project(tmp_path, sample_raw)
     proc = run(["bertpipe", "run", "--until", "pretrian"], tmp_path, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--until pretrian" in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--until 'pretrian'" in proc.stderr
     assert not (tmp_path / "work").exists()

@@ -19,7 +19,8 @@ NAME = "bertpipe-encoder"
 
 @pytest.fixture()
 def project(tmp_path, sample_raw):
-    return write_project(tmp_path / "proj", sample_raw)
+    # No finetune tasks: prepare's identity (the corpus id) then needs no task splits on disk.
+    return write_project(tmp_path / "proj", sample_raw, extra={"finetune": {"tasks": {}}})
 
 
 def _client(cfg):
