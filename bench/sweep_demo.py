@@ -70,10 +70,13 @@ fto("sent2", "e0", "sentiment", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("law", "e0", "law_department", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("ner", "e0", "msra_ner", lr=3e-4, max_train_examples=3000, epochs=3)
 fto("law2", "e0", "law_department", lr=3e-4, max_train_examples=12000, epochs=3)  # what 0.30 would take
+fto("law3", "e0", "law_department", "base", lr=3e-4, max_train_examples=12000, epochs=3)
+fto("ner2", "e0", "msra_ner", lr=1e-3, max_train_examples=6000, epochs=3)
+fto("ner3", "e0", "msra_ner", "base", lr=1e-3, max_train_examples=6000, epochs=3)
+fto("ner3", "e0", "msra_ner", lr=1e-3, max_train_examples=10000, epochs=3)  # what 0.30 would take
 # the same settings from the base encoder: the demo's comparison at e0
 fto("base0", "e0", "sentiment", "base", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("base0", "e0", "law_department", "base", lr=3e-4, max_train_examples=6000, epochs=3)
-fto("base0", "e0", "msra_ner", "base", lr=3e-4, max_train_examples=3000, epochs=3)
 
 # ---- baselines on the same capped train split and the same (capped) test split the finetunes score on
 for task, caps in (("sentiment", (3000, 6000)), ("law_department", (6000,)), ("msra_ner", (6000,))):
