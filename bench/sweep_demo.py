@@ -79,7 +79,7 @@ fto("base0", "e0", "sentiment", "base", lr=3e-4, max_train_examples=6000, epochs
 fto("base0", "e0", "law_department", "base", lr=3e-4, max_train_examples=6000, epochs=3)
 
 # ---- baselines on the same capped train split and the same (capped) test split the finetunes score on
-for task, caps in (("sentiment", (3000, 6000)), ("law_department", (6000,)), ("msra_ner", (6000,))):
+for task, caps in (("sentiment", (3000, 6000)), ("law_department", (6000, 12000)), ("msra_ner", (6000,))):
     for n in caps:
         TRIES.append(("bl", f"baseline/{task}/n={n}", f"baseline:{task}",
                       {f"finetune.tasks.{task}.train_overrides.max_train_examples": n}))
