@@ -39,7 +39,9 @@ OUT = REPO / "bench" / "out"
 QUICK_SETS = {  # --quick: the demo profile shrunk until the whole chain takes a few minutes under load
     "base.max_steps": 30, "pretrain.max_steps": 30, "vocab.head_fit_steps": 10, "vocab.eval_texts": 8,
     "finetune.train.max_train_examples": 400, "finetune.train.max_eval_examples": 150, "finetune.train.epochs": 1,
-    "finetune.tasks.msra_ner.train_overrides.max_train_examples": 400,
+    # per task too: a profile's per-task override (law_department 12,000, NER 6,000) would win over the shared cap
+    **{f"finetune.tasks.{t}.train_overrides.max_train_examples": 400
+       for t in ("law_department", "sentiment", "msra_ner")},
 }
 
 
