@@ -74,6 +74,7 @@ fto("law3", "e0", "law_department", "base", lr=3e-4, max_train_examples=12000, e
 fto("ner2", "e0", "msra_ner", lr=1e-3, max_train_examples=6000, epochs=3)
 fto("ner3", "e0", "msra_ner", "base", lr=1e-3, max_train_examples=6000, epochs=3)
 fto("ner3", "e0", "msra_ner", lr=1e-3, max_train_examples=10000, epochs=3)  # what 0.30 would take
+fto("ner4", "e0", "msra_ner", "base", lr=1e-3, max_train_examples=10000, epochs=3)
 # the same settings from the base encoder: the demo's comparison at e0
 fto("base0", "e0", "sentiment", "base", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("base0", "e0", "law_department", "base", lr=3e-4, max_train_examples=6000, epochs=3)
