@@ -6,8 +6,10 @@ Every try runs one stage *alone* through the CLI (`bertpipe base|vocab|pretrain|
 (OMP_NUM_THREADS=1, finetune.train.num_threads=1), one after another, in a throwaway project that reads the real sample
 data. Budgets are steps only (no `max_time_s`), so the quality columns do not depend on machine load; the time columns
 do, which is why each try also records its CPU seconds (≈ the wall time it would take alone on an idle core) and a
-fixed reference workload is timed at the start and end of each invocation (`ref_s`): divide a wall time by the
-reference's wall time of the same run to compare runs taken under different load.
+fixed single-thread reference workload timed just before it (`ref_s` wall, `ref_cpu_s` CPU): the reference's CPU
+time stays put while its wall time follows the load, which is what licenses reading CPU seconds as idle-core time.
+Several groups may run at once in separate projects (`--project`) whose work_<build> encoder dirs are symlinks to
+one build; two invocations must not share a project (a finetune output dir is rewritten by each try).
 
 Results are appended to bench/out/sweep_demo.jsonl (a try already recorded is skipped, so the sweep resumes and grows
 group by group); the table bench/out/sweep_demo.md is rewritten from all records and printed. docs/demo-budget.md reads
@@ -51,7 +53,7 @@ def ft(group: str, build: str, task: str, encoder: str, name: str = "", **sets) 
 
 
 T = "finetune.train."
-# ---- encoder builds: the old demo (e0), and 3x the steps (e1)
+# ---- encoder builds: the old demo's (e0); e1 (2.5x the steps) is defined but was not run this round
 enc("enc", "e0")  # the old demo's 200 + 200 steps (its 120 s wall clock removed)
 enc("enc1", "e1", base__max_steps=600, pretrain__max_steps=400)  # ~ the flow's budget for encoders
 # ---- finetune on e0: lr, data, epochs, precision per task (one finetune is one try). Overrides go to the task's
