@@ -119,11 +119,14 @@ def task_splits(project: Path, params_sets: dict, task: str):
     from bertpipe.config import load_config
     from bertpipe.finetune import data as D
 
+    from bertpipe.taskdata import read_task, task_dir
+
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in params_sets.items()])
     fp = cfg.params.finetune
     p = fp.tasks[task]
     tp = p.train_params(fp.train)
-    data = D.load_task(p, cfg.path, Counter())
+    tdir = task_dir(cfg, task)  # the `tasks` stage's materialised splits when it has run, else the raw files
+    data = read_task(tdir) if (tdir / "splits.json").exists() else D.load_task(p, cfg.path, Counter())
     return D.cap(data["train"], tp.max_train_examples, p.split_seed), D.cap(data["test"], tp.max_eval_examples,
                                                                                p.split_seed)
 
