@@ -53,7 +53,7 @@ def ft(group: str, build: str, task: str, encoder: str, name: str = "", **sets) 
 
 
 T = "finetune.train."
-# ---- encoder builds: the old demo's (e0); e1 (2.5x the steps) is defined but was not run this round
+# ---- encoder builds: the old demo's (e0) and 2.5x the steps (e1)
 enc("enc", "e0")  # the old demo's 200 + 200 steps (its 120 s wall clock removed)
 enc("enc1", "e1", base__max_steps=600, pretrain__max_steps=400)  # ~ the flow's budget for encoders
 # ---- finetune on e0: lr, data, epochs, precision per task (one finetune is one try). Overrides go to the task's
@@ -77,6 +77,9 @@ fto("ner2", "e0", "msra_ner", lr=1e-3, max_train_examples=6000, epochs=3)
 fto("ner3", "e0", "msra_ner", "base", lr=1e-3, max_train_examples=6000, epochs=3)
 fto("ner3", "e0", "msra_ner", lr=1e-3, max_train_examples=10000, epochs=3)  # what 0.30 would take
 fto("ner4", "e0", "msra_ner", "base", lr=1e-3, max_train_examples=10000, epochs=3)
+# e1's encoders (2.5x the encoder steps) at the chosen finetune settings: what encoder steps buy
+fto("e1ft", "e1", "sentiment", lr=3e-4, max_train_examples=6000, epochs=3)
+fto("e1ft", "e1", "law_department", lr=3e-4, max_train_examples=12000, epochs=3)
 # the same settings from the base encoder: the demo's comparison at e0
 fto("base0", "e0", "sentiment", "base", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("base0", "e0", "law_department", "base", lr=3e-4, max_train_examples=6000, epochs=3)
