@@ -2,6 +2,7 @@
 server, on the same registered model, driven over 127.0.0.1 with a bounded load in one run.
 
     python bench/bench_serve.py                       # builds a demo-sized registry (2 layers x 128) in a temp dir
+    python bench/bench_serve.py --layers 6 --hidden 512   # a model where compute, not HTTP, dominates
     python bench/bench_serve.py --project . --model bertpipe-sentiment@champion   # a real project's registry
 
 Prints examples/s and p50/p99 latency at concurrency 1, 8 and 32 (a fixed number of requests each), and the ratio
@@ -97,6 +98,8 @@ def main() -> int:
     ap.add_argument("--wait-ms", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of each server's model process (the same for every server measured)")
+    ap.add_argument("--hidden", type=int, default=128, help="size of the built model (without --project)")
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--skip-mlflow", action="store_true")
     a = ap.parse_args()
     from e2e_project import env_for
@@ -110,8 +113,8 @@ def main() -> int:
             from bertpipe.samples import DEFAULT_SAMPLES, fetch_samples
 
             fetch_samples(tok.parent, REPO / ".bertpipe", DEFAULT_SAMPLES, log=lambda *_: None)
-        print(f"building a demo-sized registry (2 layers x 128 hidden) in {a.project}", file=sys.stderr)
-        build_registry(a.project, tok, versions=1, hidden=128, layers=2)
+        print(f"building a registry ({a.layers} layers x {a.hidden} hidden) in {a.project}", file=sys.stderr)
+        build_registry(a.project, tok, versions=1, hidden=a.hidden, layers=a.layers)
     env = env_for(a.project)
     env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     levels = [int(c) for c in a.concurrency.split(",")]
