@@ -105,6 +105,9 @@ def _ddp_rank(rank: int, world: int, init: str, out: str) -> None:
     pretrain_step(ddp, _cut(mine, 1), Dist(rank, world), bf16=False)
     if rank == 0:
         torch.save(_grads(pm), out)
+    # Free DDP's reducer while the process group is alive (as pretrain.stage does): destroyed after it, the reducer
+    # holds the group's last reference, and its teardown deadlocks joining gloo's worker thread on the GIL.
+    del ddp, pm
     dist.destroy_process_group()
 
 
