@@ -44,8 +44,8 @@ register: {register_encoder: false}
     )
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
-    for name in ("finetune/ner/adapted", "finetune/qa/adapted", "finetune/cls/adapted", "export/ner", "export/qa",
-                 "export/cls", "register"):
+    for name in ("tasks", "finetune/ner/adapted", "finetune/qa/adapted", "finetune/cls/adapted", "export/ner",
+                 "export/qa", "export/cls", "register"):
         run_stage(stages[name], cfg)
     return root, cfg
 

@@ -9,13 +9,21 @@ from pathlib import Path
 from bertpipe.errors import BertpipeError
 
 
-def task_params(cfg, task: str):
-    """(TaskParams, TrainParams) of a finetune task, overrides applied."""
+def task_params(cfg, task: str, model=None, log=None):
+    """(TaskParams, TrainParams) of a finetune task, overrides applied; with ``model`` (a dir), max_seq_len is cut to
+    its position table as the finetune stage cut it, so a student, an export check or a prediction never feeds a
+    longer sequence than the model has positions."""
     fp = cfg.params.finetune
     if task not in fp.tasks:
         raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(fp.tasks)})")
     p = fp.tasks[task]
-    return p, p.train_params(fp.train)
+    tp = p.train_params(fp.train)
+    if model is not None:
+        from bertpipe.modelinfo import clamp_seq_len
+
+        tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, model, "finetune.train.max_seq_len",
+                                                                 log)})
+    return p, tp
 
 
 def task_examples(cfg, task: str, counts: Counter | None = None) -> dict[str, list]:

@@ -66,7 +66,7 @@ def build(ctx, task: str) -> dict:
     from bertpipe.stage import write_json
 
     dp = ctx.params
-    p, tp = task_params(ctx.cfg, task)
+    p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
     stp = TrainParams.model_validate({**tp.model_dump(), **dp.train_overrides}) if dp.train_overrides else tp
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)

@@ -32,7 +32,7 @@ def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
         return {"type": model_kind(model_dir), "labels": [], "max_seq_len": 128}
     from bertpipe.distill.data import task_params
 
-    p, tp = task_params(cfg, task)
+    p, tp = task_params(cfg, task, model_dir)
     return {"task": task, "type": p.type, "labels": model_labels(model_dir), "max_seq_len": tp.max_seq_len,
             **{k: getattr(p, k) for k in META_KEYS}}
 

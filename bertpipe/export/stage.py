@@ -37,7 +37,7 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from bertpipe.finetune import heads as H
 
     ep = ctx.params
-    p, tp = task_params(ctx.cfg, task)
+    p, tp = task_params(ctx.cfg, task, model_dir, ctx.log)
     exs = task_examples(ctx.cfg, task)["test"]
     exs = D.cap(exs, ep.max_examples, p.split_seed) if ep.max_examples else exs
     if not exs:
