@@ -30,6 +30,7 @@ def make_project(root: Path, raw: Path, enc: Path, tok: Path) -> Path:
         "finetune": {"encoders": ["adapted"], "tasks": {"sentiment": {
             "type": "classification", "format": "jsonl", "train": "sentiment.jsonl"}}},
         "register": {"register_encoder": False},
+        "distill": {"enabled": False}, "export": {"enabled": False},  # register's own inputs only
     })
     (root / "sentiment.jsonl").write_text("".join(
         json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n"
@@ -44,10 +45,12 @@ def fake_finetune(root: Path, tok: Path) -> None:
     ft = root / "work" / "finetune" / "sentiment" / "adapted"
     tiny_classifier(ft / "model", tok, seed=1)
     stat = {"mean": 0.75, "std": 0.0, "values": [0.75]}
-    write_json(ft / "metrics.json", {"primary": "accuracy", "summary": {"test": {"accuracy": stat}}})
+    write_json(ft / "metrics.json", {"primary": "accuracy", "summary": {"test": {"accuracy": stat}},
+                                     "per_seed": {"1": {"test": {"accuracy": 0.75}, "saved": True}}})
     files = sorted(str(p.relative_to(ft)) for p in ft.rglob("*") if p.is_file())
     write_json(ft / "manifest.json", {"fingerprint": "ft-fixed", "inputs": {"train": {"digest": "same"}},
-                                      "params": {"finetune.tasks.sentiment": {"type": "classification"}},
+                                      "params": {"finetune.tasks.sentiment": {
+                                          "type": "classification", "format": "jsonl", "train": "sentiment.jsonl"}},
                                       "files": files})
     (root / "work" / "evaluate").mkdir(parents=True, exist_ok=True)
 
@@ -122,8 +125,10 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     for root in (whole, killed):
         fake_finetune(root, zh_tokenizer_dir)
 
-    for stage in ("prepare", "pretrain", "register"):
+    # tasks (the splits prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
+    for stage in ("tasks", "prepare", "vocab", "pretrain", "register"):
         run(["bertpipe", stage], whole)
+    run(["bertpipe", "tasks"], killed)
 
     rng = random.Random(SEED)
     log = []
@@ -131,6 +136,8 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
         for sig in rng.sample([signal.SIGKILL, signal.SIGTERM, signal.SIGKILL], 3):
             log.append(f"{stage}: {interrupt(killed, stage, sig, rng.uniform(0.0, window))}")
         run(["bertpipe", stage], killed)
+        if stage == "prepare":
+            run(["bertpipe", "vocab"], killed)
     print("\n".join(log))
 
     assert outcome(killed) == outcome(whole), "\n".join(log)
