@@ -246,8 +246,10 @@ def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
 @contextlib.contextmanager
 def fluent_mlflow(cfg: Config) -> Iterator[Any]:
     """mlflow's fluent API (needed by ``mlflow.transformers.log_model``) pointed at this project's store.
-    ``mlflow.set_tracking_uri`` also exports MLFLOW_TRACKING_URI, which would leak into the next project used in
-    this process, so the environment is restored on exit."""
+    ``mlflow.set_tracking_uri``/``set_registry_uri`` set process globals and export MLFLOW_TRACKING_URI/
+    MLFLOW_REGISTRY_URI; left behind, they would point the next project used in this process (or a plain
+    ``MlflowClient(tracking_uri=...)``, whose registry falls back to the global) at this project's registry. So both
+    the globals and the environment are reset on exit: bertpipe never relies on mlflow's global URIs."""
     quiet_env()
     import mlflow
 
@@ -258,6 +260,8 @@ def fluent_mlflow(cfg: Config) -> Iterator[Any]:
     try:
         yield mlflow
     finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -52,7 +52,7 @@ def test_prefect_flow_twice_reports_prepare_cached(tmp_path, sample_raw):
     # The flow's parent run and the stage run are in the embedded MLflow store, nested.
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / '.bertpipe' / 'mlflow.db'}")
+    c = MlflowClient(tracking_uri=(uri := f"sqlite:///{tmp_path / '.bertpipe' / 'mlflow.db'}"), registry_uri=uri)
     stage_run = c.get_run(manifest["mlflow_run_id"])
     parent = c.get_run(stage_run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["bertpipe.flow"] == "domain_adaptation"

@@ -69,7 +69,7 @@ def flow_states(root: Path, overrides: list[str] | None = None) -> tuple[dict, f
 def registry_versions(root: Path) -> dict[str, list[tuple[str, tuple]]]:
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=f"sqlite:///{root / '.bertpipe' / 'mlflow.db'}")
+    c = MlflowClient(tracking_uri=(uri := f"sqlite:///{root / '.bertpipe' / 'mlflow.db'}"), registry_uri=uri)
     out = {}
     for rm in c.search_registered_models():
         out[rm.name] = sorted((str(v.version), tuple(sorted((v.tags or {}).items())))

@@ -107,7 +107,7 @@ def test_mlflow_sqlite_store_holds_the_run(project):
 
     cfg = load_config(project / "params.yaml")
     res = run_stage(counting_stage([]), cfg)  # the default tracker: embedded sqlite under paths.state
-    client = MlflowClient(tracking_uri=f"sqlite:///{cfg.state / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=(uri := f"sqlite:///{cfg.state / 'mlflow.db'}"), registry_uri=uri)
     run = client.get_run(res.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["chars"] == 5
@@ -117,3 +117,21 @@ def test_mlflow_sqlite_store_holds_the_run(project):
     assert "manifest.json" in arts
     local = Path(client.download_artifacts(res.run_id, "manifest.json", str(project)))
     assert json.loads(local.read_text())["fingerprint"] == res.fingerprint
+
+
+def test_fluent_mlflow_leaves_no_registry_behind(project, tmp_path):
+    """Registering in one project must not point a later client of another project at the first one's registry:
+    mlflow's set_registry_uri is a process global that a plain MlflowClient(tracking_uri=...) falls back to."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from bertpipe.tracking import fluent_mlflow
+
+    cfg = load_config(project / "params.yaml")
+    with fluent_mlflow(cfg) as mlflow:
+        mlflow.MlflowClient().create_registered_model("only-in-the-first-project")
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    names = [m.name for m in MlflowClient(tracking_uri=other).search_registered_models()]
+    assert names == []
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
