@@ -214,11 +214,16 @@ def _format_validation(err: ValidationError, source: str) -> str:
     return f"{source}: {loc}: {msg}{more}"
 
 
-def _validate(data: dict, source: str) -> Params:
+def validated(model: type[BaseModel], data: Any, source: str):
+    """``model.model_validate(data)``, or one ``error:`` line naming ``source`` and the first bad key."""
     try:
-        return Params.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise BertpipeError(_format_validation(e, source)) from None
+
+
+def _validate(data: dict, source: str) -> Params:
+    return validated(Params, data, source)
 
 
 def load_config(

@@ -22,15 +22,10 @@ def drop_dir(cfg: Config) -> Path:
 
 
 def _source(cfg: Config, path: Path):
-    from pydantic import ValidationError
-
+    from bertpipe.config import validated
     from bertpipe.prepare.params import SourceParams
 
-    try:
-        return SourceParams.model_validate({**cfg.params.flow.incoming_source, "path": str(path)})
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise BertpipeError(f"flow.incoming_source.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return validated(SourceParams, {**cfg.params.flow.incoming_source, "path": str(path)}, "flow.incoming_source")
 
 
 def check_file(cfg: Config, path: Path) -> int:

@@ -463,3 +463,19 @@ def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, samp
     assert rec["promoted"] == (rec["value"] > rec["champion_value"])
     champion = current_champion(client(cfg), "bertpipe-encoder").version
     assert str(champion) == ("3" if rec["promoted"] else "2")
+
+
+def test_a_manifest_with_bad_task_params_is_one_error_line(tmp_path):
+    """A finetune output whose manifest holds task params this version cannot read (here: no `format`) is named in
+    one error line, not a pydantic traceback."""
+    from bertpipe.errors import BertpipeError
+    from bertpipe.register.gate import task_settings
+
+    (tmp_path / "params.yaml").write_text("paths: {work: work, state: .bertpipe}\n")
+    cfg = load_config(tmp_path / "params.yaml")
+    ft = tmp_path / "work" / "finetune" / "t" / "adapted"
+    ft.mkdir(parents=True)
+    write_json(ft / "manifest.json", {"fingerprint": "x", "params": {"finetune.tasks.t": {"type": "classification"}}})
+    with pytest.raises(BertpipeError) as e:
+        task_settings(cfg, ft, "t")
+    assert str(e.value).startswith(f"{ft}/manifest.json: params.finetune.tasks.t: ") and "\n" not in str(e.value)

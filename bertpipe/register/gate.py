@@ -43,6 +43,7 @@ def saved_seed_score(metrics: dict, where: str = "finetune metrics.json") -> tup
 
 def task_settings(cfg, ft_dir: Path, task: str):
     """(TaskParams, TrainParams) the finetune output was built with (its manifest), else today's config."""
+    from bertpipe.config import validated
     from bertpipe.finetune.params import TaskParams, TrainParams
 
     params = (read_manifest(ft_dir) or {}).get("params") or {}
@@ -52,8 +53,9 @@ def task_settings(cfg, ft_dir: Path, task: str):
             raise BertpipeError(f"{ft_dir}/manifest.json: no params for task {task!r}, and finetune.tasks has none")
         tp = cfg.params.finetune.tasks[task]
     else:
-        tp = TaskParams.model_validate(raw_task)
-    shared = TrainParams.model_validate(raw_train) if raw_train is not None else cfg.params.finetune.train
+        tp = validated(TaskParams, raw_task, f"{ft_dir}/manifest.json: params.finetune.tasks.{task}")
+    shared = (validated(TrainParams, raw_train, f"{ft_dir}/manifest.json: params.finetune.train")
+              if raw_train is not None else cfg.params.finetune.train)
     return tp, tp.train_params(shared)
 
 
