@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -59,3 +64,57 @@ def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True) -> s
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout: float, what: str):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """SIGINT (a clean shutdown), then SIGKILL if it does not end within a minute."""
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def prefect_server(root: Path, env: dict):
+    """A real Prefect server on a free 127.0.0.1 port for the project at ``root``; sets ``env["PREFECT_API_URL"]``
+    and stops the server on exit (stop any `bertpipe serve` first: it would hang on its API calls)."""
+    port = free_port()
+    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=root, env=env, stdout=open(root / "server.log", "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+
+    def healthy():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        try:
+            wait_for(healthy, 180, "the Prefect server")
+        except AssertionError:
+            raise AssertionError((root / "server.log").read_text()[-3000:]) from None
+        yield server
+    finally:
+        stop(server)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +21,9 @@ from transformers import AutoTokenizer
 
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import moved_ids
-from tests.e2e_project import env_for, run
+from tests.e2e_project import env_for, prefect_server, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
-from tests.test_schedule import TRIGGER, free_port, wait_for
+from tests.test_schedule import TRIGGER
 
 pytestmark = pytest.mark.slow
 
@@ -75,35 +74,9 @@ def project(tmp_path_factory, sample_raw):
     assert export_laws_since(db, CUTOFFS[0], root.parent / "round1.jsonl", limit=150) > 50
     assert export_laws_since(db, CUTOFFS[1], root.parent / "round2.jsonl", limit=150) > 50
 
-    port = free_port()
     env = env_for(root)
-    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=root, env=env, stdout=open(root / "server.log", "w"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
-
-    def healthy():
-        import urllib.request
-
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200
-        except OSError:
-            return False
-
-    try:
-        wait_for(healthy, 180, "the Prefect server")
+    with prefect_server(root, env):
         yield root, env
-    finally:
-        _stop(server)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
 
 
 def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
@@ -123,7 +96,7 @@ def _scheduled_run(root: Path, env: dict) -> str:
         assert line, proc.stdout + proc.stderr
         return json.loads(line[-1][len("RESULT="):])["state"]
     finally:
-        _stop(serve)  # serve first: the server stops at the end of the module
+        stop(serve)  # serve first: the server stops at the end of the module
 
 
 def test_two_retrain_rounds_and_a_scheduled_run_between(project):

@@ -4,33 +4,14 @@ completes, and shutdown happens in the right order (serve first, then the server
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.e2e_project import env_for, write_project
+from tests.e2e_project import env_for, prefect_server, stop, wait_for, write_project
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred, timeout: float, what: str):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 TRIGGER = r"""
@@ -52,50 +33,23 @@ with get_client(sync_client=True) as c:
 
 def test_serve_deployment_runs_on_a_real_prefect_server(tmp_path, sample_raw):
     write_project(tmp_path, sample_raw, {"flow": {"cron": "17 4 * * 2"}})
-    port = free_port()
     env = env_for(tmp_path)
-    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     serve = None
-    try:
-        def healthy():
-            try:
-                import urllib.request
-
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200
-            except OSError:
-                return False
-
+    with prefect_server(tmp_path, env) as server:
         try:
-            wait_for(healthy, 180, "the Prefect server")
-        except AssertionError:
-            raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from None
-        serve_log = open(tmp_path / "serve.log", "w")
-        serve = subprocess.Popen(["bertpipe", "serve", "--until", "prepare"], cwd=tmp_path, env=env,
-                                 stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: "bertpipe-domain-adaptation" in (tmp_path / "serve.log").read_text(), 180,
-                 "the deployment to be served")
-        proc = subprocess.run([sys.executable, "-c", TRIGGER], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=600)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
-        assert line, proc.stdout + proc.stderr
-        result = json.loads(line[-1][len("RESULT="):])
-        assert result["cron"] == ["17 4 * * 2"]
-        assert result["state"] == "Completed", (tmp_path / "serve.log").read_text()[-3000:]
-        assert (tmp_path / "work" / "prepare" / "manifest.json").exists()
-    finally:
-        # Serve first, then the server: the other order leaves serve hanging on its API calls.
-        for p in (serve, server):
-            if p is None:
-                continue
-            p.send_signal(signal.SIGINT)
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=30)
+            serve_log = open(tmp_path / "serve.log", "w")
+            serve = subprocess.Popen(["bertpipe", "serve", "--until", "prepare"], cwd=tmp_path, env=env,
+                                     stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True)
+            wait_for(lambda: "bertpipe-domain-adaptation" in (tmp_path / "serve.log").read_text(), 180,
+                     "the deployment to be served")
+            proc = subprocess.run([sys.executable, "-c", TRIGGER], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=600)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
+            assert line, proc.stdout + proc.stderr
+            result = json.loads(line[-1][len("RESULT="):])
+            assert result["cron"] == ["17 4 * * 2"]
+            assert result["state"] == "Completed", (tmp_path / "serve.log").read_text()[-3000:]
+            assert (tmp_path / "work" / "prepare" / "manifest.json").exists()
+        finally:
+            stop(serve)  # serve first, then the server: the other order leaves serve hanging on its API calls
     assert serve.returncode is not None and server.returncode is not None
