@@ -4,13 +4,15 @@ Each is a save_pretrained directory (model + tokenizer) that the Auto classes lo
 family's config class, and a real tokenizer of the family's kind: the real bert-base-chinese WordPiece vocab for the
 WordPiece families, a byte-level BPE (RoBERTa) or a SentencePiece Unigram (XLM-R, ALBERT) trained with the
 ``tokenizers`` library on the bundled corpora (Chinese law articles plus English prose, so mixed text has pieces of
-both scripts). ``build_family(name, out, raw)`` writes one; ``FAMILIES`` lists them. Used by tests/test_families.py
-and the RTD objective's tests.
+both scripts). ``build_family(name, out, raw)`` writes one; ``FAMILIES`` lists them; the session fixture ``family_dirs``
+(import it into a test module) builds them all once. Used by tests/test_families.py and the RTD objective's tests.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "albert", "distilbert", "electra")
 TOKENIZER_KIND = {"bert": "wordpiece", "distilbert": "wordpiece", "electra": "wordpiece", "roberta": "bpe",
@@ -122,3 +124,11 @@ def build_family(name: str, out: Path, raw: Path, texts: list[str] | None = None
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory, sample_raw) -> dict[str, Path]:
+    """{family: save_pretrained dir} for every family, built once per session (~15 s, most of it SentencePiece)."""
+    root = tmp_path_factory.mktemp("families")
+    texts = corpus(sample_raw)
+    return {name: build_family(name, root / name, sample_raw, texts) for name in FAMILIES}

@@ -22,19 +22,12 @@ from bertpipe.vocab.params import VocabParams
 from bertpipe.vocab.words import jieba_spans, tokenize_with_words
 from tests.corpus import law_texts
 from tests.test_pretrain_support import english_texts
-from tests.families import FAMILIES, TINY, TOKENIZER_KIND, build_family, corpus
+from tests.families import FAMILIES, TINY, TOKENIZER_KIND, family_dirs  # noqa: F401 (a fixture)
 
 torch.set_num_threads(1)
 
 MIXED = "根据《中华人民共和国合同法》的规定，the court rules that BERT模型 works well on 法律文本."
 LATIN = ["court", "regression"]
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory, sample_raw) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    texts = corpus(sample_raw)
-    return {name: build_family(name, root / name, sample_raw, texts) for name in FAMILIES}
 
 
 def _tok(path: Path):
@@ -280,6 +273,9 @@ def test_tiny_chain_runs_on_every_family(family, family_dirs, chain_root):
     assert len(tok) == adapted.get_input_embeddings().weight.shape[0] > vocab["counts"]["start_vocab_size"]
     ft = json.loads((work / "finetune" / "sentiment" / "adapted" / "metrics.json").read_text())
     assert any(s.get("saved") for s in ft["per_seed"].values())
+    for key in ("sentiment", "sentiment-student"):  # the student and both ONNX exports, checked against torch
+        checks = json.loads((work / "export" / key / "checks.json").read_text())
+        assert checks["max_abs_diff"]["onnx"] < checks["atol"], checks
     metrics = json.loads((work / "evaluate" / "metrics.json").read_text())
     enc = metrics["encoder_comparison"]
     if family == "electra":  # the base discriminator has no MLM head: scoring it with a random one would mislead
