@@ -85,6 +85,19 @@ def test_vocab_extension_makes_domain_words_one_token_and_leaves_other_text_alon
             assert "".join(e) == "".join(b)
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if TOKENIZER_KIND[f] == "sentencepiece"])
+def test_sentencepiece_unknown_characters_become_tokens(family, family_dirs, sample_raw):
+    base = _tok(family_dirs[family])
+    texts = law_texts(sample_raw, 400, offset=5000)
+    forms = mining.unk_forms(texts, base, 1)
+    assert forms and all(len(c) == 1 for c, _ in forms)
+    ext = extend.extend_tokenizer(base, [], [c for c, _ in forms])
+    assert not extend.moved_ids(base, ext)
+    unk = base.unk_token_id
+    assert sum(i == unk for ids in base(texts)["input_ids"] for i in ids) > 0
+    assert sum(i == unk for ids in ext(texts)["input_ids"] for i in ids) == 0
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_embedding_rows_and_mlm_head_follow_the_extension(family, family_dirs, tmp_path):
     from transformers import AutoModelForMaskedLM

@@ -166,8 +166,10 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     vocab = tokenizer.get_vocab()
     prefix = getattr(model, "continuing_subword_prefix", None)
     max_chars = getattr(model, "max_input_chars_per_word", 100)
-    if prefix is None or tokenizer.unk_token_id is None:  # not WordPiece: nothing maps to [UNK] per character
+    if tokenizer.unk_token_id is None:  # byte-level BPE: every character has its bytes
         return []
+    if prefix is None or families.tokenizer_kind(tokenizer) != families.WORDPIECE:
+        return _unk_chars(texts, tokenizer, min_freq)
     normalize = backend.normalizer.normalize_str if backend.normalizer is not None else (lambda x: x)
     # Only texts holding a character without both vocab forms can produce [UNK]: find those characters first.
     chars: set[str] = set()
@@ -193,6 +195,21 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
         if n >= min_freq:
             out += [(f, n) for f in (ch, prefix + ch) if f not in vocab]
     return out
+
+
+def _unk_chars(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
+    """SentencePiece: the characters its <unk> covers in ``texts`` (each becomes an added token, so the text around
+    it keeps its pieces), with their frequency, most frequent first."""
+    unk = tokenizer.unk_token_id
+    missing: Counter = Counter()
+    for i in range(0, len(texts), 256):
+        chunk = list(texts[i : i + 256])
+        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        for text, ids, offsets in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
+            for t, (a, b) in zip(ids, offsets):
+                if t == unk:
+                    missing.update(c for c in text[a:b] if not c.isspace())
+    return [(ch, n) for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])) if n >= min_freq]
 
 
 def mine(
