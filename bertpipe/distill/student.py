@@ -8,6 +8,7 @@ Another hidden size: a fresh model of that config (nothing can be copied across 
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 
@@ -24,16 +25,20 @@ def student_config(teacher_config, dp: DistillParams):
     s = dp.student
     layers = s.layers or max(1, round(teacher_config.num_hidden_layers * dp.ratio))
     c.num_hidden_layers = min(layers, teacher_config.num_hidden_layers) if not s.hidden else layers
+    inter = "intermediate_size" if hasattr(c, "intermediate_size") else "hidden_dim"  # DistilBERT: hidden_dim
     if s.hidden and s.hidden != teacher_config.hidden_size:
         c.hidden_size = s.hidden
         c.num_attention_heads = s.heads or max(1, s.hidden // 64)
-        c.intermediate_size = s.intermediate or 4 * s.hidden
+        setattr(c, inter, s.intermediate or 4 * s.hidden)
     else:
         c.num_attention_heads = s.heads or teacher_config.num_attention_heads
-        c.intermediate_size = s.intermediate or teacher_config.intermediate_size
+        setattr(c, inter, s.intermediate or getattr(teacher_config, inter))
     if c.hidden_size % c.num_attention_heads:
         raise ValueError(f"distill.student: hidden {c.hidden_size} is not a multiple of heads {c.num_attention_heads}")
     return c
+
+
+_LAYER_KEY = re.compile(r"^(\w+\.(?:encoder|transformer)\.layer)\.(\d+)\.(.*)$")
 
 
 def _encoder_layers(model: torch.nn.Module):
@@ -47,20 +52,22 @@ def make_student(teacher: torch.nn.Module, dp: DistillParams, seed: int) -> tupl
     tc = teacher.config
     sc = student_config(tc, dp)
     student = type(teacher)(sc)
+    inter = "intermediate_size" if hasattr(sc, "intermediate_size") else "hidden_dim"
     same = (sc.hidden_size == tc.hidden_size and sc.num_attention_heads == tc.num_attention_heads
-            and sc.intermediate_size == tc.intermediate_size and sc.num_hidden_layers <= tc.num_hidden_layers)
+            and getattr(sc, inter) == getattr(tc, inter) and sc.num_hidden_layers <= tc.num_hidden_layers)
     info = {"layers": sc.num_hidden_layers, "hidden": sc.hidden_size, "heads": sc.num_attention_heads,
-            "intermediate": sc.intermediate_size, "init": "random (shape differs from the teacher)", "layer_map": []}
+            "intermediate": getattr(sc, inter), "init": "random (shape differs from the teacher)", "layer_map": []}
     if same:
         mapping = layer_map(tc.num_hidden_layers, sc.num_hidden_layers)
         t_state = teacher.state_dict()
         s_state = student.state_dict()
-        prefix = f"{teacher.base_model_prefix}.encoder.layer."
         for k in s_state:
             src = k
-            if k.startswith(prefix):
-                i, rest = k[len(prefix):].split(".", 1)
-                src = f"{prefix}{mapping[int(i)]}.{rest}"
+            # BERT-likes: <base>.encoder.layer.N., DistilBERT: distilbert.transformer.layer.N.; ALBERT shares one
+            # layer group across depth (no N: copied as it is).
+            m = _LAYER_KEY.match(k)
+            if m:
+                src = f"{m[1]}.{mapping[int(m[2])]}.{m[3]}"
             if src in t_state and t_state[src].shape == s_state[k].shape:
                 s_state[k] = t_state[src].clone()
         student.load_state_dict(s_state)

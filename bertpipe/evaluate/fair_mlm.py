@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
 
@@ -123,11 +124,12 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
     if not getattr(tok, "is_fast", False):
         raise BertpipeError(f"{model_dir}: the fair comparison needs a fast tokenizer (character offsets)")
     model, info = AutoModelForMaskedLM.from_pretrained(str(model_dir), output_loading_info=True)
-    fresh = [k for k in info.get("missing_keys", ()) if k.startswith(("cls.", "lm_head."))]
+    fresh = [k for k in info.get("missing_keys", ())
+             if not k.startswith(model.base_model_prefix + ".") and "decoder.weight" not in k]
     if fresh:  # a headless encoder would be scored with a random head: a meaningless number
         raise BertpipeError(f"{model_dir}: no masked-LM head to score (missing {fresh[0]})")
     model.to(device).eval()
-    head = getattr(model, "cls", None) or getattr(model, "lm_head", None)  # BERT / RoBERTa-style MLM heads
+    head = families.mlm_head(model)  # BERT / RoBERTa / ALBERT / DistilBERT / ELECTRA layouts
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out: list[tuple[float, int, int] | None] = []
     bar = tqdm(range(0, len(windows), batch_size), desc=f"fair MLM {desc or model_dir}", unit="batch",

@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.pretrain.masking import IGNORE
 
 # model types whose AutoModelForMaskedLM has the BERT layout (encoder + MLM head over hidden states)
-BERT_FAMILY = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "nezha", "megatron-bert", "distilbert"}
+BERT_FAMILY = families.ENCODER_TYPES
 
 
 def load_tokenizer(ref: Path | str):
@@ -44,7 +45,8 @@ def load_checkpoint(ref: Path | str, log=print):
     except Exception as e:  # noqa: BLE001
         raise BertpipeError(f"{ref}: cannot load as AutoModelForMaskedLM ({type(e).__name__}: {str(e)[:160]})")
     missing = [k for k in info.get("missing_keys", []) if "decoder.weight" not in k]
-    fresh_head = any(k.startswith(("cls.", "lm_head.", "vocab_", "generator_")) for k in missing)
+    # Whatever is missing outside the encoder is the head (cls., lm_head., predictions., vocab_*, generator_*).
+    fresh_head = any(not k.startswith(model.base_model_prefix + ".") for k in missing)
     if fresh_head:
         log(f"{ref}: checkpoint has no MLM head; a fresh head is initialised ({len(missing)} tensors)")
     tokenizer = load_tokenizer(ref)
@@ -87,11 +89,8 @@ def check_compatible(model, tokenizer, max_seq_len: int, where: str) -> None:
 
 def _split_head(model) -> tuple[nn.Module | None, nn.Module | None]:
     """(encoder, head taking hidden states) when the layout allows computing the head at chosen positions only."""
-    for enc_name, head_name in (("bert", "cls"), ("roberta", "lm_head"), ("xlm_roberta", "lm_head"), ("ernie", "cls")):
-        enc, head = getattr(model, enc_name, None), getattr(model, head_name, None)
-        if enc is not None and head is not None:
-            return enc, head
-    return None, None
+    head = families.mlm_head(model)
+    return (families.encoder(model), head) if head is not None else (None, None)
 
 
 class PretrainModel(nn.Module):
@@ -107,20 +106,20 @@ class PretrainModel(nn.Module):
         self.encoder, self.head = _split_head(mlm) if masked_only else (None, None)
         h = mlm.config.hidden_size
         self.pair_head = nn.Sequential(nn.Linear(h, h), nn.Tanh(), nn.Linear(h, 2)) if pair else None
+        # RoBERTa/XLM-R have one token type and DistilBERT none: segment B is told apart by its separator only.
+        self.token_types = families.uses_token_types(mlm)
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None) -> dict:
         sel = labels != IGNORE
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.token_types:
+            inputs["token_type_ids"] = token_type_ids
         if self.encoder is not None:
-            hidden = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
+            hidden = self.encoder(**inputs).last_hidden_state
             logits = self.head(hidden[sel])
             target = labels[sel]
         else:  # an unknown layout: full logits (correct, just slower)
-            out = self.mlm(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                output_hidden_states=self.pair_head is not None,
-            )
+            out = self.mlm(**inputs, output_hidden_states=self.pair_head is not None)
             logits, target = out.logits[sel], labels[sel]
             hidden = out.hidden_states[-1] if self.pair_head is not None else None
         # The sum lets the training loop normalise by the masked tokens of a whole step (see train.backward_step).

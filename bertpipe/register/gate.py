@@ -128,9 +128,13 @@ def encoder_floor(cfg, floor: str) -> Floor:
     base = base_model(cfg)
     if not isinstance(base, Path) or not base.exists():
         return Floor("base encoder", None, f"no floor (base encoder {base} is not a local model to score)")
+    from bertpipe.errors import BertpipeError
     from bertpipe.evaluate.fair_mlm import encoder_gate_score
 
-    return Floor("base encoder", float(encoder_gate_score(base, cfg)[1]), f"base encoder {base}")
+    try:
+        return Floor("base encoder", float(encoder_gate_score(base, cfg)[1]), f"base encoder {base}")
+    except BertpipeError as e:  # an ELECTRA discriminator has no MLM head: a random one would make any floor
+        return Floor("base encoder", None, f"no floor ({str(e).splitlines()[0][:200]})")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 
 # The initialisations of new rows that vocab.init "best" compares on held-out text.
@@ -29,7 +30,7 @@ def load_mlm(src: Path | str, log: Callable[[str], None] = print):
     finally:
         hf_logging.set_verbosity(level)
     missing = [k for k in info.get("missing_keys", []) if "embeddings.position_ids" not in k]
-    head_missing = [k for k in missing if not k.split(".")[0] in ("bert", "roberta", "electra", "distilbert")]
+    head_missing = [k for k in missing if k.split(".")[0] != model.base_model_prefix]
     if head_missing:
         log(
             f"{src}: the checkpoint has no MLM head ({len(head_missing)} weights missing, e.g. {head_missing[0]}); "
@@ -65,9 +66,10 @@ def fit_head(model, tok, texts: Sequence[str], steps: int, lr: float = 1e-3, max
     params = head_parameters(model)
     if steps <= 0 or not texts or not params:
         return float("nan")
-    head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+    head = families.mlm_head(model)
     if head is None:
         return float("nan")
+    head_parts = families.head_modules(model)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     last = float("nan")
@@ -76,7 +78,8 @@ def fit_head(model, tok, texts: Sequence[str], steps: int, lr: float = 1e-3, max
     frozen = [(p, p.requires_grad) for p in model.parameters() if id(p) not in head_ids]
     for p, _ in frozen:
         p.requires_grad_(False)
-    head.train()
+    for m in head_parts:
+        m.train()
     try:
         for step in range(steps):
             idx = torch.randint(len(texts), (min(batch, len(texts)),), generator=gen).tolist()
@@ -90,7 +93,7 @@ def fit_head(model, tok, texts: Sequence[str], steps: int, lr: float = 1e-3, max
             enc["input_ids"] = torch.where(mask, torch.full_like(enc["input_ids"], tok.mask_token_id), enc["input_ids"])
             # The encoder is frozen: run it without a graph and train the head on the masked positions only.
             with torch.no_grad():
-                hidden = model.base_model(**enc).last_hidden_state[mask]
+                hidden = model.base_model(**families.model_inputs(enc, model)).last_hidden_state[mask]
             loss = torch.nn.functional.cross_entropy(head(hidden), labels)
             opt.zero_grad()
             loss.backward()
@@ -99,7 +102,8 @@ def fit_head(model, tok, texts: Sequence[str], steps: int, lr: float = 1e-3, max
             if step % 50 == 0 or step == steps - 1:
                 log(f"fitting the fresh MLM head: step {step + 1}/{steps} loss {last:.3f}")
     finally:
-        head.eval()
+        for m in head_parts:
+            m.eval()
         for p, flag in frozen:
             p.requires_grad_(flag)
     return last
@@ -111,10 +115,11 @@ def output_bias(model) -> torch.nn.Parameter | None:
 
 
 def piece_ids(base_tok, tokens: Sequence[str]) -> list[list[int]]:
-    """The base pieces of each new token ("##x" counts as "x"); a token the base cannot split maps to [UNK]."""
+    """The base pieces of each new token inside running text ("##x" counts as "x"; see families.word_piece_ids);
+    a token the base cannot split maps to [UNK]."""
     prefix = getattr(base_tok.backend_tokenizer.model, "continuing_subword_prefix", None) or "##"
     texts = [t[len(prefix) :] if t.startswith(prefix) and len(t) > len(prefix) else t for t in tokens]
-    enc = base_tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    enc = families.word_piece_ids(base_tok, texts)
     unk = base_tok.unk_token_id if base_tok.unk_token_id is not None else 0
     return [list(ids) if ids else [unk] for ids in enc]
 
@@ -204,12 +209,13 @@ def mlm_loss(
             continue
         labels = torch.where(mask, enc["input_ids"], torch.full_like(enc["input_ids"], -100))
         enc["input_ids"] = torch.where(mask, torch.full_like(enc["input_ids"], tok.mask_token_id), enc["input_ids"])
-        head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+        head = families.mlm_head(model)
+        enc = families.model_inputs(enc, model)
         if head is not None:  # vocabulary logits only where a prediction is scored
             logits = head(model.base_model(**enc).last_hidden_state[mask])
             targets = labels[mask]
         else:
-            logits = model(**enc).logits.view(-1, len(tok))
+            logits = model(**enc).logits.view(-1, model.config.vocab_size)
             targets = labels.view(-1)
         loss = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=-100)
         total += float(loss)

@@ -9,6 +9,12 @@ pre-tokenisation, so BERT's habit of putting spaces around every CJK character c
   text at a word's edges changes nothing else.
 - Latin words: ``normalized=True`` (matched after lower-casing, like the vocab) and ``single_word=True`` (never
   inside a longer word), so the words around them keep their old pieces.
+- Byte-level BPE (RoBERTa): Latin words also take the space before them (``lstrip``), which the base would have
+  carried as the ``Ġ`` of the word's first piece; left outside, it would become a token of its own.
+- SentencePiece (XLM-R, ALBERT): words as for WordPiece. transformers 5 rebuilds these tokenizers' pre-tokenizer
+  (whitespace split, then Metaspace with prepend_scheme "always") on every load, so the text right after an added
+  word starts with a ``▁`` piece of its own (measured: "根据法律规定，" -> "▁ 根据 法律规定 ▁ ，"); text holding no
+  added word tokenises exactly as before.
 - Characters the base vocab maps to [UNK] go into the WordPiece vocab itself ("x" and "##x"): a word containing
   them then splits into ordinary pieces instead of one [UNK], and no word that tokenised before can change, because
   every new entry contains a character the old vocab lacked.
@@ -24,6 +30,7 @@ from typing import Sequence
 
 from tokenizers import AddedToken
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab.mining import is_cjk_word
 
@@ -41,11 +48,13 @@ def load_tokenizer(src: Path | str):
     return tok
 
 
-def added_token(word: str) -> AddedToken:
-    """Chinese (or any non-ASCII) words match the raw text, case-sensitive; ASCII words match normalised whole words."""
+def added_token(word: str, kind: str = families.WORDPIECE) -> AddedToken:
+    """Chinese (or any non-ASCII) words match the raw text, case-sensitive; ASCII words match normalised whole words
+    (with byte-level BPE, together with the space before them)."""
     if is_cjk_word(word) or not word.isascii():
         return AddedToken(word, single_word=False, normalized=False, lstrip=False, rstrip=False, special=False)
-    return AddedToken(word, single_word=True, normalized=True, lstrip=False, rstrip=False, special=False)
+    return AddedToken(word, single_word=True, normalized=True, lstrip=kind == families.BPE, rstrip=False,
+                      special=False)
 
 
 def unk_char_token(form: str) -> AddedToken:
@@ -73,6 +82,7 @@ def extend_tokenizer(base, words: Sequence[str], vocab_forms: Sequence[str] = ()
     from transformers import AutoTokenizer
 
     existing = base.get_vocab()
+    kind = families.tokenizer_kind(base)
     forms = [f for f in dict.fromkeys(vocab_forms) if f not in existing]
     extra_tokens: list[AddedToken] = []
     with tempfile.TemporaryDirectory(prefix="bertpipe-vocab-") as tmp:
@@ -107,7 +117,7 @@ def extend_tokenizer(base, words: Sequence[str], vocab_forms: Sequence[str] = ()
         tok.add_tokens(extra_tokens)
     have = tok.get_vocab()
     new = [w for w in dict.fromkeys(words) if w not in have]
-    tok.add_tokens([added_token(w) for w in new])
+    tok.add_tokens([added_token(w, kind) for w in new])
     return tok
 
 

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 
 # Multi-character function words that are frequent everywhere and carry no domain meaning.
@@ -27,6 +28,9 @@ STOPWORDS_EN = frozenset(
     "there their they them then than these those into onto upon about above below would could should shall "
     "will also only such other some any each more most very just because while however therefore".split()
 )
+
+# A candidate's occurrences where the base tokenizer already has token boundaries at the word's edges, at least.
+ALIGNED_SHARE = 0.8
 
 _POS = re.compile(r"^[A-Za-z]+$")
 
@@ -162,8 +166,10 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     vocab = tokenizer.get_vocab()
     prefix = getattr(model, "continuing_subword_prefix", None)
     max_chars = getattr(model, "max_input_chars_per_word", 100)
-    if prefix is None or tokenizer.unk_token_id is None:  # not WordPiece: nothing maps to [UNK] per character
+    if tokenizer.unk_token_id is None:  # byte-level BPE: every character has its bytes
         return []
+    if prefix is None or families.tokenizer_kind(tokenizer) != families.WORDPIECE:
+        return _unk_chars(texts, tokenizer, min_freq)
     normalize = backend.normalizer.normalize_str if backend.normalizer is not None else (lambda x: x)
     # Only texts holding a character without both vocab forms can produce [UNK]: find those characters first.
     chars: set[str] = set()
@@ -191,6 +197,21 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     return out
 
 
+def _unk_chars(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
+    """SentencePiece: the characters its <unk> covers in ``texts`` (each becomes an added token, so the text around
+    it keeps its pieces), with their frequency, most frequent first."""
+    unk = tokenizer.unk_token_id
+    missing: Counter = Counter()
+    for i in range(0, len(texts), 256):
+        chunk = list(texts[i : i + 256])
+        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        for text, ids, offsets in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
+            for t, (a, b) in zip(ids, offsets):
+                if t == unk:
+                    missing.update(c for c in text[a:b] if not c.isspace())
+    return [(ch, n) for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])) if n >= min_freq]
+
+
 def mine(
     texts: Sequence[str],
     tokenizer,
@@ -214,24 +235,38 @@ def mine(
         # raw text (see extend.added_token), so it keeps its case.
         return w.lower() if lower and w.isascii() else w
 
+    # One pass: the base's token boundaries of each text (and its piece frequencies, the denominator of each
+    # candidate's PMI), then jieba's words, each noting whether the base's tokens already start and end at its edges.
     counts: Counter = Counter()
+    aligned: Counter = Counter()  # occurrences where the base has token boundaries at both edges of the word
+    cost: Counter = Counter()  # extra tokens the added word brings (SentencePiece: a ▁ before the text after it)
+    piece_counts: Counter = Counter()
+    sentencepiece = families.tokenizer_kind(tokenizer) == families.SENTENCEPIECE
     n_chars = 0
+    batch = 256
     bar = tqdm(total=sum(len(t) for t in texts), desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr)
-    for text in texts:
-        for w in seg.cut(text, HMM=params.hmm):
-            if not w.isspace():
-                counts[key(w)] += 1
-        n_chars += len(text)
-        bar.update(len(text))
+    for i in range(0, len(texts), batch):
+        chunk = list(texts[i : i + batch])
+        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        for text, ids, offsets in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
+            piece_counts.update(ids)
+            starts = {a for a, b in offsets if b > a}
+            ends = {b for a, b in offsets if b > a}
+            pos = 0
+            for w in seg.cut(text, HMM=params.hmm):
+                end = pos + len(w)
+                if not w.isspace():
+                    k = key(w)
+                    counts[k] += 1
+                    if pos in starts and end in ends:
+                        aligned[k] += 1
+                    if sentencepiece and end < len(text) and not text[end].isspace():
+                        cost[k] += 1
+                pos = end
+            n_chars += len(text)
+            bar.update(len(text))
     bar.close()
     n_words = sum(counts.values())
-
-    # Piece frequencies over the whole split give the denominator of each candidate's PMI.
-    piece_counts: Counter = Counter()
-    batch = 256
-    for i in range(0, len(texts), batch):
-        for ids in tokenizer(list(texts[i : i + batch]), add_special_tokens=False, verbose=False)["input_ids"]:
-            piece_counts.update(ids)
     n_pieces = max(1, sum(piece_counts.values()))
 
     glossary_words = {key(t.word) for t in glossary}
@@ -243,7 +278,7 @@ def mine(
     for w in glossary_words:
         if w not in counts:
             pool.append(w)
-    encoded = tokenizer(pool, add_special_tokens=False)["input_ids"] if pool else []
+    encoded = families.word_piece_ids(tokenizer, pool)  # as the words occur in text (no lone ▁ of their own)
     cands: list[Candidate] = []
     in_base: list[str] = []
     for w, pieces in zip(pool, encoded):
@@ -262,7 +297,13 @@ def mine(
         )
         if not is_gloss and pmi < params.min_pmi:
             continue
-        score = freq * pmi if params.score == "freq_pmi" else freq * (len(pieces) - 1)
+        # Where the base's tokens straddle a word's edges (byte-level BPE and SentencePiece merge across jieba's
+        # words), cutting the text at the word re-tokenises its neighbours; and a SentencePiece word costs a ▁ after
+        # it. Words that would not save tokens on the train split are not added.
+        saved = aligned[w] * (len(pieces) - 1) - cost[w]
+        if not is_gloss and (aligned[w] < ALIGNED_SHARE * freq or saved <= 0):
+            continue
+        score = freq * pmi if params.score == "freq_pmi" else saved
         cands.append(Candidate(w, freq, list(pieces), pmi, score, is_gloss))
     n_candidates = len(cands)
     mined = sorted((c for c in cands if not c.glossary), key=lambda c: (-c.score, -c.freq, c.word))[: params.top_k]

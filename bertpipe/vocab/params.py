@@ -25,7 +25,8 @@ class VocabParams(BaseModel):
     stopwords: bool = True
     # User glossaries (jieba user-dict format: "term [freq] [pos]" per line); their terms are always added.
     glossaries: list[str] = Field(default_factory=list)
-    # Add the corpus characters the base vocab maps to [UNK] (and their ## forms) when seen this often; 0 disables.
+    # Add the corpus characters the base vocab maps to [UNK] (and their ## forms; SentencePiece: the characters its
+    # <unk> covers, as added tokens) when seen this often; 0 disables.
     unk_char_min_freq: int = Field(1, ge=0)
     # Mine on at most this many characters of the train split (0 = all): bounds jieba's time on big corpora.
     max_chars: int = Field(0, ge=0)

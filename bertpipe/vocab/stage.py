@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import embeddings, extend, mining, report
 
@@ -204,8 +205,8 @@ def _glossary_rows(glossary, base_tok, ext_tok, mined) -> list[dict]:
                 "term": t.word,
                 "source": t.source,
                 "freq": freq.get(t.word, freq.get(t.word.lower(), 0)),
-                "in_base": len(base_tok(t.word, add_special_tokens=False)["input_ids"]) == 1,
-                "one_token": len(ext_tok(t.word, add_special_tokens=False)["input_ids"]) == 1,
+                "in_base": len(families.word_piece_ids(base_tok, [t.word])[0]) == 1,
+                "one_token": len(families.word_piece_ids(ext_tok, [t.word])[0]) == 1,
             }
         )
     return rows

@@ -3,9 +3,15 @@
 A token's word is the union of two groupings, both taken from character offsets in the original text:
 
 - the tokenizer's own pre-tokenised words (``word_ids``): ``##`` continuation pieces, digit runs and an added
-  multi-character token each stay with their word;
-- for Chinese, jieba's segmentation: the characters of one jieba word share an index, and an added token that spans
-  several jieba words unites them.
+  multi-character token each stay with their word. For Chinese this is used with WordPiece only, which makes every
+  CJK character a pre-token of its own: byte-level BPE and SentencePiece pre-tokenise at spaces, so a whole
+  run of Chinese (a clause, often a sentence) would be one "word";
+- for Chinese, jieba's segmentation: the characters of one jieba word share an index, a token that spans several
+  jieba words (an added word, a BPE merge across words) unites them, and the pieces of one character (byte-level
+  BPE splits a character into byte tokens) share it. jieba also cuts Latin runs out of mixed text ("BERT模型").
+
+A token that covers only whitespace or nothing (SentencePiece's lone ``▁``, BPE's lone ``Ġ``) belongs to the word
+after it, so it is masked with that word rather than as a word of its own.
 
 Ids come from one ``tokenizer(texts, add_special_tokens=False)`` call, so they equal what training sees.
 """
@@ -62,10 +68,15 @@ class _UnionFind:
 
 
 def _word_index(
-    offsets: Sequence[tuple[int, int]], pre_words: Sequence[int | None], spans: Sequence[tuple[int, int]] | None
+    offsets: Sequence[tuple[int, int]], pre_words: Sequence[int | None] | None,
+    spans: Sequence[tuple[int, int]] | None, text: str = "",
 ) -> list[int]:
     n = len(offsets)
     uf = _UnionFind(n)
+    pre_words = pre_words or [None] * n
+    for i, (s, e) in enumerate(offsets[:-1]):
+        if e <= s or not text[s:e].strip():
+            uf.union(i, i + 1)
     # Tokens from one pre-tokenised word (a word and its ## pieces, a digit run, an added token) stay together.
     last: dict[int, int] = {}
     for i, w in enumerate(pre_words):
@@ -106,19 +117,23 @@ def tokenize_with_words(
     """For each text: its token ids (no special tokens) and each token's whole-word index (0, 1, 2, ... in order).
 
     ``tokenizer`` must be a fast (tokenizers-backed) tokenizer: offsets tie tokens to characters. ``language`` "zh"
-    adds jieba's segmentation on top of the tokenizer's own words; "en" uses the ``##`` continuation grouping only.
+    adds jieba's segmentation (on top of the tokenizer's own words for WordPiece); "en" uses the tokenizer's
+    pre-tokenised words (``##`` pieces, or the pieces between spaces for BPE and SentencePiece).
     """
+    from bertpipe.families import WORDPIECE, tokenizer_kind
+
     if language not in ("zh", "en"):
         raise ValueError(f"language must be 'zh' or 'en', got {language!r}")
     texts = list(texts)
     if not texts:
         return []
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    own_words = language == "en" or tokenizer_kind(tokenizer) == WORDPIECE
     results = []
     for b, text in enumerate(texts):
         ids = list(enc["input_ids"][b])
         offsets = [tuple(o) for o in enc["offset_mapping"][b]]
-        pre_words = enc.word_ids(b)
+        pre_words = enc.word_ids(b) if own_words else None
         spans = jieba_spans(text, hmm=hmm) if language == "zh" and text else None
-        results.append((ids, _word_index(offsets, pre_words, spans)))
+        results.append((ids, _word_index(offsets, pre_words, spans, text)))
     return results
