@@ -95,24 +95,34 @@ def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
 
 def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> None:
     from bertpipe.pipeline import all_stages
-    from bertpipe.stage import run_stage
 
     cfg = load(params, profile, overrides)
     stages = all_stages(cfg)
     if stage_name not in stages:
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
-    if stage_name in ("base", "pretrain"):
-        # Under torchrun every rank trains; only rank 0 writes the output (see bertpipe.pretrain.run).
-        from bertpipe.pretrain.run import run as run_ranked
-
-        res = run_ranked(stages[stage_name], cfg, force=force)
-        if res is None:  # a rank > 0: rank 0 reports
-            return
-    else:
-        res = run_stage(stages[stage_name], cfg, force=force)
+    res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
+    if res is None:  # a torchrun rank > 0: rank 0 reports
+        return
     from flows.summary import stage_line
 
     typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
+
+
+def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: Optional[str]) -> None:
+    """Run every stage of ``family`` in this config's graph whose identity (Stage.task / .encoder / .model) matches
+    the options given (None: any)."""
+    from bertpipe.pipeline import all_stages
+
+    cfg = load(params, profile, set_)
+    names = [n for n, st in all_stages(cfg).items() if st.family == family
+             and all(v is None or getattr(st, k) == v for k, v in wanted.items())]
+    if not names:
+        given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
+        what = "task" if family == "finetune" else "stage"
+        raise BertpipeError(f"no {family} {what} matches {given} in this config's pipeline (params: "
+                            f"{'finetune.tasks' if family == 'finetune' else family})")
+    for n in names:
+        _run_one(n, params, profile, set_, force)
 
 
 def _stage_command(name: str, help_text: str) -> None:
@@ -143,26 +153,7 @@ def finetune_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     force: bool = ForceOpt,
 ) -> None:
-    from bertpipe.pipeline import finetune_pairs
-
-    cfg = load(params, profile, set_)
-    pairs = [(t, e) for t, e in finetune_pairs(cfg) if (task in (None, t)) and (encoder in (None, e))]
-    if not pairs:
-        raise BertpipeError(f"no finetune task matches --task {task} --encoder {encoder} (params: finetune.tasks)")
-    for t, e in pairs:
-        _run_one(f"finetune/{t}/{e}", params, profile, set_, force)
-
-
-def _run_selected(prefix: str, wanted: Optional[str], params: str, profile, set_, force: bool) -> None:
-    """Run every ``prefix/<key>`` stage of this config's graph, or the one named by ``wanted``."""
-    from bertpipe.pipeline import all_stages
-
-    cfg = load(params, profile, set_)
-    names = [n for n in all_stages(cfg) if n.startswith(prefix + "/") and wanted in (None, n.split("/", 1)[1])]
-    if not names:
-        raise BertpipeError(f"no {prefix} stage matches {wanted or '(any)'} in this config's pipeline")
-    for n in names:
-        _run_one(n, params, profile, set_, force)
+    _run_family("finetune", params, profile, set_, force, task=task, encoder=encoder)
 
 
 @app.command("distill", help="Distill each finetuned task into a smaller student (or one with --task).")
@@ -172,7 +163,7 @@ def distill_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     force: bool = ForceOpt,
 ) -> None:
-    _run_selected("distill", task, params, profile, set_, force)
+    _run_family("distill", params, profile, set_, force, task=task)
 
 
 @app.command("export", help="Export models register will log to ONNX + int8, checked against torch (or --model KEY).")
@@ -182,23 +173,20 @@ def export_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     force: bool = ForceOpt,
 ) -> None:
-    _run_selected("export", model, params, profile, set_, force)
+    _run_family("export", params, profile, set_, force, model=model)
 
 
-@app.command("stages", help="List the stages of this config's pipeline and whether each is up to date.")
+@app.command("stages", help="List the stages of this config's pipeline and whether each is up to date (a stage "
+             "is stale when its inputs, params or code changed, or when a stage above it is stale).")
 @user_errors
 def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
-    from bertpipe.pipeline import all_stages
-    from bertpipe.stage import is_fresh
+    from bertpipe.freshness import expected
 
     cfg = load(params, profile, set_)
-    for name, st in all_stages(cfg).items():
-        try:
-            fresh, fp = is_fresh(st, cfg)
-            state = "fresh" if fresh else "stale"
-        except BertpipeError:
-            state, fp = "waiting for inputs", ""
-        typer.echo(f"{name:40s} {state:20s} {fp[:12]}")
+    for name, f in expected(cfg).items():
+        state = "waiting for inputs" if f.state == "waiting" else f.state
+        note = f"  ({f.reason})" if f.reason and f.state != "waiting" else ""
+        typer.echo(f"{name:40s} {state:20s} {f.fingerprint[:12]}{note}")
 
 
 @app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML.")
