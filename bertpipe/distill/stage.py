@@ -60,14 +60,14 @@ def build(ctx, task: str) -> dict:
     from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.export.speed import dir_size, n_params
     from bertpipe.finetune import heads as H
-    from bertpipe.finetune.params import TrainParams
+    from bertpipe.finetune.params import with_overrides
     from bertpipe.finetune.stage import PIPELINE_TASK
     from bertpipe.finetune.train import bf16_ok, pick_device, train
     from bertpipe.stage import write_json
 
     dp = ctx.params
     p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
-    stp = TrainParams.model_validate({**tp.model_dump(), **dp.train_overrides}) if dp.train_overrides else tp
+    stp = with_overrides(tp, dp.train_overrides)
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)
     device = pick_device(stp.device)
