@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -125,55 +126,38 @@ def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: 
         _run_one(n, params, profile, set_, force)
 
 
-def _stage_command(name: str, help_text: str) -> None:
-    @app.command(name, help=help_text)
-    @user_errors
-    def command(
-        params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-        force: bool = ForceOpt,
-    ) -> None:
-        _run_one(name, params, profile, set_, force)
+def _stage_command(family: str, help_text: str, selectors: tuple[str, ...]) -> None:
+    """`bertpipe <family>` for a family of pipeline.COMMANDS: a one-stage family runs its stage; a fanned-out one
+    (finetune, distill, export) runs every stage of it in the graph, or those its options (--task, --encoder,
+    --model: the Stage's identity fields) select."""
+
+    def command(params: str, profile: Optional[str], set_: Optional[List[str]], force: bool, **wanted) -> None:
+        if selectors:
+            _run_family(family, params, profile, set_, force, **wanted)
+        else:
+            _run_one(family, params, profile, set_, force)
+
+    from bertpipe.pipeline import SELECTOR_HELP
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    options = [inspect.Parameter(sel, kw, default=typer.Option(None, f"--{sel}", help=SELECTOR_HELP[sel]),
+                                 annotation=Optional[str]) for sel in selectors]
+    common = [("params", ParamsOpt, str), ("profile", ProfileOpt, Optional[str]), ("set_", SetOpt, Optional[List[str]]),
+              ("force", ForceOpt, bool)]
+    command.__signature__ = inspect.Signature(
+        options + [inspect.Parameter(n, kw, default=d, annotation=t) for n, d, t in common])
+    command.__annotations__ = {}  # the signature above holds the types
+    app.command(family, help=help_text)(user_errors(command))
 
 
-_stage_command("tasks", "Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).")
-_stage_command("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test "
-               "texts excluded).")
-_stage_command("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).")
-_stage_command("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.")
-_stage_command("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).")
-_stage_command("evaluate", "Evaluate finetuned models; base vs adapted report.")
-_stage_command("register", "Register the finetuned models in the MLflow registry (champion/challenger).")
+def _stage_commands() -> None:
+    from bertpipe.pipeline import COMMANDS
+
+    for family, (help_text, selectors) in COMMANDS.items():
+        _stage_command(family, help_text, selectors)
 
 
-@app.command("finetune", help="Finetune a task head (every task x encoder in params, or one with --task/--encoder).")
-@user_errors
-def finetune_cmd(
-    task: Optional[str] = typer.Option(None, "--task", help="One task from finetune.tasks."),
-    encoder: Optional[str] = typer.Option(None, "--encoder", help="base or adapted."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    _run_family("finetune", params, profile, set_, force, task=task, encoder=encoder)
-
-
-@app.command("distill", help="Distill each finetuned task into a smaller student (or one with --task).")
-@user_errors
-def distill_cmd(
-    task: Optional[str] = typer.Option(None, "--task", help="One task from distill.tasks / finetune.tasks."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    _run_family("distill", params, profile, set_, force, task=task)
-
-
-@app.command("export", help="Export models register will log to ONNX + int8, checked against torch (or --model KEY).")
-@user_errors
-def export_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="<task>, <task>-student or encoder."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    _run_family("export", params, profile, set_, force, model=model)
+_stage_commands()
 
 
 @app.command("stages", help="List the stages of this config's pipeline and whether each is up to date (a stage "

@@ -22,6 +22,27 @@ from bertpipe.config import Config
 from bertpipe.stage import Stage
 
 
+# One `bertpipe <family>` command per stage family (bertpipe/cli.py makes them from this): its help, and for a
+# fanned-out family the Stage identity fields its options select by (--task, --encoder, --model).
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tasks": ("Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).", ()),
+    "prepare": ("Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test texts "
+                "excluded).", ()),
+    "base": ("Pretrain a small general-domain base from scratch (when model.base: scratch).", ()),
+    "vocab": ("Mine domain words, extend the tokenizer and initialise the new embeddings.", ()),
+    "pretrain": ("Continued MLM pretraining on the domain corpus (torchrun-compatible).", ()),
+    "finetune": ("Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
+                 ("task", "encoder")),
+    "distill": ("Distill each finetuned task into a smaller student (or one with --task).", ("task",)),
+    "export": ("Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
+               ("model",)),
+    "evaluate": ("Evaluate finetuned models; base vs adapted report.", ()),
+    "register": ("Register the finetuned models in the MLflow registry (champion/challenger).", ()),
+}
+SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
+                 "model": "<task>, <task>-student or encoder."}
+
+
 def base_is_scratch(cfg: Config) -> bool:
     return cfg.params.model.base.strip().lower() == "scratch"
 
