@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.outputs import (  # noqa: F401 (atomic_replace_dir, read_manifest: stages import them from here)
-    MANIFEST, atomic_replace_dir, atomic_write_text, check_replaceable, missing_parents, output_lock, read_manifest, remove_stale,
-    sigterm_raises, written_files,
+    MANIFEST, atomic_replace_dir, atomic_write_text, check_replaceable, missing_parents, output_lock, read_manifest,
+    remove_stale, sigterm_raises, written_files,
 )
 
 

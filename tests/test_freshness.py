@@ -23,7 +23,8 @@ def chain(root: Path) -> dict[str, Stage]:
         return build
 
     return {
-        "a": Stage("a", "1", ("prepare",), lambda c: {"raw": c.root / "raw.txt"}, lambda c: c.work / "a", copy("raw", "a")),
+        "a": Stage("a", "1", ("prepare",), lambda c: {"raw": c.root / "raw.txt"}, lambda c: c.work / "a",
+                   copy("raw", "a")),
         "b": Stage("b", "1", ("vocab",), lambda c: {"a": c.work / "a"}, lambda c: c.work / "b", copy("a")),
         "c": Stage("c", "1", ("pretrain",), lambda c: {"b": c.work / "b" / "data.txt"}, lambda c: c.work / "c",
                    copy("b")),
