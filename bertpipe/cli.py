@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -95,110 +96,81 @@ def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
 
 def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> None:
     from bertpipe.pipeline import all_stages
-    from bertpipe.stage import run_stage
 
     cfg = load(params, profile, overrides)
     stages = all_stages(cfg)
     if stage_name not in stages:
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
-    if stage_name in ("base", "pretrain"):
-        # Under torchrun every rank trains; only rank 0 writes the output (see bertpipe.pretrain.run).
-        from bertpipe.pretrain.run import run as run_ranked
-
-        res = run_ranked(stages[stage_name], cfg, force=force)
-        if res is None:  # a rank > 0: rank 0 reports
-            return
-    else:
-        res = run_stage(stages[stage_name], cfg, force=force)
+    res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
+    if res is None:  # a torchrun rank > 0: rank 0 reports
+        return
     from flows.summary import stage_line
 
     typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
 
 
-def _stage_command(name: str, help_text: str) -> None:
-    @app.command(name, help=help_text)
-    @user_errors
-    def command(
-        params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-        force: bool = ForceOpt,
-    ) -> None:
-        _run_one(name, params, profile, set_, force)
-
-
-_stage_command("tasks", "Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).")
-_stage_command("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test "
-               "texts excluded).")
-_stage_command("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).")
-_stage_command("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.")
-_stage_command("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).")
-_stage_command("evaluate", "Evaluate finetuned models; base vs adapted report.")
-_stage_command("register", "Register the finetuned models in the MLflow registry (champion/challenger).")
-
-
-@app.command("finetune", help="Finetune a task head (every task x encoder in params, or one with --task/--encoder).")
-@user_errors
-def finetune_cmd(
-    task: Optional[str] = typer.Option(None, "--task", help="One task from finetune.tasks."),
-    encoder: Optional[str] = typer.Option(None, "--encoder", help="base or adapted."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    from bertpipe.pipeline import finetune_pairs
-
-    cfg = load(params, profile, set_)
-    pairs = [(t, e) for t, e in finetune_pairs(cfg) if (task in (None, t)) and (encoder in (None, e))]
-    if not pairs:
-        raise BertpipeError(f"no finetune task matches --task {task} --encoder {encoder} (params: finetune.tasks)")
-    for t, e in pairs:
-        _run_one(f"finetune/{t}/{e}", params, profile, set_, force)
-
-
-def _run_selected(prefix: str, wanted: Optional[str], params: str, profile, set_, force: bool) -> None:
-    """Run every ``prefix/<key>`` stage of this config's graph, or the one named by ``wanted``."""
+def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: Optional[str]) -> None:
+    """Run every stage of ``family`` in this config's graph whose identity (Stage.task / .encoder / .model) matches
+    the options given (None: any)."""
     from bertpipe.pipeline import all_stages
 
     cfg = load(params, profile, set_)
-    names = [n for n in all_stages(cfg) if n.startswith(prefix + "/") and wanted in (None, n.split("/", 1)[1])]
+    names = [n for n, st in all_stages(cfg).items() if st.family == family
+             and all(v is None or getattr(st, k) == v for k, v in wanted.items())]
     if not names:
-        raise BertpipeError(f"no {prefix} stage matches {wanted or '(any)'} in this config's pipeline")
+        given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
+        what = "task" if family == "finetune" else "stage"
+        raise BertpipeError(f"no {family} {what} matches {given} in this config's pipeline (params: "
+                            f"{'finetune.tasks' if family == 'finetune' else family})")
     for n in names:
         _run_one(n, params, profile, set_, force)
 
 
-@app.command("distill", help="Distill each finetuned task into a smaller student (or one with --task).")
-@user_errors
-def distill_cmd(
-    task: Optional[str] = typer.Option(None, "--task", help="One task from distill.tasks / finetune.tasks."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    _run_selected("distill", task, params, profile, set_, force)
+def _stage_command(family: str, help_text: str, selectors: tuple[str, ...]) -> None:
+    """`bertpipe <family>` for a family of pipeline.COMMANDS: a one-stage family runs its stage; a fanned-out one
+    (finetune, distill, export) runs every stage of it in the graph, or those its options (--task, --encoder,
+    --model: the Stage's identity fields) select."""
+
+    def command(params: str, profile: Optional[str], set_: Optional[List[str]], force: bool, **wanted) -> None:
+        if selectors:
+            _run_family(family, params, profile, set_, force, **wanted)
+        else:
+            _run_one(family, params, profile, set_, force)
+
+    from bertpipe.pipeline import SELECTOR_HELP
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    options = [inspect.Parameter(sel, kw, default=typer.Option(None, f"--{sel}", help=SELECTOR_HELP[sel]),
+                                 annotation=Optional[str]) for sel in selectors]
+    common = [("params", ParamsOpt, str), ("profile", ProfileOpt, Optional[str]), ("set_", SetOpt, Optional[List[str]]),
+              ("force", ForceOpt, bool)]
+    command.__signature__ = inspect.Signature(
+        options + [inspect.Parameter(n, kw, default=d, annotation=t) for n, d, t in common])
+    command.__annotations__ = {}  # the signature above holds the types
+    app.command(family, help=help_text)(user_errors(command))
 
 
-@app.command("export", help="Export models register will log to ONNX + int8, checked against torch (or --model KEY).")
-@user_errors
-def export_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="<task>, <task>-student or encoder."),
-    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    force: bool = ForceOpt,
-) -> None:
-    _run_selected("export", model, params, profile, set_, force)
+def _stage_commands() -> None:
+    from bertpipe.pipeline import COMMANDS
+
+    for family, (help_text, selectors) in COMMANDS.items():
+        _stage_command(family, help_text, selectors)
 
 
-@app.command("stages", help="List the stages of this config's pipeline and whether each is up to date.")
+_stage_commands()
+
+
+@app.command("stages", help="List the stages of this config's pipeline and whether each is up to date (a stage "
+             "is stale when its inputs, params or code changed, or when a stage above it is stale).")
 @user_errors
 def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
-    from bertpipe.pipeline import all_stages
-    from bertpipe.stage import is_fresh
+    from bertpipe.freshness import expected
 
     cfg = load(params, profile, set_)
-    for name, st in all_stages(cfg).items():
-        try:
-            fresh, fp = is_fresh(st, cfg)
-            state = "fresh" if fresh else "stale"
-        except BertpipeError:
-            state, fp = "waiting for inputs", ""
-        typer.echo(f"{name:40s} {state:20s} {fp[:12]}")
+    for name, f in expected(cfg).items():
+        state = "waiting for inputs" if f.state == "waiting" else f.state
+        note = f"  ({f.reason})" if f.reason and f.state != "waiting" else ""
+        typer.echo(f"{name:40s} {state:20s} {f.fingerprint[:12]}{note}")
 
 
 @app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML.")
@@ -307,9 +279,9 @@ def dvc_yaml_cmd(
             raise typer.Exit(1)
         typer.echo(f"{target} is current")
         return
-    tmp = target.with_suffix(".yaml.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, target)
+    from bertpipe.outputs import atomic_write_text
+
+    atomic_write_text(target, text)
     typer.echo(f"wrote {target}")
 
 

@@ -9,12 +9,12 @@ copying anything; one bad file rejects the whole call and the drop dir stays as 
 from __future__ import annotations
 
 import fnmatch
-import os
 import shutil
 from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
+from bertpipe.outputs import atomic_file
 
 
 def drop_dir(cfg: Config) -> Path:
@@ -78,7 +78,6 @@ def add_files(cfg: Config, paths: list[str]) -> list[Path]:
     for src, dest in todo:
         if dest.exists():
             continue
-        tmp = dest.with_name(f".{src.name}.tmp")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
+        with atomic_file(dest) as tmp:
+            shutil.copyfile(src, tmp)
     return [d for _, d in todo]

@@ -89,6 +89,28 @@ def check_replaceable(out: Path) -> None:
         )
 
 
+@contextlib.contextmanager
+def atomic_file(path: Path | str) -> Iterator[Path]:
+    """A temp path beside ``path`` to write to; renamed over ``path`` when the block succeeds, removed when it fails
+    (Ctrl-C and SIGTERM included): a reader, or a rerun after a kill, sees the old file or the new one, never half.
+    The one helper for every single-file write that must not be seen half-done."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def atomic_replace_dir(tmp: Path, out: Path) -> None:
     """Move a finished ``tmp`` dir to ``out``; an older ``out`` is moved aside first, then deleted. An ``out`` holding
     files bertpipe did not write is never touched (see ``check_replaceable``)."""

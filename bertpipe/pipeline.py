@@ -17,8 +17,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
 from bertpipe.stage import Stage
+
+
+# One `bertpipe <family>` command per stage family (bertpipe/cli.py makes them from this): its help, and for a
+# fanned-out family the Stage identity fields its options select by (--task, --encoder, --model).
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tasks": ("Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).", ()),
+    "prepare": ("Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test texts "
+                "excluded).", ()),
+    "base": ("Pretrain a small general-domain base from scratch (when model.base: scratch).", ()),
+    "vocab": ("Mine domain words, extend the tokenizer and initialise the new embeddings.", ()),
+    "pretrain": ("Continued MLM pretraining on the domain corpus (torchrun-compatible).", ()),
+    "finetune": ("Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
+                 ("task", "encoder")),
+    "distill": ("Distill each finetuned task into a smaller student (or one with --task).", ("task",)),
+    "export": ("Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
+               ("model",)),
+    "evaluate": ("Evaluate finetuned models; base vs adapted report.", ()),
+    "register": ("Register the finetuned models in the MLflow registry (champion/challenger).", ()),
+}
+SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
+                 "model": "<task>, <task>-student or encoder."}
 
 
 def base_is_scratch(cfg: Config) -> bool:
@@ -71,11 +93,18 @@ def task_eval_files(cfg: Config) -> dict[str, Path]:
     return {f"tasks/{t}/{s}": task_dir(cfg, t) / f"{s}.jsonl" for t in tasks for s in ("dev", "test")}
 
 
+def _ranked(stage: Stage, cfg: Config, force: bool = False):
+    """The launcher of base and pretrain: the same run in every rank of a torchrun job (bertpipe.pretrain.run)."""
+    from bertpipe.pretrain.run import run
+
+    return run(stage, cfg, force=force)
+
+
 def tasks_stage(cfg: Config) -> Stage:
     from bertpipe.taskdata import stage as m
 
     return Stage("tasks", m.VERSION, m.sections(cfg), m.own_inputs, lambda c: c.work / "tasks", m.build,
-                 params_section="finetune")
+                 params_section="finetune", code=("taskdata",), libs=("numpy",))
 
 
 def prepare_stage() -> Stage:
@@ -84,7 +113,8 @@ def prepare_stage() -> Stage:
     def inputs(cfg: Config) -> dict:
         return {**m.own_inputs(cfg), **task_eval_files(cfg)}
 
-    return Stage("prepare", m.VERSION, ("prepare",), inputs, lambda c: c.work / "prepare", m.build)
+    return Stage("prepare", m.VERSION, ("prepare",), inputs, lambda c: c.work / "prepare", m.build,
+                 code=("prepare",), libs=("datasketch", "jieba", "numpy", "pyarrow", "scipy"))
 
 
 def base_stage() -> Stage:
@@ -96,7 +126,8 @@ def base_stage() -> Stage:
     # The base model and tokenizer are inputs (hashed by content); of `model:` only the language matters here, so
     # e.g. retrain's model.continue_from does not rebuild the bootstrap base.
     return Stage("base", m.VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base", m.build,
-                 params_section="base")
+                 params_section="base", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
+                 launcher=_ranked)
 
 
 def vocab_stage() -> Stage:
@@ -116,7 +147,7 @@ def vocab_stage() -> Stage:
         }
 
     return Stage("vocab", m.VERSION, ("vocab", "model.language"), inputs, lambda c: c.work / "vocab", m.build,
-                 params_section="vocab")
+                 params_section="vocab", code=("vocab",), libs=(*MODEL_LIBS, "jieba"))
 
 
 def pretrain_stage() -> Stage:
@@ -128,7 +159,8 @@ def pretrain_stage() -> Stage:
         return {"corpus": corpus_dir(cfg, "domain"), "model": cfg.work / "vocab" / "model"}
 
     return Stage("pretrain", m.VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain", m.build,
-                 params_section="pretrain")
+                 params_section="pretrain", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
+                 launcher=_ranked)
 
 
 def finetune_stage(task: str, encoder: str) -> Stage:
@@ -151,6 +183,11 @@ def finetune_stage(task: str, encoder: str) -> Stage:
         lambda c: finetune_out(c, task, encoder),
         build,
         params_section="finetune",
+        code=("finetune",),
+        libs=(*MODEL_LIBS, "numpy"),
+        cli=("finetune", "--task", task, "--encoder", encoder),
+        task=task,
+        encoder=encoder,
     )
 
 
@@ -184,7 +221,8 @@ def distill_stage(task: str) -> Stage:
         return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder)}
 
     return Stage(f"distill/{task}", m.VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
-                 lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill")
+                 lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill",
+                 code=("distill",), libs=MODEL_LIBS, cli=("distill", "--task", task), task=task)
 
 
 def export_targets(cfg: Config) -> dict[str, tuple[str | None, Path]]:
@@ -218,14 +256,19 @@ def export_stage(key: str) -> Stage:
 
     sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
     return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
-                 lambda ctx: m.build(ctx, key=key, task=task), params_section="export")
+                 lambda ctx: m.build(ctx, key=key, task=task), params_section="export", code=("export",),
+                 libs=(*MODEL_LIBS, "numpy", "onnx", "onnxruntime"), cli=("export", "--model", key), task=task,
+                 model=key)
 
 
 def evaluate_stage() -> Stage:
     from bertpipe.evaluate import stage as m
 
+    def sources(cfg: Config) -> dict[str, Stage]:
+        return {f"finetune/{t}/{e}": finetune_stage(t, e) for t, e in finetune_pairs(cfg)}
+
     def inputs(cfg: Config) -> dict:
-        ins: dict = {f"finetune/{t}/{e}": finetune_out(cfg, t, e) for t, e in finetune_pairs(cfg)}
+        ins: dict = {k: st.output(cfg) for k, st in sources(cfg).items()}
         ins["base"] = base_model(cfg)
         ins["adapted"] = adapted_model(cfg)
         ins["corpus"] = corpus_dir(cfg, "domain")
@@ -233,21 +276,27 @@ def evaluate_stage() -> Stage:
         ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
         return ins
 
-    return Stage("evaluate", m.VERSION, ("evaluate",), inputs, lambda c: c.work / "evaluate", m.build)
+    return Stage("evaluate", m.VERSION, ("evaluate",), inputs, lambda c: c.work / "evaluate", m.build,
+                 code=("evaluate",), libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources=sources)
 
 
 def register_stage() -> Stage:
     from bertpipe.register import stage as m
 
+    def sources(cfg: Config) -> dict[str, Stage]:
+        out: dict[str, Stage] = {f"finetune/{t}": finetune_stage(t, "adapted") for t in cfg.params.finetune.tasks}
+        out.update({f"distill/{t}": distill_stage(t) for t in distill_tasks(cfg)})
+        out.update({f"export/{k}": export_stage(k) for k in export_targets(cfg)})
+        return out
+
     def inputs(cfg: Config) -> dict:
-        ins: dict = {f"finetune/{t}": finetune_out(cfg, t, "adapted") for t in cfg.params.finetune.tasks}
-        ins.update({f"distill/{t}": distill_out(cfg, t) for t in distill_tasks(cfg)})
-        ins.update({f"export/{k}": export_out(cfg, k) for k in export_targets(cfg)})
+        ins: dict = {k: st.output(cfg) for k, st in sources(cfg).items()}
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
         return ins
 
-    return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build)
+    return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,
+                 code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources=sources)
 
 
 def all_stages(cfg: Config) -> dict[str, Stage]:
@@ -271,15 +320,26 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
     return stages
 
 
+def producers(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> dict[str, tuple[str, Path]]:
+    """{input key: (the stage whose output holds it, the path within that output)} for stage ``name``'s inputs
+    that another stage makes (an input at or under that stage's output)."""
+    stages = stages if stages is not None else all_stages(cfg)
+    outs = {other: stages[other].output(cfg).resolve() for other in stages if other != name}
+    found: dict[str, tuple[str, Path]] = {}
+    for key, p in stages[name].inputs(cfg).items():
+        if isinstance(p, str) and not Path(p).exists() and not Path(p).is_absolute():
+            continue  # a hub id
+        path = cfg.path(p).resolve()
+        for o, out in outs.items():
+            if path == out or out in path.parents:
+                found[key] = (o, path.relative_to(out))
+                break
+    return found
+
+
 def upstream(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> list[str]:
     """The stages whose outputs stage ``name`` reads, found from its inputs (an input at or under another stage's
     output), so the flow's dependencies follow whatever ``inputs`` say and never need listing by hand."""
     stages = stages if stages is not None else all_stages(cfg)
-    outs = {other: stages[other].output(cfg).resolve() for other in stages if other != name}
-    found: list[str] = []
-    for p in stages[name].inputs(cfg).values():
-        if isinstance(p, str) and not Path(p).exists() and not Path(p).is_absolute():
-            continue  # a hub id
-        path = cfg.path(p).resolve()
-        found += [o for o, out in outs.items() if (path == out or out in path.parents) and o not in found]
+    found = {o for o, _ in producers(name, cfg, stages).values()}
     return [o for o in stages if o in found]

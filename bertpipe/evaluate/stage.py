@@ -222,11 +222,11 @@ def build(ctx) -> dict:
         torch.set_num_threads(p.num_threads)
     results = {}
     dirs = {}
-    for key, path in ctx.inputs.items():
-        if key.startswith("finetune/"):
-            _, task, enc = key.split("/")
-            results[(task, enc)] = _load_finetune(Path(path), key)
-            dirs[(task, enc)] = Path(path)
+    for key, src in ctx.sources.items():  # the finetune stages behind the inputs (bertpipe.pipeline.evaluate_stage)
+        if src.family == "finetune":
+            path = Path(ctx.inputs[key])
+            results[(src.task, src.encoder)] = _load_finetune(path, key)
+            dirs[(src.task, src.encoder)] = path
     if not results:
         raise BertpipeError("evaluate: no finetune results among the inputs (finetune.tasks is empty?)")
     result = compare(results, p.split)

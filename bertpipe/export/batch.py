@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 from bertpipe.errors import BertpipeError
+from bertpipe.outputs import atomic_file
 
 
 def read_rows(path: Path) -> Iterator[tuple[int, dict | None, str]]:
@@ -73,8 +72,6 @@ def predict_file(predictor, src: Path, dst: Path, strict: bool = False, chunk: i
         raise BertpipeError(f"{src}: no such input file")
     if src.resolve() == dst.resolve():
         raise BertpipeError(f"{dst}: the output must not overwrite the input")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
     stats = {"lines": 0, "predicted": 0, "bad": 0}
     pending: list[tuple[int, dict | None, str]] = []
     bar = tqdm(desc=f"predict {src.name}", unit="ex", file=sys.stderr, mininterval=0.5)
@@ -93,7 +90,7 @@ def predict_file(predictor, src: Path, dst: Path, strict: bool = False, chunk: i
         pending.clear()
 
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with atomic_file(dst) as tmp, open(tmp, "w", encoding="utf-8") as out:
             for n, rec, err in read_rows(src):
                 stats["lines"] += 1
                 err = err or check_record(rec, predictor.type)
@@ -106,9 +103,6 @@ def predict_file(predictor, src: Path, dst: Path, strict: bool = False, chunk: i
                 if len(pending) >= chunk:
                     flush(out)
             flush(out)
-        os.replace(tmp, dst)
     finally:
         bar.close()
-        if tmp.exists():
-            tmp.unlink()
     return stats

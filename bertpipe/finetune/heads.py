@@ -23,6 +23,24 @@ from bertpipe.finetune.data import Example
 from bertpipe.finetune.params import TaskParams, TrainParams
 
 
+# The transformers pipeline task of a head class, by class-name suffix: the one map finetune records in metrics.json
+# and register logs by (transformers 5 has no question-answering pipeline; register then logs a pyfunc).
+PIPELINE_TASKS = {
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+    "ForMaskedLM": "fill-mask",
+}
+
+
+def pipeline_task_of(class_name: str) -> str | None:
+    """``BertForTokenClassification`` -> ``token-classification``; a bare encoder -> ``feature-extraction``."""
+    for suffix, task in PIPELINE_TASKS.items():
+        if class_name.endswith(suffix):
+            return task
+    return "feature-extraction" if class_name.endswith("Model") else None
+
+
 def auto_class(task_type: str):
     import transformers as tf
 

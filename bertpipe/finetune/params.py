@@ -7,9 +7,9 @@ reruns only that task's finetunes.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -57,6 +57,22 @@ class TrainParams(_Strict):
     max_eval_examples: int = Field(0, ge=0)
     num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(v) - set(TrainParams.model_fields))
+    if unknown:
+        raise ValueError(f"unknown finetune.train key(s) {unknown}")
+    return v
+
+
+# Overrides of finetune.train (a task's, or distill's for the student): only its keys, applied by with_overrides.
+TrainOverrides = Annotated[dict[str, Any], AfterValidator(_known_train_keys)]
+
+
+def with_overrides(shared: TrainParams, overrides: dict[str, Any]) -> TrainParams:
+    """The shared hyperparameters with ``overrides`` applied (validated like the shared section)."""
+    return TrainParams.model_validate({**shared.model_dump(), **overrides}) if overrides else shared
 
 
 class TaskParams(_Strict):
@@ -108,15 +124,7 @@ class TaskParams(_Strict):
     max_answer_len: int = Field(30, ge=1)
     n_best: int = Field(20, ge=1)
     # Per-task overrides of finetune.train, e.g. {epochs: 5, lr: 5e-5}.
-    train_overrides: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("train_overrides")
-    @classmethod
-    def _known_train_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(v) - set(TrainParams.model_fields))
-        if unknown:
-            raise ValueError(f"unknown finetune.train key(s) {unknown}")
-        return v
+    train_overrides: TrainOverrides = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _format_fits(self) -> "TaskParams":
@@ -136,9 +144,7 @@ class TaskParams(_Strict):
 
     def train_params(self, shared: TrainParams) -> TrainParams:
         """The shared hyperparameters with this task's overrides applied (validated like the shared section)."""
-        if not self.train_overrides:
-            return shared
-        return TrainParams.model_validate({**shared.model_dump(), **self.train_overrides})
+        return with_overrides(shared, self.train_overrides)
 
 
 _LAW_QUERY = (

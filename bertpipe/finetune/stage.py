@@ -23,12 +23,11 @@ from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
 
 VERSION = "2"  # 2: reads the tasks stage's splits; seeded before the model is built
-PIPELINE_TASK = {
-    "classification": "text-classification",
-    "pair_classification": "text-classification",
-    "ner": "token-classification",
-    "qa": None,  # transformers 5 removed the question-answering pipeline; AutoModelForQuestionAnswering loads it
-}
+
+
+def pipeline_task(task_type: str) -> str | None:
+    """The transformers pipeline task of a finetuned model of this type (one map: finetune.heads.PIPELINE_TASKS)."""
+    return H.pipeline_task_of(H.auto_class(task_type).__name__)
 
 
 def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
@@ -139,7 +138,7 @@ def build(ctx, task: str, encoder: str) -> dict:
         summary[s] = {k: _mean_std([r[s][k] for r in per_seed.values() if k in r[s]]) for k in names}
     out = {
         "task": task, "type": p.type, "encoder": encoder, "encoder_source": str(src), "primary": primary,
-        "pipeline_task": PIPELINE_TASK[p.type], "labels": labels, "seeds": tp.seeds, "per_seed": per_seed,
+        "pipeline_task": pipeline_task(p.type), "labels": labels, "seeds": tp.seeds, "per_seed": per_seed,
         "summary": summary, "counts": dict(counts),
     }
     from bertpipe.stage import write_json

@@ -18,24 +18,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from bertpipe.device import bf16_ok, pick_device, weight_decay_groups  # noqa: F401 (stages import them from here)
 from bertpipe.finetune.params import TrainParams
 
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def bf16_ok(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:  # noqa: BLE001 (an old or unusual build: fall back to fp32)
-        return False
 
 
 def set_seed(seed: int) -> None:
@@ -70,13 +56,12 @@ def param_groups(model: torch.nn.Module, tp: TrainParams) -> list[dict]:
     """AdamW groups: no decay for biases and LayerNorm; lr * decay^(distance from the top) per layer."""
     layers = n_layers(model)
     head_lr = tp.head_lr or tp.lr
-    groups: dict[tuple[float, float], list] = {}
-    for name, p in model.named_parameters():
+
+    def lr_of(name: str) -> float:
         d = depth(name, layers)
-        lr = head_lr if d == layers else tp.lr * tp.layer_lr_decay ** (layers - d if d >= 0 else layers + 1)
-        wd = 0.0 if (name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name) else tp.weight_decay
-        groups.setdefault((lr, wd), []).append(p)
-    return [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+        return head_lr if d == layers else tp.lr * tp.layer_lr_decay ** (layers - d if d >= 0 else layers + 1)
+
+    return weight_decay_groups(model, tp.weight_decay, lr_of)
 
 
 def collate(feats: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from bertpipe import families
+from bertpipe.device import bf16_ok  # noqa: F401 (one precision rule for every stage; imported from here)
 from bertpipe.errors import BertpipeError
 from bertpipe.pretrain.masking import IGNORE
 
@@ -135,11 +136,3 @@ class PretrainModel(nn.Module):
             result["loss"] = mlm_loss + pair_loss
         return result
 
-
-def bf16_ok(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported()) or bool(torch.cpu._is_amx_tile_supported())
-    except AttributeError:
-        return False

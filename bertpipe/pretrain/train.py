@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -99,13 +98,10 @@ def plain(obj):
 
 def atomic_save(obj, path: Path) -> None:
     """Write then rename: a reader (or a resumed run after SIGKILL) sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
+    from bertpipe.outputs import atomic_file
+
+    with atomic_file(path) as tmp:
         torch.save(plain(obj), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def safe_load(path: Path) -> dict:
@@ -141,12 +137,9 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
-    for name, w in model.named_parameters():
-        if w.requires_grad:
-            (no_decay if w.ndim < 2 or "LayerNorm" in name or "norm" in name.lower() else decay).append(w)
-    groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
+    from bertpipe.device import weight_decay_groups
+
+    return torch.optim.AdamW(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
 
 
 # ---------------------------------------------------------------- batches on device

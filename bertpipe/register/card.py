@@ -6,14 +6,9 @@ import json
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.finetune.heads import PIPELINE_TASKS, pipeline_task_of  # noqa: F401 (PIPELINE_TASKS: importable here)
 from bertpipe.stage import read_manifest
 
-PIPELINE_TASKS = {
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
-    "ForMaskedLM": "fill-mask",
-}
 
 
 def pipeline_task(model_dir: Path) -> str:
@@ -21,11 +16,9 @@ def pipeline_task(model_dir: Path) -> str:
         arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
     except (OSError, ValueError) as e:
         raise BertpipeError(f"{model_dir}/config.json: not a readable model config ({e})") from None
-    for suffix, task in PIPELINE_TASKS.items():
-        if arch.endswith(suffix):
-            return task
-    if arch.endswith("Model"):
-        return "feature-extraction"
+    task = pipeline_task_of(arch)
+    if task is not None:
+        return task
     raise BertpipeError(f"{model_dir}/config.json: architecture {arch!r} has no pipeline task bertpipe can register")
 
 

@@ -82,11 +82,11 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
 def _candidates(ctx: StageContext) -> list[Candidate]:
     cfg, p = ctx.cfg, ctx.params
     out = []
-    for key, path in ctx.inputs.items():
-        if key.startswith(("finetune/", "distill/")):  # a student: same metrics.json schema, "<prefix>-<task>-student"
-            task = key.split("/", 1)[1]
-            suffix = "-student" if key.startswith("distill/") else ""
-            ft = Path(path)
+    for key, src in ctx.sources.items():  # the stages behind the inputs (bertpipe.pipeline.register_stage)
+        if src.family in ("finetune", "distill"):  # a student: same metrics.json schema, "<prefix>-<task>-student"
+            task = src.task
+            suffix = "-student" if src.family == "distill" else ""
+            ft = Path(ctx.inputs[key])
             fp = (read_manifest(ft) or {}).get("fingerprint")
             if not fp:
                 raise BertpipeError(f"{ft}/manifest.json: missing (run finetune/{task}/adapted first)")

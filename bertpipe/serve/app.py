@@ -17,7 +17,6 @@ What bertpipe adds around it:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -91,10 +90,9 @@ class RegistryModelAPI(ls.LitAPI):
 
 
 def _write_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
+    from bertpipe.outputs import atomic_write_text
+
+    atomic_write_text(path, json.dumps(state))
 
 
 # ---------------------------------------------------------------- API-server side

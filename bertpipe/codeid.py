@@ -1,0 +1,104 @@
+"""The code identity of a stage: which source files build its output, their digest, and the library versions.
+
+The rule (one, so it can be explained and checked): a stage's code is every module of its package(s) (e.g.
+``bertpipe/vocab/*.py``) plus every ``bertpipe`` module those import, transitively — static ``import`` statements
+anywhere in a file, lazy ones inside functions included. Two modules are counted but not followed:
+``bertpipe/pipeline.py`` (the graph) and ``bertpipe/config.py`` (the params loader); what they contribute to a
+stage, its inputs and params values, is already in the fingerprint, and following them would make every stage
+depend on every other stage's code. Nothing needs listing by hand, so a new helper a stage starts to import is
+covered the moment it is imported.
+
+Each file is hashed as its syntax tree (``ast.dump``), not its bytes: editing a comment or re-wrapping a line does
+not retrain a model, while any change to what the code does (a docstring included) does. The libraries are each
+stage's explicit ``libs`` (torch, transformers, ... as fit the stage), by installed version.
+
+Paths are relative to the directory holding the ``bertpipe`` package, so a clone, a copy or an installed package
+with the same code has the same identity.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent  # .../bertpipe
+ORIGIN = PACKAGE.parent  # code paths are relative to this
+NOT_FOLLOWED = {"bertpipe/pipeline.py", "bertpipe/config.py"}
+MODEL_LIBS = ("torch", "transformers", "tokenizers")
+
+
+def _rel(p: Path) -> str:
+    return p.resolve().relative_to(ORIGIN).as_posix()
+
+
+def _module_file(module: str) -> Path | None:
+    base = ORIGIN.joinpath(*module.split("."))
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(rel: str) -> tuple[str, tuple[str, ...]]:
+    """(digest of the syntax tree, the bertpipe modules the file imports). Code does not change within a run."""
+    path = ORIGIN / rel
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    pkg = rel[:-3].split("/")[:-1] if not rel.endswith("__init__.py") else rel.split("/")[:-1]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against this file's package
+                parent = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            names.append(base)
+            names += [f"{base}.{a.name}" for a in node.names]  # `from bertpipe.x import module`
+    mods = tuple(sorted({n for n in names if n == "bertpipe" or n.startswith("bertpipe.")}))
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), mods
+
+
+@functools.lru_cache(maxsize=None)
+def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The source files (relative to ORIGIN) of ``packages`` (e.g. ``("vocab",)``) and what they import."""
+    todo = [p for pkg in packages for p in sorted((PACKAGE / pkg).glob("*.py"))]
+    seen: set[str] = set()
+    while todo:
+        rel = _rel(todo.pop())
+        if rel in seen:
+            continue
+        seen.add(rel)
+        if rel in NOT_FOLLOWED:
+            continue
+        for mod in _parsed(rel)[1]:
+            f = _module_file(mod)
+            if f is not None:
+                todo.append(f)
+                # importing bertpipe.a.b runs bertpipe/a/__init__.py too
+                parts = mod.split(".")
+                todo += [x for i in range(1, len(parts)) if (x := _module_file(".".join(parts[:i]))) is not None]
+    return tuple(sorted(seen))
+
+
+def lib_versions(libs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for lib in libs:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = "absent"
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def code_identity(packages: tuple[str, ...], libs: tuple[str, ...]) -> dict:
+    """``{"digest", "files": {path: digest[:16]}, "libs": {dist: version}}``: what manifest.json records as "code"."""
+    files = {rel: _parsed(rel)[0][:16] for rel in code_files(packages)}
+    versions = lib_versions(libs)
+    blob = repr((sorted(files.items()), sorted(versions.items())))
+    return {"digest": hashlib.sha256(blob.encode()).hexdigest()[:32], "files": files, "libs": versions}

@@ -1,0 +1,96 @@
+"""Is each stage fresh? Asked of the whole graph, so staleness propagates down it.
+
+A stage's *expected* fingerprint is the one it will have once every stage above it is up to date. It is computed
+in graph order with each upstream stage's expected fingerprint in place of its written manifest:
+
+- an input that *is* an upstream output contributes ``stage:<upstream's expected fingerprint>`` — exactly what
+  ``path_digest`` reads from the manifest once that stage is rebuilt;
+- an input *under* a stale upstream output (e.g. ``work/vocab/model``) will have contents nobody knows yet: it
+  contributes ``pending:<upstream's expected fingerprint>/<path>``, which no manifest holds, so the stage reads as
+  stale. (When the rebuilt upstream turns out to write the same bytes, the run itself finds the stage fresh and
+  skips it: staleness here is "will be looked at", never "will certainly be rebuilt".)
+
+With every upstream fresh the expected fingerprint is the plain ``bertpipe.stage.fingerprint``, which is what
+``run_stage`` checks and what the Prefect task's cache key holds (computed when the task starts, i.e. after its
+upstream tasks finished), so `bertpipe stages`, the flow and ``run_stage`` agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
+from bertpipe.stage import Stage, fingerprint, read_manifest
+
+
+@dataclass
+class Freshness:
+    name: str
+    state: str  # "fresh", "stale" or "waiting" (an input that no stage makes is missing)
+    fingerprint: str  # expected; "" while waiting
+    reason: str = ""
+
+    @property
+    def fresh(self) -> bool:
+        return self.state == "fresh"
+
+
+def expected(cfg: Config, stages: dict[str, Stage] | None = None, only: list[str] | None = None,
+             ) -> dict[str, Freshness]:
+    """Freshness of every stage (or of ``only`` and what they need), upstream first."""
+    from bertpipe.pipeline import all_stages, producers
+
+    stages = stages if stages is not None else all_stages(cfg)
+    memo: dict[str, Freshness] = {}
+
+    def visit(name: str) -> Freshness:
+        if name in memo:
+            return memo[name]
+        made = producers(name, cfg, stages)
+        ups = {key: (visit(up), rel) for key, (up, rel) in made.items()}
+        waiting = sorted({f.name for f, _ in ups.values() if f.state == "waiting"})
+        if waiting:
+            memo[name] = Freshness(name, "waiting", "", f"waits for {', '.join(waiting)}")
+            return memo[name]
+
+        def known(key: str, _path: Path | str) -> str | None:
+            if key not in ups:
+                return None
+            up, rel = ups[key]
+            if up.fresh:
+                return None  # its output on disk is what the stage will read: hash it as run_stage does
+            return f"stage:{up.fingerprint}" if rel == Path(".") else f"pending:{up.fingerprint}/{rel.as_posix()}"
+
+        try:
+            fp, _ = fingerprint(stages[name], cfg, known)
+        except BertpipeError as e:
+            memo[name] = Freshness(name, "waiting", "", str(e))
+            return memo[name]
+        stale_ups = [f.name for f, _ in ups.values() if not f.fresh]
+        m = read_manifest(stages[name].output(cfg))
+        if m is not None and m.get("fingerprint") == fp:
+            memo[name] = Freshness(name, "fresh", fp)
+        else:
+            why = (f"upstream {', '.join(dict.fromkeys(stale_ups))} stale" if stale_ups
+                   else "no output" if m is None else _why(stages[name], m))
+            memo[name] = Freshness(name, "stale", fp, why)
+        return memo[name]
+
+    for n in (only or list(stages)):
+        visit(n)
+    return {n: memo[n] for n in stages if n in memo}
+
+
+def _why(stage: Stage, manifest: dict) -> str:
+    """What changed since the output was built, as far as its manifest tells."""
+    had = (manifest.get("code") or {}).get("digest")
+    if had != stage.code_identity()["digest"]:
+        return "code changed"
+    return "inputs or params changed"
+
+
+def expected_fingerprint(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> str:
+    """The fingerprint stage ``name`` will have once its upstream stages are fresh ("" while inputs are missing)."""
+    return expected(cfg, stages, only=[name])[name].fingerprint

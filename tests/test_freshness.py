@@ -1,0 +1,78 @@
+"""Staleness propagates down the graph, and the code identity follows the import rule (quick: toy stages, no models)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from bertpipe.codeid import code_files, code_identity
+from bertpipe.config import load_config
+from bertpipe.freshness import expected
+from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+
+NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
+
+
+def chain(root: Path) -> dict[str, Stage]:
+    """a -> b (reads a's output dir) -> c (reads a file under b's output), like prepare -> vocab -> pretrain."""
+
+    def copy(src: str, suffix: str = ""):
+        def build(ctx):
+            p = Path(ctx.inputs[src])
+            (ctx.out / "data.txt").write_text((p / "data.txt" if p.is_dir() else p).read_text() + suffix)
+        return build
+
+    return {
+        "a": Stage("a", "1", ("prepare",), lambda c: {"raw": c.root / "raw.txt"}, lambda c: c.work / "a",
+                   copy("raw", "a")),
+        "b": Stage("b", "1", ("vocab",), lambda c: {"a": c.work / "a"}, lambda c: c.work / "b", copy("a")),
+        "c": Stage("c", "1", ("pretrain",), lambda c: {"b": c.work / "b" / "data.txt"}, lambda c: c.work / "c",
+                   copy("b")),
+    }
+
+
+def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
+    (tmp_path / "raw.txt").write_text("x")
+    (tmp_path / "params.yaml").write_text("paths: {work: w, state: s}\nmodel: {base: some/hub-id}\n")
+    cfg = load_config(tmp_path / "params.yaml")
+    stages = chain(tmp_path)
+    assert {n: f.state for n, f in expected(cfg, stages).items()} == {"a": "stale", "b": "stale", "c": "stale"}
+    built = {n: run_stage(st, cfg, tracker_factory=NO_TRACKING).fingerprint for n, st in stages.items()}
+    fresh = expected(cfg, stages)
+    assert all(f.fresh for f in fresh.values()) and {n: f.fingerprint for n, f in fresh.items()} == built
+
+    changed = cfg.with_overrides(["prepare.dedup.threshold=0.5"])
+    after = expected(changed, stages)
+    assert {n: f.state for n, f in after.items()} == {"a": "stale", "b": "stale", "c": "stale"}, after
+    assert after["b"].reason == "upstream a stale" and after["c"].reason == "upstream b stale"
+    # Each on its own (the manifests on disk) b and c still look fresh: what `bertpipe stages` used to say.
+    assert is_fresh(stages["b"], changed)[0] and is_fresh(stages["c"], changed)[0]
+    # b's expected fingerprint is the one it gets once a is rebuilt.
+    run_stage(stages["a"], changed, tracker_factory=NO_TRACKING)
+    assert run_stage(stages["b"], changed, tracker_factory=NO_TRACKING).fingerprint == after["b"].fingerprint
+    # c reads a file under b's output: b wrote the same bytes, so c is fresh again and its run skips.
+    assert expected(changed, stages)["c"].fresh
+    assert run_stage(stages["c"], changed, tracker_factory=NO_TRACKING).skipped
+
+
+def test_code_identity_follows_imports_and_is_recorded(tmp_path):
+    vocab = code_files(("vocab",))
+    assert "bertpipe/vocab/extend.py" in vocab and "bertpipe/stage.py" in vocab
+    assert "bertpipe/pipeline.py" in vocab and "bertpipe/config.py" in vocab  # counted, not followed
+    assert not any(f.startswith(("bertpipe/finetune/", "bertpipe/prepare/")) for f in vocab), vocab
+    distill = code_files(("distill",))
+    assert "bertpipe/finetune/train.py" in distill  # distill trains through the finetune loop
+    ident = code_identity(("vocab",), ("torch", "no-such-dist"))
+    assert set(ident["files"]) == set(vocab) and ident["libs"]["no-such-dist"] == "absent"
+    assert ident["digest"] != code_identity(("vocab",), ("torch",))["digest"]
+
+    (tmp_path / "raw.txt").write_text("x")
+    (tmp_path / "params.yaml").write_text("paths: {work: w, state: s}\nmodel: {base: some/hub-id}\n")
+    cfg = load_config(tmp_path / "params.yaml")
+    st = chain(tmp_path)["a"]
+    plain = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    st.code = ("vocab",)
+    assert not is_fresh(st, cfg)[0] and expected(cfg, {"a": st})["a"].reason == "code changed"
+    res = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    assert res.fingerprint != plain.fingerprint
+    assert read_manifest(res.out)["code"]["files"] == code_identity(("vocab",), ())["files"]
