@@ -1,20 +1,24 @@
 """Did domain adaptation make a better model? Base vs adapted vs baselines per task, over seeds, with paired intervals.
 
-    python bench/bench_adaptation.py                  # profile `evidence` (params.yaml): about an hour on 2 cores
-    python bench/bench_adaptation.py --quick          # the demo profile at a few steps: proves the script end to end
-    python bench/bench_adaptation.py --seeds 1 2 3 4 5 --project /tmp/evidence --raw data/raw
+    OMP_NUM_THREADS=2 python bench/bench_adaptation.py   # profile `evidence` (params.yaml): ~35-60 min on 2 cores
+    python bench/bench_adaptation.py --quick             # the demo profile at a few steps: proves the script end to end
+    python bench/bench_adaptation.py --seeds 1 2 3 4 5 --project /tmp/evidence --raw data/raw --set KEY=VALUE
 
-Runs every stage alone through the CLI in a throwaway project over the real sample data (prepare, base, vocab,
-pretrain, then each task x encoder x seed as its own `bertpipe finetune`, so every seed's test predictions are kept),
-then per task:
+Runs every stage alone through the CLI in a throwaway project over the real sample data (tasks, prepare, base, vocab,
+pretrain on every core, `--threads`; then each task x encoder x seed as its own `bertpipe finetune`, so every seed's
+test predictions are kept, `--workers` at once with the cores divided among them), then per task:
 
-- baselines on the same capped train split, scored on the same test examples the finetunes saw: majority class and
-  char n-gram TF-IDF + logistic regression (classification); for NER the majority (all-O) predictor scores 0;
+- baselines trained on the task's capped train split and scored on the same test examples the finetunes saw, from
+  `bertpipe.evaluate.baselines` (what evaluate reports): majority and TF-IDF + logistic regression (classification),
+  no entity and the train lexicon (NER);
 - base and adapted: the primary test metric per seed (mean, std);
-- adapted − base and adapted − TF-IDF: paired bootstrap over test examples, the statistic being the mean over seeds of
-  the per-seed difference (so the interval covers both example and seed variation), 95% percentile interval;
-- the encoder comparison per character (`bertpipe.evaluate.fair_mlm`) of the base and adapted encoders.
+- adapted − base and adapted − TF-IDF/lexicon: `bertpipe.evaluate.bootstrap.paired_bootstrap` over test examples, the
+  statistic being the mean over seeds of the per-seed metric (every seed's predictions resampled on the same draw), so
+  the interval covers the test set's chance; the seeds' spread is in the ± columns;
+- the encoder comparison per masked character (`bertpipe.evaluate.fair_mlm.compare_encoders`, as evaluate) of the
+  base and adapted encoders on the domain test split, and register's gate score (`encoder_gate_score`) for each.
 
+A rerun with the same --project resumes: fresh stages are skipped, kept finetune predictions are read back.
 Writes bench/out/adaptation_<profile>.json and .md and prints the table; docs/evidence.md explains how to read it.
 """
 
@@ -23,10 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +39,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from sweep_demo import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
+
+from bertpipe.evaluate import baselines as BL  # noqa: E402
+from bertpipe.evaluate import bootstrap as B  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 QUICK_SETS = {  # --quick: the demo profile shrunk until the whole chain takes a few minutes under load
@@ -45,41 +53,20 @@ QUICK_SETS = {  # --quick: the demo profile shrunk until the whole chain takes a
 }
 
 
-# ---------------------------------------------------------------- statistics (h2's module when present)
-
-def _paired_bootstrap_local(gold, pred_a, pred_b, metric_fn, n: int, seed: int) -> dict:
-    """LOCAL FALLBACK until bertpipe.evaluate.bootstrap lands: percentile interval of metric(b) − metric(a)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    m = len(gold)
-    diffs = []
-    for _ in range(n):
-        idx = rng.integers(0, m, m)
-        g = [gold[i] for i in idx]
-        diffs.append(metric_fn(g, [pred_b[i] for i in idx]) - metric_fn(g, [pred_a[i] for i in idx]))
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return {"delta": metric_fn(gold, pred_b) - metric_fn(gold, pred_a), "ci95": [float(lo), float(hi)],
-            "ci_method": f"paired bootstrap over {m} test examples, {n} resamples (local fallback)"}
-
-
-try:  # h2's shared implementation; the fallback above goes when it has landed
-    from bertpipe.evaluate.bootstrap import paired_bootstrap  # type: ignore
-except ImportError:  # pragma: no cover
-    paired_bootstrap = _paired_bootstrap_local
+# ---------------------------------------------------------------- metrics and baselines (the shared modules)
 
 
 def macro_f1(gold, pred) -> float:
-    from bertpipe.evaluate.metrics import classification_metrics
-
-    return classification_metrics(list(gold), list(pred), sorted(set(gold) | set(pred)))[0]["macro_f1"]
+    return B.macro_f1(gold, pred)
 
 
-def span_f1(gold, pred) -> float:
-    """Entity F1 over exact (start, end, type) spans; gold/pred items are sets of spans per sentence."""
-    tp = sum(len(g & p) for g, p in zip(gold, pred))
-    ng, np_ = sum(len(g) for g in gold), sum(len(p) for p in pred)
-    return 2 * tp / (ng + np_) if ng + np_ else 0.0
+def baseline_predictions(train, test) -> dict[str, list]:
+    """Per-example predictions of the baselines evaluate reports: majority + TF-IDF (classification), or no entity +
+    the train lexicon (NER), trained on the task's capped train split."""
+    if train and getattr(train[0], "label", None) is None:  # NER: spans, no label
+        lex = BL.Lexicon.from_train(train)
+        return {"majority": [[] for _ in test], "lexicon": [lex.match(ex.text) for ex in test]}
+    return {"majority": BL.majority_predictions(train, test), "tfidf": BL.tfidf_predictions(train, test)}
 
 
 class Stacked:
@@ -94,41 +81,15 @@ class Stacked:
         return statistics.fmean(self.metric_fn(gold, [s[k] for s in stacked]) for k in range(seeds))
 
 
-# ---------------------------------------------------------------- baselines (h2's module when present)
-
-def baseline_predictions(train, test) -> dict[str, list[str]]:
-    """Majority class and char 1-3-gram TF-IDF + logistic regression, trained on `train`, predicting `test`."""
-    try:
-        from bertpipe.evaluate import baselines as B  # type: ignore  # h2
-
-        return {"majority": B.majority_predict(train, test), "tfidf": B.tfidf_predict(train, test)}
-    except (ImportError, AttributeError):
-        pass
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
-    top = Counter(e.label for e in train).most_common(1)[0][0]
-    vec = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), min_df=2, sublinear_tf=True, max_features=200_000)
-    x = vec.fit_transform([e.text for e in train])
-    clf = LogisticRegression(max_iter=1000, C=10.0).fit(x, [e.label for e in train])
-    return {"majority": [top] * len(test), "tfidf": list(clf.predict(vec.transform([e.text for e in test])))}
-
-
 def task_splits(project: Path, params_sets: dict, task: str):
-    """The capped train split and the test split exactly as the finetune stage draws them."""
+    """The capped train and test splits exactly as the `tasks` stage materialises them for finetune."""
     from bertpipe.config import load_config
-    from bertpipe.finetune import data as D
-
-    from bertpipe.taskdata import read_task, task_dir
+    from bertpipe.taskdata.stage import materialise
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in params_sets.items()])
     fp = cfg.params.finetune
-    p = fp.tasks[task]
-    tp = p.train_params(fp.train)
-    tdir = task_dir(cfg, task)  # the `tasks` stage's materialised splits when it has run, else the raw files
-    data = read_task(tdir) if (tdir / "splits.json").exists() else D.load_task(p, cfg.path, Counter())
-    return D.cap(data["train"], tp.max_train_examples, p.split_seed), D.cap(data["test"], tp.max_eval_examples,
-                                                                               p.split_seed)
+    data, *_ = materialise(task, fp.tasks[task], fp.train, cfg.path, cfg.params.prepare.dedup, cfg.root)
+    return data["train"], data["test"]
 
 
 # ---------------------------------------------------------------- the run
@@ -137,41 +98,82 @@ def _read_preds(path: Path) -> dict[str, dict]:
     return {r["id"]: r for r in (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip())}
 
 
-def run_finetunes(project: Path, sets: dict, tasks: list[str], seeds: list[int], log: Path, times: dict) -> dict:
-    """{(task, encoder, seed): {id: prediction record}} with each seed its own finetune run."""
-    preds: dict = {}
-    for task in tasks:
-        for encoder in ("base", "adapted"):
-            for seed in seeds:
-                wall, cpu, rc = run_cli(project, ["finetune", "--task", task, "--encoder", encoder, "--force"],
-                                        {**sets, "finetune.train.seeds": f"[{seed}]"}, log)
+def run_finetunes(project: Path, sets: dict, tasks: list[str], seeds: list[int], log: Path, times: dict,
+                  workers: int, threads: int) -> dict:
+    """{(task, encoder, seed): {id: prediction record}}, each seed its own `bertpipe finetune` run (the stage saves
+    one seed's predictions). `workers` runs at once, `threads` each; two runs of one task x encoder never overlap
+    (they share an output dir). Seed-major order, so a cut-short run still has whole seeds."""
+    keep = log.parent / f"predictions_{log.stem}"  # each run's predictions and times, so a rerun resumes
+    keep.mkdir(exist_ok=True)
+    jobs, preds = [], {}
+    for job in ((task, enc, seed) for seed in seeds for task in tasks for enc in ("base", "adapted")):
+        saved = keep / "{}.{}.seed{}.jsonl".format(*job)
+        if saved.exists() and saved.with_suffix(".time.json").exists():
+            preds[job] = _read_preds(saved)
+            times["finetune/{}/{}/seed{}".format(*job)] = json.loads(saved.with_suffix(".time.json").read_text())
+        else:
+            jobs.append(job)
+    busy: set = set()
+    cond = threading.Condition()
+    failed: list = []
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while True:
+                    if failed or not jobs:
+                        return
+                    job = next((j for j in jobs if j[:2] not in busy), None)
+                    if job:
+                        jobs.remove(job)
+                        busy.add(job[:2])
+                        break
+                    cond.wait()
+            task, encoder, seed = job
+            wall, cpu, rc = run_cli(project, ["finetune", "--task", task, "--encoder", encoder, "--force"],
+                                    {**sets, "finetune.train.seeds": f"[{seed}]", "finetune.train.num_threads": threads},
+                                    log, threads)
+            out = Path(sets["paths.work"]) / "finetune" / task / encoder
+            with cond:
                 if rc:
-                    raise SystemExit(f"finetune {task}/{encoder} seed {seed} failed (see {log})")
-                out = Path(sets["paths.work"]) / "finetune" / task / encoder
-                preds[(task, encoder, seed)] = _read_preds(out / "predictions_test.jsonl")
-                times[f"finetune/{task}/{encoder}/seed{seed}"] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
-                print(f"[evidence] {task}/{encoder} seed {seed}: {wall:.0f}s", file=sys.stderr, flush=True)
+                    failed.append(f"finetune {task}/{encoder} seed {seed} failed (see {log})")
+                else:
+                    saved = keep / f"{task}.{encoder}.seed{seed}.jsonl"
+                    shutil.copyfile(out / "predictions_test.jsonl", saved)
+                    preds[job] = _read_preds(saved)
+                    t = times[f"finetune/{task}/{encoder}/seed{seed}"] = {"wall_s": round(wall, 1),
+                                                                          "cpu_s": round(cpu, 1)}
+                    saved.with_suffix(".time.json").write_text(json.dumps(t))
+                    print(f"[evidence] {task}/{encoder} seed {seed}: {wall:.0f} s wall, {cpu:.0f} CPU s "
+                          f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                busy.discard(job[:2])
+                cond.notify_all()
+
+    pool = [threading.Thread(target=worker) for _ in range(max(1, workers))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if failed:
+        raise SystemExit(failed[0])
     return preds
 
 
 def summarise_task(task: str, ttype: str, seeds: list[int], preds: dict, train, test, n_boot: int) -> dict:
-    ids = sorted(preds[(task, "base", seeds[0])])
-    if ttype == "ner":
-        gold = [frozenset((a, b, t) for a, b, t, *_ in preds[(task, "base", seeds[0])][i]["gold"]) for i in ids]
-        fn = span_f1
-        pick = lambda r: frozenset((a, b, t) for a, b, t, *_ in r["pred"])  # noqa: E731
-        base_lines = {"majority": [frozenset()] * len(ids)}  # predicts O everywhere
-    else:
-        gold = [preds[(task, "base", seeds[0])][i]["label"] for i in ids]
-        fn = macro_f1
-        pick = lambda r: r["pred"]  # noqa: E731
-        by_id = {e.id: e for e in test}
-        missing = [i for i in ids if i not in by_id]
-        if missing:
-            raise SystemExit(f"{task}: {len(missing)} test ids of the finetune are not in the test split read here")
-        bl = baseline_predictions(train, [by_id[i] for i in ids])
-        base_lines = bl
-    stacked = {enc: [[pick(preds[(task, enc, s)][i]) for s in seeds] for i in ids] for enc in ("base", "adapted")}
+    first = preds[(task, "base", seeds[0])]
+    ids = sorted(first)
+    gold_by_id, _ = B.gold_pred(ttype, list(first.values()))
+    gold = [gold_by_id[i] for i in ids]
+    fn = B.METRIC_FNS[ttype]
+    by_id = {e.id: e for e in test}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise SystemExit(f"{task}: {len(missing)} test ids of the finetune are not in the test split read here")
+    base_lines = baseline_predictions(train, [by_id[i] for i in ids])
+    stacked = {}
+    for enc in ("base", "adapted"):
+        per = [B.gold_pred(ttype, list(preds[(task, enc, s)].values()))[1] for s in seeds]
+        stacked[enc] = [[p[i] for p in per] for i in ids]
     per_seed = {enc: [fn(gold, [row[k] for row in stacked[enc]]) for k in range(len(seeds))] for enc in stacked}
     out = {"type": ttype, "primary": "f1" if ttype == "ner" else "macro_f1", "test_examples": len(ids),
            "train_examples": len(train), "seeds": seeds,
@@ -179,45 +181,53 @@ def summarise_task(task: str, ttype: str, seeds: list[int], preds: dict, train, 
            **{enc: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0, "values": v}
               for enc, v in per_seed.items()}}
     sfn = Stacked(fn)
-    out["adapted_minus_base"] = paired_bootstrap(gold, stacked["base"], stacked["adapted"], sfn, n_boot, 0)
-    if "tfidf" in base_lines:
-        tf = [[p] * len(seeds) for p in base_lines["tfidf"]]
-        out["adapted_minus_tfidf"] = paired_bootstrap(gold, tf, stacked["adapted"], sfn, n_boot, 1)
+    out["adapted_minus_base"] = B.paired_bootstrap(gold, stacked["base"], stacked["adapted"], sfn, n_boot, 0)
+    strong = "lexicon" if ttype == "ner" else "tfidf"
+    out["strong_baseline"] = strong
+    rep = [[p] * len(seeds) for p in base_lines[strong]]
+    out["adapted_minus_baseline"] = B.paired_bootstrap(gold, rep, stacked["adapted"], sfn, n_boot, 1)
     return out
 
 
-def encoder_comparison(project: Path, sets: dict) -> dict:
+def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
+    """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
+    reports), with a paired bootstrap interval over windows, and register's gate score for each."""
     from bertpipe.config import load_config
-    from bertpipe.evaluate.fair_mlm import encoder_gate_score
-    from bertpipe.pipeline import adapted_model, base_model
+    from bertpipe.evaluate.fair_mlm import compare_encoders, encoder_gate_score, test_texts
+    from bertpipe.pipeline import adapted_model, base_model, corpus_dir
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
-    res = {}
-    for enc, d in (("base", base_model(cfg)), ("adapted", adapted_model(cfg))):
-        name, value = encoder_gate_score(d, cfg)
-        res[enc] = {name: value}
-    res["metric"] = name
-    res["delta"] = res["adapted"][name] - res["base"][name]
+    e = cfg.params.evaluate
+    models = {"base": base_model(cfg), "adapted": adapted_model(cfg)}
+    texts = test_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts, e.mlm_seed)
+    res = compare_encoders(models, texts, e, n_boot=n_boot, boot_seed=0)
+    res["texts"] = len(texts)
+    res["gate"] = {enc: dict([encoder_gate_score(d, cfg)]) for enc, d in models.items()}
     return res
 
 
+def _ci(x: dict | None) -> str:
+    return f"{x['mean']:+.3f} [{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}]" if x else "—"
+
+
 def table(res: dict) -> str:
-    lines = [f"profile `{res['profile']}`, seeds {res['seeds']}, {res['when']}", "",
-             "| task | metric | majority | TF-IDF | base | adapted | adapted − base (95% CI) | adapted − TF-IDF (95% CI) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"profile `{res['profile']}`, seeds {res['seeds']}, {res['when']}, load {res['load']:.1f} at the end", "",
+             "| task | metric | test ex | majority | TF-IDF / lexicon | base | adapted | adapted − base (95% CI) | "
+             "adapted − TF-IDF / lexicon (95% CI) |", "|---|---|---|---|---|---|---|---|---|"]
     for task, t in res["tasks"].items():
         b = t["baselines"]
-        d = t["adapted_minus_base"]
-        dt = t.get("adapted_minus_tfidf")
-        fmt = lambda x: f"{x['delta']:+.3f} [{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}]" if x else "—"  # noqa: E731
-        tfidf = f"{b['tfidf']:.3f}" if "tfidf" in b else "—"
-        lines.append(f"| {task} | {t['primary']} | {b['majority']:.3f} | {tfidf} | "
+        lines.append(f"| {task} | {t['primary']} | {t['test_examples']} | {b['majority']:.3f} | "
+                     f"{b[t['strong_baseline']]:.3f} ({t['strong_baseline']}) | "
                      f"{t['base']['mean']:.3f} ± {t['base']['std']:.3f} | "
-                     f"{t['adapted']['mean']:.3f} ± {t['adapted']['std']:.3f} | {fmt(d)} | {fmt(dt)} |")
+                     f"{t['adapted']['mean']:.3f} ± {t['adapted']['std']:.3f} | {_ci(t['adapted_minus_base'])} | "
+                     f"{_ci(t['adapted_minus_baseline'])} |")
     ec = res.get("encoder_comparison")
-    if ec:
-        lines += ["", f"Encoder comparison ({ec['metric']}, higher is better): base {ec['base'][ec['metric']]:.4f}, "
-                      f"adapted {ec['adapted'][ec['metric']]:.4f}, delta {ec['delta']:+.4f}"]
+    if ec and "delta" in ec:
+        d = ec["delta"]
+        lines += ["", f"Encoder comparison (domain test split, {ec['texts']} texts, {ec['base']['masked_chars']} "
+                      f"masked characters): NLL per masked character base {ec['base']['nll_per_char']:.4f}, adapted "
+                      f"{ec['adapted']['nll_per_char']:.4f}, adapted − base {d['nll_per_char']:+.4f} "
+                      f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] (lower is better; {d['ci_method']})"]
     lines += ["", "| stage | wall s | CPU s |", "|---|---|---|"]
     lines += [f"| {k} | {v['wall_s']} | {v['cpu_s']} |" for k, v in res["times"].items()]
     return "\n".join(lines)
@@ -229,35 +239,61 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="demo profile at a few steps, 2 seeds: a smoke run")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 1 2 3 (--quick: 1 2)")
     ap.add_argument("--tasks", nargs="+", default=["law_department", "sentiment", "msra_ner"])
+    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="more params overrides for every stage (e.g. a smaller budget)")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1") or 1),
+                    help="cores to use: the serial stages get all, each finetune worker threads/workers "
+                         "(default: $OMP_NUM_THREADS, else 1)")
+    ap.add_argument("--workers", type=int, default=None, help="finetunes at once (default: --threads)")
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--project", type=Path, default=Path("/tmp/bertpipe-evidence"))
     ap.add_argument("--raw", type=Path, default=REPO / ".bertpipe" / "test-raw")
     args = ap.parse_args()
     profile = "demo" if args.quick else args.profile
     seeds = args.seeds or ([1, 2] if args.quick else [1, 2, 3])
+    workers = args.workers or args.threads
     tag = "quick" if args.quick else profile
     setup_project(args.project, args.raw.resolve())
-    sets = {"profile": profile, "paths.work": str(args.project / f"work_{tag}"), "finetune.train.num_threads": 1,
-            **(QUICK_SETS if args.quick else {})}
+    sets = {"profile": profile, "paths.work": str(args.project / f"work_{tag}"), **(QUICK_SETS if args.quick else {}),
+            **dict(kv.split("=", 1) for kv in args.extra)}
     log = args.project / f"{tag}.log"
+    # A rerun resumes: stages still fresh are skipped by bertpipe (their first build's times kept here), finetunes
+    # whose predictions were kept are read back.
+    times_file = args.project / f"{tag}.stage_times.json"
+    built = json.loads(times_file.read_text()) if times_file.exists() else {}
     times: dict = {}
-    for stage in ("prepare", "base", "vocab", "pretrain"):
-        wall, cpu, rc = run_cli(args.project, [stage], sets, log)
+    t_start = time.perf_counter()
+    # tasks first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/tasks
+    for stage in ("tasks", "prepare", "base", "vocab", "pretrain"):
+        manifest = Path(sets["paths.work"]) / stage / "manifest.json"
+        before = manifest.read_text() if manifest.exists() else None
+        wall, cpu, rc = run_cli(args.project, [stage], sets, log, args.threads)
         if rc:
             raise SystemExit(f"bertpipe {stage} failed (see {log})")
-        times[stage] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
-        print(f"[evidence] {stage}: {wall:.0f}s", file=sys.stderr, flush=True)
-    preds = run_finetunes(args.project, sets, args.tasks, seeds, log, times)
+        cached = before is not None and manifest.read_text() == before
+        times[stage] = built[stage] if cached and stage in built else {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+        times_file.write_text(json.dumps(times))
+        print(f"[evidence] {stage}: {wall:.0f} s wall, {cpu:.0f} CPU s ({time.strftime('%H:%M:%S')}, "
+              f"load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    ft_threads = max(1, args.threads // workers)
+    preds = run_finetunes(args.project, sets, args.tasks, seeds, log, times, workers, ft_threads)
     from bertpipe.config import load_config
 
     cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
-    res = {"profile": tag, "seeds": seeds, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "load": os.getloadavg()[0], "tasks": {}, "times": times}
+    res = {"profile": tag, "seeds": seeds, "sets": sets, "threads": args.threads, "workers": workers,
+           "tasks": {}, "times": times}
     for task in args.tasks:
-        ttype = cfg.params.finetune.tasks[task].type
-        train, test = task_splits(args.project, sets, task) if ttype != "ner" else ([], [])
-        res["tasks"][task] = summarise_task(task, ttype, seeds, preds, train, test, args.bootstrap)
-    res["encoder_comparison"] = encoder_comparison(args.project, sets)
+        train, test = task_splits(args.project, sets, task)
+        res["tasks"][task] = summarise_task(task, cfg.params.finetune.tasks[task].type, seeds, preds, train, test,
+                                            args.bootstrap)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res["encoder_comparison"] = encoder_comparison(args.project, sets, args.bootstrap)
+    times["encoder comparison"] = {"wall_s": round(time.perf_counter() - t0, 1),
+                                   "cpu_s": round(time.process_time() - c0, 1)}
+    times["total"] = {"wall_s": round(time.perf_counter() - t_start, 1),
+                      "cpu_s": round(sum(v["cpu_s"] for v in times.values()), 1)}
+    res["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    res["load"] = os.getloadavg()[0]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"adaptation_{tag}.json").write_text(json.dumps(res, indent=1, ensure_ascii=False, default=list))
     text = table(res)

@@ -70,7 +70,7 @@ def domain_adaptation(
           f"({parallel.cores()} cores, flow.max_parallel: {cfg.params.flow.max_parallel})")
     parallel.use_threads(parallel.cores())  # stages that run alone run here, on every core
     pool = uuid.uuid4().hex
-    parallel.open_pool(pool, workers)
+    parallel.open_pool(pool, workers, graph)
     futures = {}
     try:
         with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent:

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from typing import Iterator
 
 # The graph as {stage: [upstream stages]}, in a topological order (bertpipe.pipeline.all_stages's order).
@@ -100,21 +101,57 @@ def remaining(graph: Graph) -> dict[str, int]:
 
 
 class Slots:
-    """A counting semaphore that admits the highest-priority waiter first (FIFO among equals)."""
+    """A counting semaphore that admits the highest-priority waiter first (FIFO among equals).
 
-    def __init__(self, n: int):
+    Priority alone only orders stages already waiting. When a stage finishes, the stages it unblocks reach the pool
+    one by one (each task thread first loads its config), so the first to arrive took a free slot whatever its
+    priority: in the demo the base encoder's finetunes took both slots before vocab, on the critical path, arrived
+    (~1.5 min lost). Given the graph, the pool sees that coming: a stage whose upstream stages have all released their
+    slots is *expected*, and a waiter is admitted only while free slots outnumber the expected stages that outrank
+    it. An expected stage that never arrives (its task was answered from a cache) holds nothing back for more than
+    ``grace_s`` after its last upstream finished.
+    """
+
+    def __init__(self, n: int, graph: Graph | None = None, priority: dict[str, int] | None = None,
+                 grace_s: float = 3.0):
         self.free = n
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int]] = []
         self._seq = itertools.count()
+        self._graph = graph or {}
+        self._priority = priority if priority is not None else remaining(self._graph)
+        self._grace = grace_s
+        self._arrived: set[str] = set()
+        self._finished: dict[str, float] = {}  # stage -> when it released its slot (monotonic)
+
+    def _outranking(self, priority: int, now: float) -> tuple[int, float | None]:
+        """(how many expected, not yet arrived stages outrank ``priority``, the earliest time one stops counting)."""
+        count, until = 0, None
+        for name, ups in self._graph.items():
+            if name in self._arrived or not ups or self._priority.get(name, 0) <= priority:
+                continue
+            if all(u in self._finished for u in ups):
+                deadline = max(self._finished[u] for u in ups) + self._grace
+                if deadline > now:
+                    count += 1
+                    until = deadline if until is None else min(until, deadline)
+        return count, until
 
     @contextlib.contextmanager
-    def hold(self, priority: int = 0) -> Iterator[None]:
+    def hold(self, priority: int = 0, name: str = "") -> Iterator[None]:
         with self._cond:
+            if name:
+                self._arrived.add(name)
             ticket = (-priority, next(self._seq))
             heapq.heappush(self._queue, ticket)
-            while not (self.free > 0 and self._queue[0] == ticket):
-                self._cond.wait()
+            while True:
+                if self.free > 0 and self._queue[0] == ticket:
+                    ahead, until = self._outranking(priority, time.monotonic())
+                    if self.free > ahead:
+                        break
+                    self._cond.wait(timeout=until - time.monotonic())
+                else:
+                    self._cond.wait()
             heapq.heappop(self._queue)
             self.free -= 1
             self._cond.notify_all()
@@ -123,14 +160,18 @@ class Slots:
         finally:
             with self._cond:
                 self.free += 1
+                if name:
+                    self._finished[name] = time.monotonic()
                 self._cond.notify_all()
 
 
 _POOLS: dict[str, Slots] = {}
 
 
-def open_pool(key: str, n: int) -> None:
-    _POOLS[key] = Slots(n)
+def open_pool(key: str, n: int, graph: Graph | None = None) -> None:
+    """The flow run's pool of ``n`` slots; with its ``graph`` the pool keeps slots for critical stages about to
+    arrive (see Slots)."""
+    _POOLS[key] = Slots(n, graph)
 
 
 def close_pool(key: str) -> None:
@@ -138,13 +179,13 @@ def close_pool(key: str) -> None:
 
 
 @contextlib.contextmanager
-def slot(key: str, priority: int) -> Iterator[None]:
-    """Hold a slot of the flow run's pool; without a pool (a task called on its own) run at once."""
+def slot(key: str, priority: int, name: str = "") -> Iterator[None]:
+    """Hold a slot of the flow run's pool as stage ``name``; without a pool (a task called on its own) run at once."""
     pool = _POOLS.get(key)
     if pool is None:
         yield
         return
-    with pool.hold(priority):
+    with pool.hold(priority, name):
         yield
 
 

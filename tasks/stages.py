@@ -98,7 +98,7 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
     overrides = list(overrides or [])
     cfg = _config(params, profile, overrides)
     stage = _stage(stage_name, cfg)
-    with slot(pool, priority):
+    with slot(pool, priority, stage_name):
         fresh, fp = is_fresh(stage, cfg)
         if threads and not fresh:
             launched = time.time()
