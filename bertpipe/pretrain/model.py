@@ -108,6 +108,11 @@ class PretrainModel(nn.Module):
         h = mlm.config.hidden_size
         self.pair_head = nn.Sequential(nn.Linear(h, h), nn.Tanh(), nn.Linear(h, 2)) if pair else None
 
+    @property
+    def saved(self) -> nn.Module:
+        """What becomes model/ (the interface every objective's module has; see ``rtd.RtdModel``)."""
+        return self.mlm
+
     def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None) -> dict:
         sel = labels != IGNORE
         if self.encoder is not None:
