@@ -197,7 +197,7 @@ def table(res: dict) -> str:
     arms = list(res["encoders"])
     fmt = lambda d: f"{d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"  # noqa: E731
     lines += ["", "| task | TF-IDF | " + " | ".join(arms) + " | " + " | ".join(f"{a} − mlm (95% CI)" for a in arms[1:])
-              + " | mlm − TF-IDF (95% CI) |", "|---" * (3 + 2 * len(arms)) + "|"]
+              + " | mlm − TF-IDF (95% CI) |", "|---" * (2 * len(arms) + 2) + "|"]
     for task, t in res["tasks"].items():
         cells = [f"{t[a]['mean']:.3f} ± {t[a]['std']:.3f}" for a in arms]
         deltas = [fmt(t[f"{a}_minus_mlm"]) for a in arms[1:]]
@@ -243,8 +243,11 @@ def main() -> None:
         enc_sets = {**sets, "pretrain.objective": obj, "pretrain.max_steps": steps}
         encoders[name] = pretrain(args.project, f"{tag}_{name.replace('@', '_')}", enc_sets, log)
         print(f"[objectives] pretrain {name}: {steps} steps, {encoders[name]['wall_s']}s", file=sys.stderr, flush=True)
-        for task in args.tasks:
-            for seed in seeds:
+    # Task by task, seed by seed, every encoder in turn: a run cut short still holds paired results (cached per seed,
+    # so the same command resumes where it stopped and `--tasks` summarises what is done).
+    for task in args.tasks:
+        for seed in seeds:
+            for name, (_, steps) in budgets.items():
                 cache = args.project / "preds" / tag / name / task / f"seed{seed}_{steps}.json"
                 t0 = time.perf_counter()
                 preds[(task, name, seed)] = finetune_seed(args.project, encoders[name]["sets"], task, seed, cache)
