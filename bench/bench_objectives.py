@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import copy
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -215,6 +216,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 1 2 3 (--quick: 1 2)")
     ap.add_argument("--tasks", nargs="+", default=["sentiment", "law_department"])
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--jobs", type=int, default=1, help="pretraining runs / finetunes at once (own processes)")
     ap.add_argument("--project", type=Path, default=Path("/tmp/bertpipe-objectives"))
     ap.add_argument("--raw", type=Path, default=REPO / ".bertpipe" / "test-raw")
     args = ap.parse_args()
@@ -238,21 +240,30 @@ def main() -> None:
     for f in args.rtd_fractions:
         name = "rtd" if f == 1.0 else f"rtd@{f:g}"
         budgets[name] = ("rtd", max(1, round(mlm_steps * f / costs["flops_ratio_rtd_over_mlm"])))
-    encoders, preds = {}, {}
-    for name, (obj, steps) in budgets.items():
-        enc_sets = {**sets, "pretrain.objective": obj, "pretrain.max_steps": steps}
-        encoders[name] = pretrain(args.project, f"{tag}_{name.replace('@', '_')}", enc_sets, log)
+    # Pretraining runs, then task by task, seed by seed, every encoder in turn: a run cut short still holds paired
+    # results (each seed's predictions are cached, so the same command resumes where it stopped). --jobs N runs N at
+    # once (own processes, one thread each): a shared machine's load shares out per process.
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    def enc_sets(obj, steps):
+        return {**sets, "pretrain.objective": obj, "pretrain.max_steps": steps}
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futs = {name: pool.submit(pretrain, args.project, f"{tag}_{name.replace('@', '_')}", enc_sets(obj, steps), log)
+                for name, (obj, steps) in budgets.items()}
+        encoders = {name: f.result() for name, f in futs.items()}
+    for name, (_, steps) in budgets.items():
         print(f"[objectives] pretrain {name}: {steps} steps, {encoders[name]['wall_s']}s", file=sys.stderr, flush=True)
-    # Task by task, seed by seed, every encoder in turn: a run cut short still holds paired results (cached per seed,
-    # so the same command resumes where it stopped and `--tasks` summarises what is done).
-    for task in args.tasks:
-        for seed in seeds:
-            for name, (_, steps) in budgets.items():
-                cache = args.project / "preds" / tag / name / task / f"seed{seed}_{steps}.json"
-                t0 = time.perf_counter()
-                preds[(task, name, seed)] = finetune_seed(args.project, encoders[name]["sets"], task, seed, cache)
-                print(f"[objectives] {task}/{name} seed {seed}: {time.perf_counter() - t0:.0f}s", file=sys.stderr,
-                      flush=True)
+    jobs = [(task, seed, name, steps) for task in args.tasks for seed in seeds for name, (_, steps) in budgets.items()]
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = {(task, name, seed): pool.submit(finetune_seed, args.project, encoders[name]["sets"], task, seed,
+                                                args.project / "preds" / tag / name / task / f"seed{seed}_{steps}.json")
+                for task, seed, name, steps in jobs}
+        preds = {}
+        for key, f in futs.items():
+            preds[key] = f.result()
+            print(f"[objectives] {key[0]}/{key[1]} seed {key[2]} done at {(time.time() - t_start) / 60:.1f} min",
+                  file=sys.stderr, flush=True)
     cfg = load(args.project, sets)
     tasks = {t: summarise(t, list(budgets), seeds, {(a, s): preds[(t, a, s)] for a in budgets for s in seeds}, cfg,
                           args.bootstrap) for t in args.tasks}
