@@ -70,7 +70,6 @@ def step_costs(cfg, repeats: int = 3) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bertpipe.pipeline import adapted_model  # noqa: F401  (the pretrain stage's own inputs, below)
     from bertpipe.pipeline import pretrain_stage
     from bertpipe.pretrain import data, model
     from bertpipe.pretrain.data import collate
@@ -118,11 +117,15 @@ def step_costs(cfg, repeats: int = 3) -> dict:
 # ---------------------------------------------------------------- encoders and finetunes
 
 
+def copy_work(src: Path, work: Path, stages) -> None:
+    for stage in stages:
+        shutil.copytree(src / stage, work / stage, dirs_exist_ok=True, symlinks=True)
+
+
 def pretrain(project: Path, name: str, sets: dict, log: Path) -> dict:
     """Copy the shared start into work_<name> and pretrain there (CLI: its CPU seconds are the stage's own)."""
     common, work = Path(sets["paths.work"]), project / f"work_{name}"
-    for stage in COMMON:
-        shutil.copytree(common / stage, work / stage, dirs_exist_ok=True, symlinks=True)
+    copy_work(common, work, COMMON)
     sets = {**sets, "paths.work": str(work)}
     wall, cpu, rc = run_cli(project, ["pretrain"], sets, log)
     if rc:
@@ -139,7 +142,11 @@ def finetune_seed(project: Path, sets: dict, task: str, seed: int, cache: Path) 
     from bertpipe.pipeline import finetune_stage
     from bertpipe.stage import run_stage
 
-    cfg = load(project, {**sets, "finetune.train.seeds": f"[{seed}]"})
+    # A work dir per (encoder, task, seed): parallel jobs would otherwise wait on one finetune output's lock.
+    src = Path(sets["paths.work"])
+    work = src.with_name(f"{src.name}_{task}_s{seed}")
+    copy_work(src, work, (*COMMON, "pretrain"))
+    cfg = load(project, {**sets, "paths.work": str(work), "finetune.train.seeds": f"[{seed}]"})
     res = run_stage(finetune_stage(task, "adapted"), cfg, force=True, tracker_factory=NO_TRACKER)
     rows = [json.loads(x) for x in (res.out / "predictions_test.jsonl").read_text(encoding="utf-8").splitlines() if x]
     preds = {str(r["id"]): r for r in rows}
