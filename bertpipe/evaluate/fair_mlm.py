@@ -127,7 +127,8 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
     fresh = [k for k in info.get("missing_keys", ())
              if not k.startswith(model.base_model_prefix + ".") and "decoder.weight" not in k]
     if fresh:  # a headless encoder would be scored with a random head: a meaningless number
-        raise BertpipeError(f"{model_dir}: no masked-LM head to score (missing {fresh[0]})")
+        raise BertpipeError(f"{model_dir}: no masked-LM head to score (missing {fresh[0]}; an RTD-trained "
+                            "discriminator has none): the masked-LM comparison does not apply")
     model.to(device).eval()
     head = families.mlm_head(model)  # BERT / RoBERTa / ALBERT / DistilBERT / ELECTRA layouts
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -148,6 +149,18 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
                 res = {j: (nll[r], marked[r][1], sum(marked[r][0])) for r, j in enumerate(rows)}
             out.extend(res.get(j) for j in range(len(batch)))
     return out
+
+
+def has_mlm_head(model_dir) -> bool:
+    """Whether a saved model dir holds a masked-LM head (its architecture), without loading the weights. The encoder
+    of ``pretrain.objective: rtd`` (ELECTRA's discriminator) is saved headless: nothing here can score it."""
+    import json
+
+    try:
+        arch = (json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or [""])[0]
+    except (OSError, ValueError):
+        return True  # a hub id or an unreadable dir: let the scorer load it and say what is wrong
+    return arch.endswith("ForMaskedLM") or (arch.endswith("ForPreTraining") and not arch.startswith("Electra"))
 
 
 def _device(p) -> str:

@@ -110,6 +110,11 @@ class PretrainModel(nn.Module):
         # RoBERTa/XLM-R have one token type and DistilBERT none: segment B is told apart by its separator only.
         self.token_types = families.uses_token_types(mlm)
 
+    @property
+    def saved(self) -> nn.Module:
+        """What becomes model/ (the interface every objective's module has; see ``rtd.RtdModel``)."""
+        return self.mlm
+
     def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None) -> dict:
         sel = labels != IGNORE
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -26,10 +26,27 @@ class ArchParams(BaseModel):
         return self
 
 
+class RtdParams(BaseModel):
+    """ELECTRA's replaced-token detection (``objective: rtd``); defaults as in Clark et al. 2020."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The generator's hidden size (and heads, feed-forward width) as a share of the discriminator's: the paper finds
+    # 1/4-1/2 best; a generator as strong as the discriminator makes the task too hard.
+    generator_ratio: float = Field(0.25, gt=0.0, le=1.0)
+    # loss = generator MLM loss + disc_weight x discriminator loss (the paper's lambda)
+    disc_weight: float = Field(50.0, gt=0.0, le=1000.0)
+
+
 class PretrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arch: ArchParams = Field(default_factory=ArchParams)
+
+    # mlm: masked-language modelling; rtd: ELECTRA's replaced-token detection (a small generator fills the masks,
+    # the discriminator - the saved encoder - tells original from replaced tokens). docs/objectives.md
+    objective: Literal["mlm", "rtd"] = "mlm"
+    rtd: RtdParams = Field(default_factory=RtdParams)
 
     # ---- examples
     max_seq_len: int = Field(128, ge=16, le=512)
@@ -80,6 +97,13 @@ class PretrainParams(BaseModel):
         if self.max_seq_len > self.arch.max_positions:
             raise ValueError(f"max_seq_len ({self.max_seq_len}) exceeds arch.max_positions "
                              f"({self.arch.max_positions}); lower max_seq_len or raise arch.max_positions")
+        return self
+
+    @model_validator(mode="after")
+    def _rtd_has_no_pair_loss(self) -> "PretrainParams":
+        if self.objective == "rtd" and self.pair_objective != "none":
+            raise ValueError(f"pair_objective {self.pair_objective!r} needs objective mlm (RTD trains no pair head); "
+                             "set pair_objective: none")
         return self
 
     @model_validator(mode="after")

@@ -23,8 +23,11 @@ def loss_plot(history: list[dict], path: Path, title: str) -> None:
         ax.plot([h["step"] for h in train], [h["loss"] for h in train], label="train MLM loss", alpha=0.7)
     if train and "pair_loss" in train[0]:
         ax.plot([h["step"] for h in train], [h["pair_loss"] for h in train], label="train pair loss", alpha=0.7)
+    if train and "disc_loss" in train[0]:  # RTD: "loss" is the generator's MLM loss
+        ax.plot([h["step"] for h in train], [h["disc_loss"] for h in train], label="train discriminator loss",
+                alpha=0.7)
     if ev:
-        ax.plot([h["step"] for h in ev], [h["eval_loss"] for h in ev], "o-", label="held-out MLM loss")
+        ax.plot([h["step"] for h in ev], [h["eval_loss"] for h in ev], "o-", label="held-out loss (the objective)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title(title)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
-from bertpipe.pretrain import data, model, report
+from bertpipe.pretrain import data, model, report, rtd
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.train import eval_batches, safe_load, setup_distributed, train
 
@@ -34,6 +34,22 @@ def build(ctx) -> dict:
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def objective_model(mlm, p):
+    """The one place the objective is chosen: a module with PretrainModel's interface (forward -> losses, ``saved``)."""
+    if p.objective == "rtd":
+        return rtd.RtdModel(mlm, p.rtd.generator_ratio, p.rtd.disc_weight, p.seed)
+    return model.PretrainModel(mlm, pair=p.pair_objective != "none")
+
+
+def objective_words(p) -> str:
+    masking = (f"{'whole-word' if p.whole_word else 'token'}, {p.masking}, p={p.mask_prob}, "
+               f"{p.mask_token_ratio:g}/{p.random_token_ratio:g}/{p.keep_ratio:g}")
+    if p.objective == "rtd":
+        return (f"RTD (ELECTRA): generator at {p.rtd.generator_ratio:g} of the width fills the masks ({masking}); "
+                f"loss = generator MLM + {p.rtd.disc_weight:g} x discriminator")
+    return f"MLM ({masking})" + (f" + {p.pair_objective.upper()}" if p.pair_objective != "none" else "")
 
 
 def _load(ctx, p):
@@ -76,7 +92,7 @@ def _build(ctx, d) -> dict:
     spec = MaskSpec.from_params(p)
     replace_ids = normal_token_ids(tok)
     eval_set = eval_batches(valid_ex, p, spec, tok.mask_token_id, replace_ids, tok.pad_token_id)
-    pm = model.PretrainModel(mlm, pair=p.pair_objective != "none")
+    pm = objective_model(mlm, p)
     if d.main:
         ctx.log(f"{origin}; {len(train_ex)} training segments, {len(valid_ex)} held-out; {d.world} process(es)")
 
@@ -89,7 +105,7 @@ def _build(ctx, d) -> dict:
     chosen = "last"
     if p.output == "best" and best_path.is_file():
         best = safe_load(best_path)
-        mlm.load_state_dict(best["model"])
+        pm.saved.load_state_dict(best["model"])
         chosen = f"best (step {best['step']})"
     lengths = np.array([len(e) for e in train_ex])
     pad = _padding_share(lengths, p)
@@ -112,8 +128,9 @@ def _build(ctx, d) -> dict:
         # the machine's speed, so the manifest says so.
         "stopped_by_max_time_s": int(res.stopped == "max_time_s"),
     }
-    if "eval_pair_acc" in res.final_eval:
-        metrics["eval_pair_acc"] = float(res.final_eval["eval_pair_acc"])
+    for k in ("eval_pair_acc", "eval_mlm_loss", "eval_disc_loss", "eval_disc_acc"):
+        if k in res.final_eval:
+            metrics[k] = float(res.final_eval[k])
     ctx.counts.update(
         train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
         processes=d.world, steps=res.step, stopped=res.stopped,
@@ -122,24 +139,33 @@ def _build(ctx, d) -> dict:
         return metrics
 
     out = Path(ctx.out)
-    mlm.save_pretrained(out / "model")
+    pm.saved.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
-    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: MLM loss")
-    samples = report.fill_mask_samples(mlm, tok, valid_ex, p.fill_mask_samples)
+    # RTD: the generator too (an MLM; not the encoder), for a look at what it fills in and to score it by hand
+    filler = pm.generator if p.objective == "rtd" else mlm
+    if p.objective == "rtd":
+        pm.generator.save_pretrained(out / "generator")
+        tok.save_pretrained(out / "generator")
+    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: {p.objective.upper()} loss")
+    samples = report.fill_mask_samples(filler, tok, valid_ex, p.fill_mask_samples)
     facts = {
         "start": origin + ("; **fresh MLM head** (the checkpoint had none)" if fresh and "model" in ctx.inputs else ""),
         "corpus": f"`{corpus}` ({len(train_ex)} training segments of <= {p.max_seq_len} tokens, "
                   f"{int(lengths.sum())} tokens; {len(valid_ex)} held-out)",
-        "objective": f"MLM ({'whole-word' if p.whole_word else 'token'}, {p.masking}, p={p.mask_prob}, "
-                     f"{p.mask_token_ratio:g}/{p.random_token_ratio:g}/{p.keep_ratio:g})"
-                     + (f" + {p.pair_objective.upper()}" if p.pair_objective != "none" else ""),
+        "objective": objective_words(p),
         "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from})",
         "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
         "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",
-        "held-out MLM loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "
-                             f"(best {metrics['best_eval_loss']:.3f}; perplexity {metrics['eval_ppl']:.1f})",
+        f"held-out {p.objective.upper()} loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "
+                                                f"(best {metrics['best_eval_loss']:.3f}; "
+                                                f"{'generator ' if p.objective == 'rtd' else ''}"
+                                                f"perplexity {metrics['eval_ppl']:.1f})",
         "saved checkpoint": chosen,
     }
+    if p.objective == "rtd":
+        facts["discriminator"] = (f"held-out loss {metrics['eval_disc_loss']:.4f}, accuracy {metrics['eval_disc_acc']:.3f}"
+                                  " over all tokens; model/ is the discriminator's encoder (no MLM head: the fair MLM "
+                                  "comparison and the encoder gate do not apply), generator/ the generator")
     report.write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
     (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
     for f in ("loss.png", "report.md"):

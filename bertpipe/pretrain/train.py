@@ -202,25 +202,36 @@ def eval_batches(examples: list[Example], p, spec: MaskSpec, mask_id: int, repla
 
 @torch.no_grad()
 def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> dict:
+    """Held-out losses. ``eval_loss`` is the objective trained (MLM; RTD: generator MLM + weight x discriminator),
+    what ``output: best`` and early stopping compare; ``eval_ppl`` is the MLM's (RTD: the generator's)."""
     was = model.training
     model.eval()
-    loss_sum = n = pair_ok = pairs = 0.0
+    sums = [0.0] * 7  # mlm nll, masked, pair right, pairs, disc loss, tokens, disc right
+    weight = 0.0
     for b in batches[d.rank :: d.world]:
         b = to_device(b, d.device)
         with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
-        k = float(out["n_masked"])
-        loss_sum += float(out["mlm_loss"]) * k
-        n += k
+        sums[0] += float(out["mlm_sum"])
+        sums[1] += float(out["n_masked"])
         if "pair_acc" in out:
-            pair_ok += float(out["pair_acc"]) * len(b["pair_labels"])
-            pairs += len(b["pair_labels"])
-    loss_sum, n, pair_ok, pairs = all_sum([loss_sum, n, pair_ok, pairs], d)
+            sums[2] += float(out["pair_acc"]) * len(b["pair_labels"])
+            sums[3] += len(b["pair_labels"])
+        if "disc_sum" in out:
+            weight = out["disc_weight"]
+            sums[4] += float(out["disc_sum"])
+            sums[5] += float(out["n_tokens"])
+            sums[6] += float(out["disc_correct"])
+    mlm_sum, n, pair_ok, pairs, disc_sum, tokens, disc_ok = all_sum(sums, d)
     model.train(was)
-    loss = loss_sum / max(n, 1.0)
+    loss = mlm_sum / max(n, 1.0)
     res = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
     if pairs:
         res["eval_pair_acc"] = pair_ok / pairs
+    if tokens:
+        disc = disc_sum / tokens
+        res.update(eval_loss=loss + weight * disc, eval_mlm_loss=loss, eval_disc_loss=disc,
+                   eval_disc_acc=disc_ok / tokens)
     return res
 
 
@@ -234,8 +245,11 @@ def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list
     transformers does with ``num_items_in_batch``), so every masked token weighs the same however the step is cut:
     micro-batches with unequal masked counts give the gradient of one big batch. DDP averages gradients over
     processes, hence the factor ``world``. The pair (NSP/SOP) loss is per example: a mean per micro-batch, averaged.
+    RTD's discriminator loss (``disc_sum``, over every non-padding token) is normalised the same way, by the step's
+    non-padding tokens, and weighted by ``disc_weight``.
     """
-    n_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches))], d)[0]
+    n_step, tok_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches)),
+                                float(sum(int(b["attention_mask"].sum()) for b in micro_batches))], d)
     scale = d.world / max(n_step, 1.0)
     outs = []
     for k, b in enumerate(micro_batches):
@@ -246,6 +260,8 @@ def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list
             with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
                 out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
             loss = out["mlm_sum"] * scale
+            if "disc_sum" in out:
+                loss = loss + out["disc_weight"] * out["disc_sum"] * (d.world / max(tok_step, 1.0))
             if "pair_loss" in out:
                 loss = loss + out["pair_loss"] / len(micro_batches)
             loss.backward()
@@ -312,7 +328,7 @@ def train(
     pm.train()
     bar = tqdm(total=p.max_steps, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
                desc="pretrain", unit="step")
-    window = [0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens
+    window = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens, disc loss sum
     t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
     final_eval: dict = {}
     # BERTPIPE_PRETRAIN_TRACE=<dir>: each process records what it trained on and its final weights (DDP tests)
@@ -346,6 +362,7 @@ def train(
             window[1] += float(out["pair_loss"].detach()) if "pair_loss" in out else 0.0
             window[2] += 1
             window[3] += float(b["attention_mask"].sum())
+            window[4] += float(out["disc_loss"].detach()) if "disc_loss" in out else 0.0
         if p.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(pm.parameters(), p.max_grad_norm)
         opt.step()
@@ -361,18 +378,20 @@ def train(
                 stop = "max_time_s"
 
         if step % p.log_every == 0 or step == p.max_steps or stop:
-            loss_s, pair_s, m, tok = all_sum(window, d)
+            loss_s, pair_s, m, tok, disc_s = all_sum(window, d)
             now = time.perf_counter()
             state["tokens"] += tok
             rec = {"step": step, "loss": loss_s / m, "lr": sched.get_last_lr()[0], "tokens": state["tokens"],
                    "tokens_per_s": tok / max(now - t_window, 1e-9)}
             if p.pair_objective != "none":
                 rec["pair_loss"] = pair_s / m
+            if p.objective == "rtd":  # "loss" is then the generator's MLM loss
+                rec["disc_loss"] = disc_s / m
             state["history"].append(rec)
             if d.main:
                 bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
                 on_log({k: v for k, v in rec.items() if k != "step"}, step)
-            window, t_window = [0.0, 0.0, 0.0, 0.0], now
+            window, t_window = [0.0] * 5, now
 
         if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps or stop:
             ev = evaluate(pm, eval_set, d, bf16)
@@ -380,13 +399,13 @@ def train(
             state["history"].append({"step": step, "tokens": state["tokens"], **ev})
             if d.main:
                 on_log(ev, step)
-                bar.write(f"[pretrain] step {step}: held-out MLM loss {ev['eval_loss']:.4f} (ppl {ev['eval_ppl']:.1f})",
-                          file=sys.stderr)
+                bar.write(f"[pretrain] step {step}: held-out {p.objective.upper()} loss {ev['eval_loss']:.4f} "
+                          f"(MLM ppl {ev['eval_ppl']:.1f})", file=sys.stderr)
             if ev["eval_loss"] < state["best"]["eval_loss"] - 1e-4:
                 state["best"] = {"eval_loss": ev["eval_loss"], "step": step}
                 state["bad"] = 0
                 if d.main:
-                    atomic_save({"step": step, "model": pm.mlm.state_dict()}, scratch / "best.pt")
+                    atomic_save({"step": step, "model": pm.saved.state_dict()}, scratch / "best.pt")
             else:
                 state["bad"] += 1
                 if p.early_stop_patience and state["bad"] >= p.early_stop_patience and stop is None:
@@ -400,7 +419,7 @@ def train(
     if trace is not None:
         import json
 
-        trace["digest"] = state_digest(pm.mlm)
+        trace["digest"] = state_digest(pm.saved)
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
         (Path(trace_dir) / f"rank{d.rank}.json").write_text(json.dumps(trace))
     if not final_eval:  # resumed at the very end: the history holds the last evaluation

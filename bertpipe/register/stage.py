@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.evaluate.fair_mlm import has_mlm_head
 from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import gate as G
@@ -96,7 +97,12 @@ def _candidates(ctx: StageContext) -> list[Candidate]:
             task_data = (parts["data"].get("test_sha256") or identity)
             out.append(Candidate(f"{p.prefix}-{task}{suffix}", ft / "model", ft, task, fp, metric, value, identity, parts,
                                  D.lineage(cfg, ft, task_data)))
-    if p.register_encoder:
+    if p.register_encoder and not has_mlm_head(Path(ctx.inputs["adapted"]) / "model"):
+        # an RTD-trained discriminator (pretrain.objective: rtd): the encoder gate scores masked-LM NLL against the
+        # base and has nothing to score here; the finetuned task models carry the gate (docs/objectives.md)
+        ctx.log("encoder not registered: the adapted encoder has no masked-LM head (pretrain.objective: rtd), so "
+                "the encoder gate does not apply; its finetuned task models are registered")
+    elif p.register_encoder:
         pre = Path(ctx.inputs["adapted"])
         fp = (read_manifest(pre) or {}).get("fingerprint")
         if not fp:
