@@ -60,7 +60,17 @@ def env_for(root: Path) -> dict:
 
 
 def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=root, env=env_for(root), capture_output=True, text=True, timeout=timeout)
+    """``cmd`` in its own session; on a timeout the whole session is killed, so what it started (e.g. the flow's
+    temporary Prefect server) does not outlive the test."""
+    with subprocess.Popen(cmd, cwd=root, env=env_for(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
