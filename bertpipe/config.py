@@ -75,6 +75,15 @@ class FlowParams(Section):
     # time, each in its own process with cores / max_parallel torch threads; 1 runs everything in the flow's process
     # on all cores. auto: by the usable core count (see tasks.parallel.auto_workers, measured in bench/bench_flow.py).
     max_parallel: Union[Literal["auto"], Annotated[int, Field(ge=1, le=64)]] = "auto"
+    # Where the flow's stage tasks run (docs/distributed.md). local: threads and child processes of the flow's
+    # process. dask: a Dask cluster, the one at `cluster_address` (e.g. "tcp://10.0.0.5:8786"; every worker sees the
+    # project at the same path) or, when empty, a local cluster of `max_parallel` single-threaded worker processes
+    # started for the run and closed after it.
+    runner: Literal["local", "dask"] = "local"
+    cluster_address: str = ""
+    # prepare's per-document work (cleaning, MinHash) in this many shards; auto: one per cluster worker under the
+    # dask runner, 1 elsewhere. Any number gives the same output, so it is not part of prepare's fingerprint.
+    prepare_shards: Union[Literal["auto"], Annotated[int, Field(ge=1, le=1024)]] = "auto"
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.

@@ -3,7 +3,8 @@
 Every stage is submitted at once with its upstream stages' futures as ``wait_for`` (the graph comes from
 ``bertpipe.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside pretraining,
 all finetunes together. ``flow.max_parallel`` bounds how many run at once and divides the cores among them
-(tasks.parallel); stages that never overlap another run in this process on every core.
+(tasks.parallel); stages that never overlap another run in this process on every core. ``flow.runner: dask`` runs
+the stage tasks on a Dask cluster instead (tasks.cluster, docs/distributed.md).
 
 Run with `bertpipe run` or `python -m flows.domain_adaptation [--params params.yaml] [--until STAGE]`.
 """
@@ -24,7 +25,7 @@ from bertpipe.pipeline import all_stages, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from flows.summary import stage_line, summary  # noqa: F401  (summary: flows.retrain and the CLI import it here)
-from tasks import parallel
+from tasks import cluster, parallel
 from tasks.env import prefect_env
 from tasks.stages import task_for
 
@@ -66,19 +67,26 @@ def domain_adaptation(
     side_by_side = parallel.overlapping(graph)
     workers, threads = parallel.plan(cfg.params.flow.max_parallel, max(1, len(side_by_side)))
     priority = parallel.remaining(graph)
-    print(f"{len(graph)} stages; up to {workers} at once with {threads} thread(s) each "
-          f"({parallel.cores()} cores, flow.max_parallel: {cfg.params.flow.max_parallel})")
+    fp = cfg.params.flow
+    if fp.runner == "local":
+        print(f"{len(graph)} stages; up to {workers} at once with {threads} thread(s) each "
+              f"({parallel.cores()} cores, flow.max_parallel: {fp.max_parallel})")
+    else:
+        print(f"{len(graph)} stages on a Dask cluster: " + (fp.cluster_address or
+              f"a local one of {cluster.local_cluster_workers(cfg)} worker(s), started for this run"))
     parallel.use_threads(parallel.cores())  # stages that run alone run here, on every core
     pool = uuid.uuid4().hex
     parallel.open_pool(pool, workers, graph)
     futures = {}
     try:
-        with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent:
+        with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent, \
+                cluster.submitting(cfg) as submit:
             for name, ups in graph.items():
-                own = threads if workers > 1 and name in side_by_side else 0
-                futures[name] = task_for(stages[name]).submit(
-                    name, params, profile, overrides, own, pool, priority[name],
-                    wait_for=[futures[u] for u in ups])
+                args = dict(stage_name=name, params=params, profile=profile, overrides=overrides,
+                            threads=cluster.stage_threads(cfg, name, side_by_side, workers, threads), pool=pool,
+                            priority=priority[name], parent_run=parent.run_id)
+                task, wait_for = task_for(stages[name]), [futures[u] for u in ups]
+                futures[name] = submit(task, args, wait_for) if submit else task.submit(**args, wait_for=wait_for)
             for fut in futures.values():
                 fut.wait()
             outcomes = {name: _outcome(fut) for name, fut in futures.items()}

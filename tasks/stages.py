@@ -17,6 +17,8 @@ from prefect.cache_policies import CachePolicy
 from bertpipe.config import Config, load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.prepare.shard import use_executor
+from tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
 from tasks.parallel import child_env, slot
 
 
@@ -92,13 +94,16 @@ def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | N
 
 @task(persist_result=True, result_serializer="json", log_prints=True)  # results are data: never pickles
 def stage_task(stage_name: str, params: str, profile: str | None = None, overrides: list[str] | None = None,
-               threads: int = 0, pool: str = "", priority: int = 0) -> dict:
-    """Run one stage. ``threads`` > 0: in a child process with that many torch threads; ``pool``/``priority``: the
-    flow run's slot pool (see tasks.parallel)."""
+               threads: int = 0, pool: str = "", priority: int = 0, parent_run: str = "") -> dict:
+    """Run one stage. ``threads`` > 0: in a child process with that many torch threads (WORKER_SHARE: this Dask
+    worker's share of its machine); ``pool``/``priority``: the flow run's slot pool (see tasks.parallel);
+    ``parent_run``: the flow's MLflow run, passed rather than inherited so that it reaches other machines."""
     overrides = list(overrides or [])
     cfg = _config(params, profile, overrides)
     stage = _stage(stage_name, cfg)
-    with slot(pool, priority, stage_name):
+    if threads == WORKER_SHARE:
+        threads = worker_share()
+    with slot(pool, priority, stage_name), parent_run_env(parent_run):
         fresh, fp = is_fresh(stage, cfg)
         if threads and not fresh:
             launched = time.time()
@@ -111,7 +116,8 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
             status = "built" if m.get("started", 0) >= launched else "cached"
             res = _result(stage_name, stage.output(cfg), fp, status, m.get("metrics"), m.get("mlflow_run_id"))
         else:
-            r = run_stage(stage, cfg)
+            with cluster_executor() as (executor, workers), use_executor(executor, workers):
+                r = run_stage(stage, cfg)  # prepare's shards go to the cluster when it runs on one
             res = _result(r.name, r.out, r.fingerprint, "cached" if r.skipped else "built", r.metrics, r.run_id)
     if res["status"] == "built":
         _remember(cache_key(stage, res["fingerprint"]), res)

@@ -14,10 +14,11 @@ from tqdm import tqdm
 
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.dedup import components, exact_key, keep_rank, near_duplicates
+from bertpipe.prepare.dedup import Sketch, components, keep_rank, near_duplicates
 from bertpipe.prepare.exclude import EvalTexts, exclude
 from bertpipe.prepare.ingest import Ingest
 from bertpipe.prepare.params import CorpusParams, PrepareParams
+from bertpipe.prepare.shard import merge_counts, process_shard, run_shards, shard_count, shard_jobs
 from bertpipe.prepare.split import assign_splits
 
 
@@ -37,17 +38,19 @@ def _preview(text: str, n: int) -> str:
 
 def prepare_corpus(
     name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], with_test: bool = True,
-    keep_out: EvalTexts | None = None,
+    keep_out: EvalTexts | None = None, shards: int | str = 1,
 ) -> CorpusResult:
-    """``keep_out``: finetune tasks' dev/test texts; documents matching them are removed right after cleaning."""
+    """``keep_out``: finetune tasks' dev/test texts; documents matching them are removed right after cleaning.
+    ``shards``: how many pieces the per-document work is cut into (``bertpipe.prepare.shard``); the result is the
+    same for any number."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
     ingest, cleaner = Ingest(resolve), Cleaner(p.clean)
-    docs: list[dict] = []
+    raw: list[dict] = []
     per_source: dict[str, int] = defaultdict(int)
     seen: dict[str, str] = {}
     ingested = chars_in = bytes_in = 0
-    bar = tqdm(desc=f"prepare {name}: ingest+clean", unit="doc", file=sys.stderr, mininterval=1.0, leave=False)
+    bar = tqdm(desc=f"prepare {name}: ingest", unit="doc", file=sys.stderr, mininterval=1.0, leave=False)
     for doc in ingest.documents(cp.sources, name, cp.max_docs):
         ingested += 1
         per_source[doc["source"]] += 1
@@ -58,26 +61,42 @@ def prepare_corpus(
                 f"{doc.pop('_loc')}: document id {doc['id']!r} repeats {seen[doc['id']]}; "
                 "give each source a distinct `name` or a unique `id_field`"
             )
-        seen[doc["id"]] = doc["_loc"]
+        seen[doc["id"]] = doc.pop("_loc")
         bar.update()
-        text = cleaner(doc["text"])
-        if text is None:
-            continue
-        doc["text"] = text
-        del doc["_loc"]
-        docs.append(doc)
+        raw.append(doc)
     bar.close()
-    timings["ingest_clean_s"] = time.perf_counter() - t
+    timings["ingest_s"] = time.perf_counter() - t
     paths = ", ".join(s.path for s in cp.sources)
     if ingested == 0:
         raise BertpipeError(f"prepare.{name}.sources: no documents found in {paths}")
+
+    # -------------------------------------------------- clean, exact keys, MinHash sketches: per shard
+    t = time.perf_counter()
+    keep_out = keep_out or EvalTexts()
+    jobs = shard_jobs([doc["text"] for doc in raw], shard_count(shards), clean=p.clean, dedup=p.dedup,
+                      near=p.dedup.near, exclude=bool(keep_out.texts))
+    results = run_shards(process_shard, jobs)
+    merge_counts(cleaner, results)
+    docs: list[dict] = []
+    for doc, text in zip(raw, (x for r in results for x in r.texts)):
+        if text is not None:
+            doc["text"] = text
+            docs.append(doc)
+    del raw
+    exact_keys = [k for r in results for k in r.exact]
+    near_sk = Sketch.concat([r.near for r in results]) if p.dedup.near else None
+    excl_sk = Sketch.concat([r.exclude for r in results]) if keep_out.texts else None
+    del results
+    timings["clean_sketch_s"] = time.perf_counter() - t
+    timings["shards"] = len(jobs)
     if not docs:
         removed = ", ".join(f"{k}={v}" for k, v in cleaner.stats()["removed"].items() if v)
         raise BertpipeError(f"prepare.{name}: no document left after cleaning ({removed}); loosen prepare.clean")
+    row = {id(doc): i for i, doc in enumerate(docs)}  # a kept document's index into the shards' arrays
 
     # -------------------------------------------------- task dev/test texts (before anything else sees the docs)
     t = time.perf_counter()
-    docs, excluded = exclude(docs, keep_out or EvalTexts(), p)
+    docs, excluded = exclude(docs, keep_out, p, sketched=excl_sk)
     timings["exclude_s"] = time.perf_counter() - t
     if not docs:
         raise BertpipeError(f"prepare.{name}: every document matched a finetune task's dev/test text")
@@ -90,7 +109,7 @@ def prepare_corpus(
     if d.exact:
         by_key: dict[bytes, list[int]] = defaultdict(list)
         for i, doc in enumerate(docs):
-            by_key[exact_key(doc["text"])].append(i)
+            by_key[exact_keys[row[id(doc)]]].append(i)
         drop = np.zeros(len(docs), dtype=bool)
         for members in by_key.values():
             if len(members) < 2:
@@ -108,7 +127,6 @@ def prepare_corpus(
         doc["cluster"] = doc["id"]
     near_stats: dict = {"candidates": 0, "pairs": 0, "clusters": 0, "removed": 0, "in_clusters": 0}
     if d.near and len(docs) > 1:
-        bar = tqdm(total=len(docs), desc=f"prepare {name}: minhash", unit="doc", file=sys.stderr, leave=False)
         nd = near_duplicates(
             [doc["text"] for doc in docs],
             d.ngram,
@@ -117,10 +135,9 @@ def prepare_corpus(
             seed=d.seed,
             verify=d.verify,
             batch=d.batch_ngrams,
-            progress=bar.update,
             recall_weight=d.recall_weight,
+            sketched=near_sk.take([row[id(doc)] for doc in docs]),
         )
-        bar.close()
         labels = components(len(docs), nd.pairs)
         sims: dict[int, list[float]] = defaultdict(list)
         for (i, _), s in zip(nd.pairs.tolist(), nd.similarity.tolist()):

@@ -167,12 +167,13 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> Iterator[np.ndarray]:
             yield _mix((block * coef).sum(axis=1, dtype=np.uint64))
 
 
-def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200) -> np.ndarray:
-    """Pairs (i < j) sharing at least one band. A bucket larger than ``max_bucket`` links its members to its first
-    member only (a star), which keeps connectivity without a quadratic number of pairs."""
-    d = sig.shape[0]
+def lsh_candidates(keys: np.ndarray, max_bucket: int = 200) -> np.ndarray:
+    """Pairs (i < j) sharing at least one band (``keys``: (bands, D), see ``band_keys``). A bucket larger than
+    ``max_bucket`` links its members to its first member only (a star), which keeps connectivity without a quadratic
+    number of pairs."""
+    d = keys.shape[1]
     found: list[np.ndarray] = []
-    for key in band_keys(sig, bands, rows):
+    for key in keys:
         order = np.argsort(key, kind="stable")
         ks = key[order]
         brk = np.flatnonzero(ks[1:] != ks[:-1]) + 1
@@ -191,11 +192,11 @@ def lsh_candidates(sig: np.ndarray, bands: int, rows: int, max_bucket: int = 200
     return np.unique(pairs, axis=0)
 
 
-def cross_candidates(sig: np.ndarray, n_a: int, bands: int, rows: int) -> np.ndarray:
-    """Pairs (i < n_a <= j) sharing at least one band: candidates between two sets only (rows [0, n_a) and the rest),
-    so the first set's own near-duplicates cost nothing."""
+def cross_candidates(keys: np.ndarray, n_a: int) -> np.ndarray:
+    """Pairs (i < n_a <= j) sharing at least one band: candidates between two sets only (columns [0, n_a) of
+    ``keys`` and the rest), so the first set's own near-duplicates cost nothing."""
     found: list[np.ndarray] = []
-    for key in band_keys(sig, bands, rows):
+    for key in keys:
         ka, kb = key[:n_a], key[n_a:]
         hit = np.flatnonzero(np.isin(ka, kb))
         if not len(hit):
@@ -231,6 +232,34 @@ def jaccard(hashes: np.ndarray, offsets: np.ndarray, pairs: np.ndarray) -> np.nd
 
 
 @dataclass
+class Sketch:
+    """What LSH needs of each document, a function of its text alone (so shards compute it independently and the
+    concatenation equals the whole corpus's): ``keys`` (bands, D) band keys, ``sig`` (D, num_perm) signatures when
+    candidates are not verified against the true Jaccard (the estimate needs them), else None."""
+
+    keys: np.ndarray
+    sig: np.ndarray | None
+
+    def take(self, rows) -> "Sketch":
+        return Sketch(self.keys[:, rows], None if self.sig is None else self.sig[rows])
+
+    @staticmethod
+    def concat(parts: Sequence["Sketch"]) -> "Sketch":
+        sigs = [p.sig for p in parts]
+        return Sketch(np.concatenate([p.keys for p in parts], axis=1),
+                      None if any(s is None for s in sigs) else np.concatenate(sigs))
+
+
+def sketch(texts: Sequence[str], ngram: int, num_perm: int, threshold: float, seed: int = 1, verify: bool = True,
+           batch: int = 4096, recall_weight: float = 0.9, progress=None) -> Sketch:
+    hashes, offsets = ngram_hashes(texts, ngram)
+    sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
+    bands, rows = lsh_params(threshold, num_perm, recall_weight)
+    keys = np.stack(list(band_keys(sig, bands, rows))) if len(texts) else np.zeros((bands, 0), dtype=np.uint64)
+    return Sketch(keys, None if verify else np.ascontiguousarray(sig))
+
+
+@dataclass
 class NearDups:
     pairs: np.ndarray  # (k, 2) indices i < j above the threshold
     similarity: np.ndarray  # true Jaccard (or the signature estimate when verify is off)
@@ -250,21 +279,34 @@ def near_duplicates(
     progress=None,
     recall_weight: float = 0.9,
     cross_at: int | None = None,
+    sketched: Sketch | None = None,
 ) -> NearDups:
-    """Near-duplicate pairs among ``texts``; with ``cross_at``, only pairs (i, j) with i < cross_at <= j."""
-    hashes, offsets = ngram_hashes(texts, ngram)
-    sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
+    """Near-duplicate pairs among ``texts``; with ``cross_at``, only pairs (i, j) with i < cross_at <= j.
+    ``sketched``: the texts' ``sketch`` with the same settings, computed elsewhere (prepare's shards)."""
+    if sketched is None:
+        sketched = sketch(texts, ngram, num_perm, threshold, seed, verify, batch, recall_weight, progress)
     bands, rows = lsh_params(threshold, num_perm, recall_weight)
-    cand = lsh_candidates(sig, bands, rows) if cross_at is None else cross_candidates(sig, cross_at, bands, rows)
-    empty = np.diff(offsets) == 0
+    keys = sketched.keys
+    cand = lsh_candidates(keys) if cross_at is None else cross_candidates(keys, cross_at)
+    empty = np.fromiter((len(t) == 0 for t in texts), dtype=bool, count=len(texts))
     if len(cand):
         cand = cand[~(empty[cand[:, 0]] | empty[cand[:, 1]])]  # two empty texts share the all-max signature
     if verify:
-        sim = jaccard(hashes, offsets, cand)
+        sim = pair_jaccard(texts, cand, ngram)
     else:
+        sig = sketched.sig
         sim = (sig[cand[:, 0]] == sig[cand[:, 1]]).mean(axis=1) if len(cand) else np.zeros(0)
     keep = sim >= threshold
     return NearDups(cand[keep], sim[keep], len(cand), bands, rows)
+
+
+def pair_jaccard(texts: Sequence[str], pairs: np.ndarray, ngram: int) -> np.ndarray:
+    """True Jaccard of each pair's n-gram sets, hashing only the texts that occur in a pair."""
+    if not len(pairs):
+        return np.zeros(0)
+    involved = np.unique(pairs)
+    hashes, offsets = ngram_hashes([texts[i] for i in involved.tolist()], ngram)
+    return jaccard(hashes, offsets, np.searchsorted(involved, pairs))
 
 
 def components(n: int, pairs: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.dedup import near_duplicates, ngram_hashes, normal_form
+from bertpipe.prepare.dedup import Sketch, near_duplicates, ngram_hashes, normal_form, sketch
 from bertpipe.prepare.params import PrepareParams
 
 REASONS = ("exact", "contains", "near")
@@ -81,8 +81,10 @@ def _contains(docs: list[str], ev: EvalTexts, m: int) -> dict[int, set[int]]:
     return dict(out)
 
 
-def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams) -> tuple[list[dict], dict]:
-    """(kept documents, stats) with stats = {"docs": n removed, "by_task": {task: {reason: n}}, "examples": [...]}."""
+def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams, sketched: Sketch | None = None,
+            ) -> tuple[list[dict], dict]:
+    """(kept documents, stats) with stats = {"docs": n removed, "by_task": {task: {reason: n}}, "examples": [...]}.
+    ``sketched``: the documents' normal forms' ``dedup.sketch`` (prepare's shards compute it)."""
     stats: dict = {"docs": 0, "by_task": {t: dict.fromkeys(REASONS, 0) for t in ev.tasks}, "examples": []}
     if not ev.texts or not docs:
         return docs, stats
@@ -95,8 +97,11 @@ def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams) -> tuple[list[dic
     for i, ks in _contains(keys, ev, p.exclude.contain_min_chars).items():
         found.setdefault(i, ("contains", ks))
     d = p.dedup
-    nd = near_duplicates(keys + ev.texts, d.ngram, d.num_perm, d.threshold, seed=d.seed, verify=d.verify,
-                         batch=d.batch_ngrams, recall_weight=d.recall_weight, cross_at=len(keys))
+    opts = dict(seed=d.seed, verify=d.verify, batch=d.batch_ngrams, recall_weight=d.recall_weight)
+    if sketched is not None:
+        sketched = Sketch.concat([sketched, sketch(ev.texts, d.ngram, d.num_perm, d.threshold, **opts)])
+    nd = near_duplicates(keys + ev.texts, d.ngram, d.num_perm, d.threshold, **opts, cross_at=len(keys),
+                         sketched=sketched)
     near: dict[int, set[int]] = defaultdict(set)
     for i, j in nd.pairs.tolist():
         near[i].add(j - len(keys))

@@ -164,7 +164,7 @@ def build(ctx) -> dict:
     for name, cp in _corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
         res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
-                             keep_out=keep_out)
+                             keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards)
         _check_splits(res)
         _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")

@@ -1,0 +1,110 @@
+"""prepare in shards (cleaning, exact keys and MinHash per shard, LSH bands merged) gives byte for byte the output of
+one pass: through a local process pool (the CLI's way) and through an installed executor (the flow's way), with exact
+and near duplicates and task dev/test texts whose matches sit in other shards than their originals."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bertpipe.finetune import synthetic as S
+from bertpipe.pipeline import prepare_stage
+from bertpipe.prepare.corpus import prepare_corpus
+from bertpipe.prepare.dedup import normal_form
+from bertpipe.prepare.exclude import EvalTexts
+from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams
+from bertpipe.prepare.shard import use_executor
+from bertpipe.stage import run_stage
+from tests.test_prepare_stage import LAWS, make_config
+
+NO_TRACKER = lambda *a: contextlib.nullcontext()  # noqa: E731
+
+
+def _changed(text: str, k: int) -> str:
+    return text[:k] + ("国" if text[k] != "国" else "民") + text[k + 1 :]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """300 documents; copies of the first ones (exact, whitespace-changed, one character changed) at the end, so with
+    any cut into 2-4 shards a duplicate and its original are in different shards."""
+    rng = random.Random(3)
+    texts = ["".join(rng.choice(S.FILLER) for _ in range(rng.randint(40, 120))) for _ in range(300)]
+    texts += [texts[0], " ".join(texts[1][:30]) + texts[1][30:], _changed(texts[2], 20), _changed(texts[3], 60),
+              "前言" + texts[4] + "后记。", "短"]  # contains a task text; one too short
+    rows = [{"id": f"d{i}", "text": t, "group": f"g{i % 37}", "status": "现行有效" if i % 3 else "历史版本"}
+            for i, t in enumerate(texts)]
+    path = tmp_path_factory.mktemp("shards") / "docs.jsonl"
+    S.write_jsonl(path, rows)
+    return path
+
+
+def _run(corpus: Path, shards, keep_out: EvalTexts, verify: bool) -> dict:
+    source = SourceParams(path=str(corpus), format="jsonl", id_field="id", group_field="group", meta_fields=["status"])
+    p = PrepareParams(domain=CorpusParams(sources=[source]))
+    p.dedup.keep_order = ["id"]
+    p.dedup.verify = verify
+    p.clean.min_chars = 3
+    res = prepare_corpus("domain", p.domain, p, lambda s: Path(s), keep_out=keep_out, shards=shards)
+    stats = {k: v for k, v in res.stats.items() if k != "timings"}
+    return {"docs": res.docs, "stats": stats, "clusters": res.clusters, "shards": res.stats["timings"]["shards"]}
+
+
+def _keep_out(corpus: Path) -> EvalTexts:
+    rows = [json.loads(x) for x in corpus.read_text(encoding="utf-8").splitlines()]
+    return EvalTexts([normal_form(rows[i]["text"]) for i in (3, 4, 250)], [{"t"}, {"t"}, {"u"}], ["t", "u"])
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_shards_on_an_executor_give_the_one_pass_result(corpus, verify):
+    one = _run(corpus, 1, _keep_out(corpus), verify)
+    assert one["shards"] == 1
+    s = one["stats"]
+    assert s["exact"]["removed"] >= 2 and s["near"]["removed"] >= 1, s  # the planted copies were found across shards
+    assert s["excluded"]["docs"] >= 3 and s["clean"]["removed"]["too_short"] == 1, s
+    with ThreadPoolExecutor(3) as pool, use_executor(pool, workers=3):
+        for shards in ("auto", 2, 4, 7):
+            got = _run(corpus, shards, _keep_out(corpus), verify)
+            assert got["shards"] == (3 if shards == "auto" else shards)
+            for key in ("docs", "stats", "clusters"):
+                assert got[key] == one[key], (shards, key)
+
+
+def test_prepare_stage_in_a_process_pool_writes_the_same_files(tmp_path, corpus):
+    source = {"path": str(corpus), "format": "jsonl", "id_field": "id", "group_field": "group", "name": "mine"}
+    outs = []
+    for shards in (1, 3):
+        (tmp_path / str(shards)).mkdir()
+        cfg = make_config(tmp_path / str(shards), domain=[LAWS, source], overrides=[f"flow.prepare_shards={shards}"])
+        outs.append(run_stage(prepare_stage(), cfg, tracker_factory=NO_TRACKER))
+    assert outs[0].fingerprint == outs[1].fingerprint  # the shard count is not part of what is built
+    files = sorted(p.relative_to(outs[0].out) for p in outs[0].out.rglob("*.parquet"))
+    assert len(files) == 5
+    for rel in (*files, Path("dedup_clusters.jsonl")):
+        assert (outs[0].out / rel).read_bytes() == (outs[1].out / rel).read_bytes(), rel
+    stats = [json.loads((o.out / "stats.json").read_text()) for o in outs]
+    for s in stats:
+        for c in s["corpora"].values():
+            c.pop("timings")
+        for k in ("duration_s", "mb_per_s"):
+            s.pop(k)
+    assert stats[0] == stats[1]
+    assert stats[0]["corpora"]["domain"]["exact"]["removed"] > 0
+
+
+def test_shard_results_are_plain_data():
+    """What a shard returns crosses process and machine boundaries: dataclasses of numpy arrays and builtins."""
+    import pickle
+
+    from bertpipe.prepare.shard import ShardJob, process_shard
+
+    p = PrepareParams()
+    r = process_shard(ShardJob(["第一条 为了规范合同行为，制定本法。", "x"], p.clean, p.dedup, near=True, exclude=False))
+    back = pickle.loads(pickle.dumps(r))
+    assert back.texts[1] is None and back.near.keys.shape[1] == 1 and dataclasses.is_dataclass(back)
