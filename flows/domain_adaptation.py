@@ -27,7 +27,7 @@ from bertpipe.tracking import flow_run
 from flows.summary import stage_line, summary  # noqa: F401  (summary: flows.retrain and the CLI import it here)
 from tasks import cluster, parallel
 from tasks.env import prefect_env
-from tasks.stages import task_for
+from tasks.stages import task_for, terminate_children
 
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
@@ -91,6 +91,11 @@ def domain_adaptation(
                 fut.wait()
             outcomes = {name: _outcome(fut) for name, fut in futures.items()}
             parent.set_tags({f"bertpipe.fingerprint.{n}": r["fingerprint"] for n, (_, r) in outcomes.items() if r})
+    except BaseException:  # e.g. SIGTERM (Terminated) or Ctrl-C while stages run in child processes
+        n = terminate_children()
+        if n:
+            print(f"interrupted: stopped {n} running stage process(es)")
+        raise
     finally:
         parallel.close_pool(pool)
     failed = [n for n, (status, _) in outcomes.items() if status == "failed"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,21 @@ def _remember(key: str, result: dict) -> None:
         ctx.result_store.write(obj=result, key=key)
 
 
+_children: set[subprocess.Popen] = set()  # the stage processes this flow process is waiting on
+_children_lock = threading.Lock()
+
+
+def terminate_children() -> int:
+    """SIGTERM every stage process still running for this flow process; each removes its temp dir and closes its
+    MLflow run as KILLED (the CLI's handler). Called when the flow is interrupted: the task threads wait on their
+    children, so without this a SIGTERM to `bertpipe run` would leave them running to the end. Returns how many."""
+    with _children_lock:
+        live = [p for p in _children if p.poll() is None]
+    for p in live:
+        p.terminate()
+    return len(live)
+
+
 def _isolated(stage_name: str, params: str, profile: str | None, overrides: list[str], threads: int,
               cfg: Config) -> None:
     """Run the stage through the CLI in a child process with ``threads`` torch threads. Stages that run beside
@@ -74,7 +90,14 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         start = fh.tell()
         fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads))
+        with subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
+            with _children_lock:
+                _children.add(proc)
+            try:
+                proc.wait()
+            finally:
+                with _children_lock:
+                    _children.discard(proc)
     with open(log, "rb") as fh:
         fh.seek(start)
         tail = fh.read().decode("utf-8", errors="replace")

@@ -75,10 +75,14 @@ def export_section(client, name: str, version: str) -> str:
     uri = (mv.tags or {}).get(EXPORT_TAG)
     if not uri:
         return "\n## Export\n\nNo ONNX export travels with this version.\n"
-    import mlflow
+    import tempfile
 
+    # Through this client (this project's store), never mlflow's global tracking URI: the section is written
+    # outside any fluent_mlflow() block. uri is runs:/<run_id>/<path>.
+    run_id, _, path = uri.removeprefix("runs:/").partition("/")
     try:
-        text = Path(mlflow.artifacts.download_artifacts(f"{uri}/checks.md")).read_text(encoding="utf-8")
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(client.download_artifacts(run_id, f"{path}/checks.md", tmp)).read_text(encoding="utf-8")
     except Exception:  # noqa: BLE001 (the files are there; the summary is a convenience)
         text = ""
     return (f"\n## Export (ONNX + int8)\n\nFiles: `{uri}` (model.onnx, model.int8.onnx, task.json, checks.json).\n\n"

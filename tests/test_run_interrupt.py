@@ -1,0 +1,70 @@
+"""SIGTERM to `bertpipe run` while stages run in their own processes: the run ends (non-zero) within seconds, every
+stage process it started is stopped rather than left to run to the end, and no temp dir is left under work/."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.e2e_project import env_for, stop
+from tests.test_kill_recovery import leftovers, make_project
+
+pytestmark = pytest.mark.slow
+
+
+def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
+    out = []
+    for c in proc.children(recursive=True):
+        try:
+            if "bertpipe.cli" in " ".join(c.cmdline()):
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_tokenizer_dir):
+    from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
+
+    enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
+    root = make_project(tmp_path / "p", sample_raw, enc, zh_tokenizer_dir)
+    # Two stages side by side (a long pretrain beside the base encoder's finetune): each in its own process.
+    write_jsonl(root / "sentiment.jsonl", keyword_classification(3000, seed=1))
+    params = root / "params.yaml"
+    import yaml
+
+    p = yaml.safe_load(params.read_text())
+    p["pretrain"].update(max_steps=5000, eval_every=1000, save_every=1000)
+    p["finetune"].update(encoders=["base", "adapted"], train={"epochs": 50, "max_seq_len": 32})
+    p["flow"] = {"max_parallel": 2}
+    params.write_text(yaml.safe_dump(p, allow_unicode=True))
+
+    log = open(root / "run.log", "w")
+    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root), stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        me = psutil.Process(run.pid)
+        end = time.time() + 600
+        while time.time() < end and len(_stage_children(me)) < 2 and run.poll() is None:
+            time.sleep(0.5)
+        children = _stage_children(me)
+        assert len(children) >= 2, (root / "run.log").read_text()[-3000:]
+        time.sleep(3)  # well inside their work
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(timeout=120)
+        assert code != 0
+        gone, alive = psutil.wait_procs(children, timeout=60)
+        assert not alive, [c.cmdline() for c in alive]
+        out = (root / "run.log").read_text()
+        assert "interrupted: stopped" in out, out[-3000:]
+        assert leftovers(root) == []
+        # The stopped stages say so in their logs (the CLI's SIGTERM handler ran: temp dir removed, run KILLED).
+        logs = "".join(p.read_text(errors="replace") for p in (root / ".bertpipe" / "logs").glob("*.log"))
+        assert "error: terminated (SIGTERM); nothing half-written was kept" in logs, logs[-3000:]
+    finally:
+        if run.poll() is None:
+            stop(run)
