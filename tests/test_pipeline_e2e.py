@@ -37,6 +37,9 @@ TINY = {
     # Models trained for 30 steps need not beat a baseline; these tests are about the chain's mechanics (the floor
     # has its own tests in test_register.py), so every first version may become champion.
     "register": {"floor": "none"},
+    # Stages one at a time in the flow's own process: no child process start-up per stage (what keeps the suite
+    # inside CI's 30 minutes). Stages side by side in their own processes: tests/test_run_interrupt.py, the demo.
+    "flow": {"max_parallel": 1},
 }
 
 FLOW_STATES = r"""

@@ -23,11 +23,27 @@ from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import moved_ids
 from tests.e2e_project import env_for, prefect_server, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
-from tests.test_schedule import TRIGGER
 
 pytestmark = pytest.mark.slow
 
 CUTOFFS = ("2018-01-01", "2021-01-01")
+
+
+TRIGGER = r"""
+import json, sys, time
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as c:
+    dep = c.read_deployment_by_name("domain_adaptation/bertpipe-domain-adaptation")
+    sched = [s.schedule.cron for s in dep.schedules]
+    fr = c.create_flow_run_from_deployment(dep.id)
+    end = time.time() + 400
+    while time.time() < end:
+        fr = c.read_flow_run(fr.id)
+        if fr.state and fr.state.is_final():
+            break
+        time.sleep(2)
+    print("RESULT=" + json.dumps({"cron": sched, "state": fr.state.name if fr.state else None}))
+"""
 
 
 def _manifests(root: Path) -> dict[str, tuple]:
@@ -64,6 +80,7 @@ def project(tmp_path_factory, sample_raw):
     params["finetune"]["train"]["max_train_examples"] = 100
     params["vocab"]["top_k"] = 40
     params["flow"]["max_parallel"] = 1
+    params["flow"]["cron"] = "17 4 * * 2"  # the deployment must carry the cron from params
     src = params["prepare"]["domain"]["sources"][0]
     src["where"] = f"publish_date < '{CUTOFFS[0]}' AND law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 20)"
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
@@ -94,7 +111,9 @@ def _scheduled_run(root: Path, env: dict) -> str:
                               timeout=600)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
         assert line, proc.stdout + proc.stderr
-        return json.loads(line[-1][len("RESULT="):])["state"]
+        result = json.loads(line[-1][len("RESULT="):])
+        assert result["cron"] == ["17 4 * * 2"], result
+        return result["state"]
     finally:
         stop(serve)  # serve first: the server stops at the end of the module
 
