@@ -192,12 +192,26 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     try:
         yield tracker
     except BaseException as e:
-        c.set_tag(run.info.run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
-        c.set_terminated(run.info.run_id, _end_status(e))
-        mark_closed(cfg, run.info.run_id)
+        _end_after_error(cfg, c, run.info.run_id, e, error_tag=True)
         raise
     c.set_terminated(run.info.run_id, "FINISHED")
     mark_closed(cfg, run.info.run_id)
+
+
+def _end_after_error(cfg: Config, c, run_id: str, e: BaseException, error_tag: bool = False) -> None:
+    """Close a run that ended with ``e``, best effort. A SIGTERM can land inside an MLflow write and leave this
+    client's sqlite session unusable, so a fresh client tries once more; if that fails too, the open-run marker stays
+    and the next run's ``close_orphans`` closes it. The caller re-raises ``e``: that is what the user sees."""
+    for attempt in range(2):
+        try:
+            cl = c if attempt == 0 else client(cfg)
+            if error_tag:
+                cl.set_tag(run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
+            cl.set_terminated(run_id, _end_status(e))
+            mark_closed(cfg, run_id)
+            return
+        except Exception:  # noqa: BLE001 (see above)
+            continue
 
 
 @contextlib.contextmanager
@@ -222,8 +236,7 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
     try:
         yield StageRun(cfg, run.info.run_id, c)
     except BaseException as e:
-        c.set_terminated(run.info.run_id, _end_status(e))
-        mark_closed(cfg, run.info.run_id)
+        _end_after_error(cfg, c, run.info.run_id, e)
         raise
     finally:
         if previous is None:
