@@ -152,7 +152,7 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     from bertpipe.errors import BertpipeError
 
     pq.write_table(pa.table({"text": ["", "  "]}), corpus / "test.parquet")
-    with pytest.raises(BertpipeError, match="test.parquet: no text"):
+    with pytest.raises(BertpipeError, match="test: no text"):
         F.encoder_gate_score(encoders["b"], cfg)
     (corpus / "test.parquet").unlink()
     with pytest.raises(BertpipeError, match="test.parquet"):

@@ -38,14 +38,11 @@ def _key(seed: int, text: str) -> bytes:
 def test_texts(corpus: Path, limit: int, seed: int = 0) -> list[str]:
     """The non-empty texts of a prepared corpus's test split, in file order; with ``limit`` (0: all) a sample of that
     many chosen by text and seed, spread over the whole split rather than its first documents."""
-    import pyarrow.parquet as pq
+    from bertpipe.corpusio import read_texts
 
-    path = Path(corpus) / "test.parquet"
-    if not path.is_file():
-        raise BertpipeError(f"{path}: the prepared domain corpus has no test split")
-    texts = [t for t in pq.read_table(path, columns=["text"]).column("text").to_pylist() if t and t.strip()]
+    texts = read_texts(corpus, "test")
     if not texts:  # a NaN score would slip through comparisons; say what is missing instead
-        raise BertpipeError(f"{path}: no text to score the encoders on")
+        raise BertpipeError(f"{corpus}/test: no text to score the encoders on")
     if not limit or len(texts) <= limit:
         return texts
     keep = set(sorted(range(len(texts)), key=lambda i: (_key(seed, texts[i]), i))[:limit])

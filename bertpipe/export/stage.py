@@ -65,14 +65,12 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
 
 def _encoder_checks(ctx, model_dir: Path, backends: dict) -> dict:
     """The encoder has no task: its masked-LM logits on valid-split texts are compared, top-1 token agreement."""
-    import pandas as pd
     from transformers import AutoTokenizer
 
+    from bertpipe.corpusio import read_texts
     from bertpipe.finetune.heads import run_model
 
-    corpus = Path(ctx.inputs["corpus"])
-    texts = pd.read_parquet(corpus / "valid.parquet", columns=["text"])["text"].tolist()
-    texts = texts[: ctx.params.max_examples or 64]
+    texts = read_texts(ctx.inputs["corpus"], "valid", limit=ctx.params.max_examples or 64)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     enc = tok(texts, truncation=True, max_length=128)
     feats = [{k: enc[k][i] for k in enc if k in ("input_ids", "token_type_ids")} for i in range(len(texts))]

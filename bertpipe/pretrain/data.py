@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from bertpipe.corpusio import read_texts  # noqa: F401 (the one corpus reader; callers use data.read_texts)
 from bertpipe.errors import BertpipeError
 
 DOC_CHUNK = 512  # documents tokenized per call: bounded memory, and max_train_examples stops early
@@ -35,18 +36,6 @@ class Example:
 
 
 # ---------------------------------------------------------------- reading and tokenizing
-
-
-def read_texts(corpus: Path, split: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    path = Path(corpus) / f"{split}.parquet"
-    if not path.is_file():
-        raise BertpipeError(f"{path}: missing; expected a prepared corpus with train.parquet and valid.parquet")
-    table = pq.read_table(path)
-    if "text" not in table.column_names:
-        raise BertpipeError(f"{path}: expected a column 'text' (have {table.column_names})")
-    return [t for t in table.column("text").to_pylist() if t and t.strip()]
 
 
 _SENT_END = re.compile(r"(?<=[。！？!?；;…])|(?<=[.](?=\s))|\n+")

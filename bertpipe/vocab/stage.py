@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from bertpipe import families
+from bertpipe.corpusio import read_texts
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import embeddings, extend, mining, report
 
@@ -21,19 +22,6 @@ VERSION = "2"
 
 def own_inputs(cfg) -> dict:
     return {f"glossary:{i}": cfg.path(g) for i, g in enumerate(cfg.params.vocab.glossaries)}
-
-
-def read_texts(corpus: Path, split: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    path = Path(corpus) / f"{split}.parquet"
-    if not path.is_file():
-        raise BertpipeError(f"{path}: prepared corpus split missing (expected a parquet file with a 'text' column)")
-    try:
-        table = pq.read_table(path, columns=["text"])
-    except Exception as e:
-        raise BertpipeError(f"{path}: expected a parquet file with a 'text' column ({type(e).__name__})") from None
-    return [t for t in table.column("text").to_pylist() if isinstance(t, str) and t.strip()]
 
 
 def _glossaries(ctx) -> list[mining.GlossaryTerm]:
@@ -59,7 +47,7 @@ def build(ctx) -> dict:
     train = read_texts(ctx.inputs["corpus"], "train")
     valid = read_texts(ctx.inputs["corpus"], "valid")
     if not train:
-        raise BertpipeError(f"{ctx.inputs['corpus']}/train.parquet: no non-empty 'text' rows to mine")
+        raise BertpipeError(f"{ctx.inputs['corpus']}/train: no non-empty 'text' rows to mine")
     base_tok = extend.load_tokenizer(ctx.inputs["tokenizer"])
 
     ctx.log(f"mining {len(train)} train texts with jieba (HMM {'on' if p.hmm else 'off'})")
