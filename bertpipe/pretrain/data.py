@@ -8,18 +8,16 @@ before the sentence that would overflow it, so no text is truncated away (only a
 
 from __future__ import annotations
 
-import bisect
 import random
-import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from bertpipe.corpusio import read_texts  # noqa: F401 (the one corpus reader; callers use data.read_texts)
 from bertpipe.errors import BertpipeError
+from bertpipe.textseg import split_sentences, tokenize_with_words
 
 DOC_CHUNK = 512  # documents tokenized per call: bounded memory, and max_train_examples stops early
 
@@ -38,52 +36,12 @@ class Example:
 # ---------------------------------------------------------------- reading and tokenizing
 
 
-_SENT_END = re.compile(r"(?<=[。！？!?；;…])|(?<=[.](?=\s))|\n+")
-
-
-def split_sentences(text: str) -> list[str]:
-    try:  # the prepare stage's segmenter when it is installed; the same rules otherwise
-        from bertpipe.prepare.segment import split_sentences as prepared
-    except ImportError:
-        prepared = None
-    parts = prepared(text) if prepared is not None else _SENT_END.split(text)
-    return [s.strip() for s in parts if s and s.strip()]
-
-
-def _words_fallback(texts: list[str], tokenizer, language: str) -> list[tuple[list[int], list[int]]]:
-    """Token ids and a word index per token: jieba words for Chinese, the tokenizer's words (## pieces) otherwise."""
-    if language == "zh":
-        import jieba
-
-        jieba.setLogLevel(60)
-        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        out = []
-        for i, text in enumerate(texts):
-            starts, pos = [], 0
-            for w in jieba.cut(text):
-                starts.append(pos)
-                pos += len(w)
-            words = [bisect.bisect_right(starts, s) - 1 for s, _ in enc["offset_mapping"][i]]
-            out.append((enc["input_ids"][i], words))
-        return out
-    enc = tokenizer(texts, add_special_tokens=False)
-    return [(enc["input_ids"][i], [w if w is not None else -1 for w in enc.word_ids(i)]) for i in range(len(texts))]
-
-
-def tokenize_with_words(texts: list[str], tokenizer, language: str) -> list[tuple[list[int], list[int]]]:
-    try:  # the vocab stage's segmentation (domain words) when it is installed
-        from bertpipe.vocab.words import tokenize_with_words as vocab_words
-    except ImportError:
-        vocab_words = None
-    if not texts:
-        return []
-    return (vocab_words or _words_fallback)(texts, tokenizer, language)
-
-
 def _sentences(docs: list[str], tokenizer, language: str) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Documents -> sentences -> (token ids, word index) per sentence; a pure function of each document, so it
+    runs in worker processes (``bertpipe.pretrain.tokstore``). Documents without a token are dropped."""
     per_doc = [split_sentences(d) for d in docs]
     flat = [s for sents in per_doc for s in sents]
-    encoded = tokenize_with_words(flat, tokenizer, language)
+    encoded = tokenize_with_words(flat, tokenizer, language) if flat else []
     out, k = [], 0
     for sents in per_doc:
         doc = []
@@ -229,10 +187,15 @@ class Packer:
         for j, doc in enumerate(docs):
             self._feed_pair(doc, base + j)
 
+    def drain(self) -> list[Example]:
+        """The examples emitted since the last drain (so a streaming build holds only the current chunk's)."""
+        out, self.examples = self.examples, []
+        return out
+
     def finish(self) -> list[Example]:
         if self.pair == "none":
             self._flush()
-        return self.examples
+        return self.drain()
 
 
 def _halve(ids: np.ndarray, words: np.ndarray):
@@ -276,15 +239,39 @@ def _pair(cls: int, sep: int, a_ids, a_words, b_ids, b_words, label: int) -> Exa
     )
 
 
-def build_examples(texts: list[str], tokenizer, language: str, p, limit: int = 0, seed: int = 0) -> list[Example]:
-    """Pack ``texts`` (documents) into examples; stop once ``limit`` examples exist (0: use every document)."""
+def doc_chunks(batches: Iterable[list[str]], size: int = DOC_CHUNK) -> Iterator[list[str]]:
+    """Re-cut a stream of text batches into chunks of ``size`` documents, the way ``build_examples`` cuts a list:
+    NSP draws its random partners from the chunks' recent documents, so equal chunks mean equal examples."""
+    buf: list[str] = []
+    for batch in batches:
+        buf.extend(batch)
+        while len(buf) >= size:
+            yield buf[:size]
+            buf = buf[size:]
+    if buf:
+        yield buf
+
+
+def pack(tokenized: Iterable[list], tokenizer, p, limit: int = 0, seed: int = 0) -> Iterator[list[Example]]:
+    """Pack tokenized document chunks (``_sentences`` of each chunk, in order) into examples, yielded chunk by
+    chunk; stop once ``limit`` examples exist (0: use every document)."""
     packer = Packer(tokenizer, p.max_seq_len, p.pair_objective, p.cross_document, seed)
-    for start in range(0, len(texts), DOC_CHUNK):
-        packer.feed(_sentences(texts[start : start + DOC_CHUNK], tokenizer, language))
-        if limit and len(packer.examples) > limit:
-            break
-    examples = packer.finish()
-    return examples[:limit] if limit else examples
+    total = 0
+    for docs in tokenized:
+        packer.feed(docs)
+        got = packer.drain()
+        yield got[: limit - total] if limit else got
+        total += len(got)
+        if limit and total > limit:  # as many as asked: the rest of the corpus is never tokenized
+            return
+    last = packer.finish()
+    yield last[: max(limit - total, 0)] if limit else last
+
+
+def build_examples(texts: list[str], tokenizer, language: str, p, limit: int = 0, seed: int = 0) -> list[Example]:
+    """Pack ``texts`` (documents) into examples in memory (tests, benches; the stages use ``tokstore``)."""
+    chunks = (_sentences(c, tokenizer, language) for c in doc_chunks([texts]))
+    return [e for got in pack(chunks, tokenizer, p, limit, seed) for e in got]
 
 
 # ---------------------------------------------------------------- batches

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
-from bertpipe.pretrain import data, model, report, rtd
+from bertpipe.pretrain import data, model, report, rtd, tokstore
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.train import eval_batches, safe_load, setup_distributed, train
 
@@ -78,8 +78,7 @@ def _build(ctx, d) -> dict:
     language = ctx.cfg.params.model.language
     mlm, tok, fresh, origin, p = _load(ctx, p)
     corpus = Path(ctx.inputs["corpus"])
-    train_ex = data.build_examples(data.read_texts(corpus, "train"), tok, language, p, p.max_train_examples, p.seed)
-    valid_ex = data.build_examples(data.read_texts(corpus, "valid"), tok, language, p, p.eval_examples, p.seed + 1)
+    train_ex, valid_ex, lengths = _examples(ctx, tok, language, p, corpus)
     need = p.batch_size * p.grad_accum * d.world
     if len(train_ex) < need:
         raise BertpipeError(
@@ -107,7 +106,6 @@ def _build(ctx, d) -> dict:
         best = safe_load(best_path)
         pm.saved.load_state_dict(best["model"])
         chosen = f"best (step {best['step']})"
-    lengths = np.array([len(e) for e in train_ex])
     pad = _padding_share(lengths, p)
     evals = [h for h in res.history if "eval_loss" in h]
     tok_s = [h["tokens_per_s"] for h in res.history if "tokens_per_s" in h]
@@ -173,7 +171,22 @@ def _build(ctx, d) -> dict:
     return metrics
 
 
+def _examples(ctx, tok, language: str, p, corpus: Path):
+    """(train examples, held-out examples, train lengths) from the token store: tokenized and packed once per corpus,
+    tokenizer and packing params, then memory-mapped by every start, resume, rerun and torchrun rank."""
+    stores = {}
+    for split, limit, seed in (("train", p.max_train_examples, p.seed), ("valid", p.eval_examples, p.seed + 1)):
+        stores[split], ctx.counts.setdefault("token_store", {})[split] = tokstore.open_or_build(
+            corpus, split, tok, language, p, limit, seed, ctx.cfg.state, log=ctx.log)
+    train = stores["train"]
+    # static masking keys its table by example object, so it needs one object per example (it holds a mask per
+    # example in memory anyway); dynamic masking slices the memory map per batch
+    return (list(train) if p.masking == "static" else train), list(stores["valid"]), train.lengths
+
+
 def _padding_share(lengths: np.ndarray, p) -> float:
     batches = data.epoch_batches(lengths, p.batch_size, p.seed, 0, p.bucket)
-    cells = sum(len(b) * lengths[b].max() for b in batches)
-    return float(1 - sum(lengths[b].sum() for b in batches) / max(cells, 1))
+    if not batches:
+        return 0.0
+    cell = lengths[np.stack(batches)]  # batches are all batch_size long
+    return float(1 - cell.sum() / max(int(cell.max(axis=1).sum()) * cell.shape[1], 1))

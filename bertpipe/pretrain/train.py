@@ -150,7 +150,9 @@ class Batches:
 
     def __init__(self, examples: list[Example], p, d: Dist, pad_id: int):
         self.examples, self.p, self.d, self.pad_id = examples, p, d, pad_id
-        self.lengths = np.array([len(e) for e in examples])
+        self.lengths = getattr(examples, "lengths", None)  # a token store has them (no per-example loop)
+        if self.lengths is None:
+            self.lengths = np.array([len(e) for e in examples])
         n = len(epoch_batches(self.lengths, p.batch_size, p.seed, 0, p.bucket)) // d.world
         self.per_epoch = (n // p.grad_accum) * p.grad_accum  # micro-batches per process per epoch
         self._epoch, self._cache = -1, []
