@@ -66,6 +66,18 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
     lb = [h["loss"] for h in b["history"] if "loss" in h]
     assert len(la) == len(lb) and max(abs(x - y) for x, y in zip(la, lb)) < 1e-3
     assert not list(scratch.glob("base-*"))  # scratch is removed once the stage succeeds
+    # the restart read the token store the killed run built, it did not tokenize again
+    stores = json.loads((out / "manifest.json").read_text())["counts"]["token_store"]
+    assert not stores["train"]["built"] and not stores["valid"]["built"], stores
+    assert "token store train: reused" in r.stderr and "token store train: built" not in r.stderr
+    built = sorted(p.name for p in (tmp_path / "killed" / "state" / "tokstore").iterdir() if p.is_dir())
+    assert built == sorted([stores["train"]["key"], stores["valid"]["key"]])
+    # a rerun with other training params (more steps) reuses it too
+    r = subprocess.run(RUN + [str(killed), "--set", "base.max_steps=2"], cwd=REPO, env=ENV, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads((out / "manifest.json").read_text())
+    assert again["metrics"]["steps"] == 2 and again["counts"]["token_store"] == stores
 
 
 @pytest.mark.slow
@@ -89,4 +101,7 @@ def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir):
     assert state_digest(saved) == ranks[0]["digest"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["processes"] == 2
+    # both ranks read one token store per split: one rank built it while the other waited on its lock
+    assert r.stderr.count("token store train: built") == 1 and r.stderr.count("token store train: reused") == 1
+    assert len([p for p in (tmp_path / "state" / "tokstore").iterdir() if p.is_dir()]) == 2
     assert not list(tmp_path.glob("work/.base.tmp-*"))
