@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from bertpipe.corpusio import read_texts  # noqa: F401 (the one corpus reader; callers use data.read_texts)
 from bertpipe.errors import BertpipeError
@@ -293,7 +292,9 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, b
     return batches
 
 
-def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    import torch  # here, not at the top: the token store's tokenizer processes import this module without torch
+
     n = max(len(e) for e in examples)
     b = len(examples)
     ids = np.full((b, n), pad_id, np.int64)

@@ -40,6 +40,7 @@ import numpy as np
 
 from bertpipe.codeid import lib_versions
 from bertpipe.corpusio import iter_text_batches, split_files, split_rows
+from bertpipe.errors import BertpipeError
 from bertpipe.pretrain import data
 from bertpipe.pretrain.data import Example
 
@@ -66,9 +67,19 @@ class ExampleStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.meta = json.loads((self.path / "meta.json").read_text())
-        for name, dtype in ARRAYS.items():
-            setattr(self, name, _map(self.path / f"{name}.bin", dtype))
+        try:
+            self.meta = json.loads((self.path / "meta.json").read_text())
+            for name, dtype in ARRAYS.items():
+                setattr(self, name, _map(self.path / f"{name}.bin", dtype))
+            n, tokens = int(self.meta["examples"]), int(self.meta["tokens"])
+        except (OSError, ValueError, KeyError) as e:
+            raise BertpipeError(f"{self.path}: not a complete token store ({type(e).__name__}: {e}); delete the "
+                                f"directory and rerun to rebuild it") from None
+        sizes = {"ids": tokens, "words": tokens, "offsets": n + 1, "n_first": n, "pair": n}
+        bad = [k for k, v in sizes.items() if len(getattr(self, k)) != v]
+        if bad or (n and int(self.offsets[-1]) != tokens):
+            raise BertpipeError(f"{self.path}: token store files {bad or ['offsets']} do not match meta.json "
+                                f"({n} examples, {tokens} tokens); delete the directory and rerun to rebuild it")
         self.lengths = np.diff(self.offsets)  # tokens per example, for batching and bucketing without a loop
 
     def __len__(self) -> int:
