@@ -307,8 +307,13 @@ def _locked(path: Path, log: Callable[[str], None]):
 
 
 def default_workers() -> int:
-    """BERTPIPE_DATA_WORKERS if set; under torchrun every usable core (the other ranks wait for the store); else the
-    torch threads this process was given (a flow running stages side by side gives each its share of the cores)."""
+    """1 in a daemonic process; else BERTPIPE_DATA_WORKERS if set; under torchrun every usable core (the other
+    ranks wait for the store); else the torch threads this process was given (a flow running stages side by side
+    gives each its share of the cores)."""
+    import multiprocessing as mp
+
+    if mp.current_process().daemon:  # e.g. a dask worker process: daemonic processes may not start children
+        return 1
     env = os.environ.get("BERTPIPE_DATA_WORKERS", "").strip()
     if env:
         return max(1, int(env))
