@@ -160,6 +160,7 @@ class Run:
             buf = b""
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
                 fh.write(chunk)
+                fh.flush()  # the log shows where a long stage is
                 buf += chunk
                 *parts, buf = re.split(rb"[\r\n]", buf)
                 for p in parts:
@@ -210,30 +211,48 @@ def first_step_watcher(kill_after: int | None = None):
             state["initial"] = step
         elif step > state["initial"] and state["first"] is None:
             state["first"] = t
-        if kill_after is not None and step >= kill_after + 1:
+        if kill_after is not None and state["first"] is not None and step >= kill_after + 1:
             run.kill()
 
     return state, watch
 
 
-def stage(name: str, root: Path, env: dict, extra: list[str], log: Path, watch=None) -> Run:
+class Measured:
+    """A Run's figures, as cached in ``<size dir>/measured.json`` (a rerun with the same --dir reuses them)."""
+
+    def __init__(self, d: dict):
+        self.__dict__.update(d)
+
+
+def stage(name: str, root: Path, env: dict, extra: list[str], log: Path, watch=None, key: str = "",
+          state: dict | None = None) -> Measured:
+    """Run one CLI stage, or reuse its cached figures under ``key``; ``state``: the watcher's findings, cached too."""
+    cache_file = root / "measured.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    key = key or name
+    if key in cache:
+        if state is not None:
+            state.update(cache[key]["state"])
+        return Measured(cache[key])
     cmd = ["bertpipe", name, "--params", str(root / "params.yaml"), *extra]
     run = Run(cmd, root, env, log, watch)
     if run.rc != 0 and run.rc != -signal.SIGKILL:
         tail = "\n".join(run.lines[-15:])
         raise SystemExit(f"error: {' '.join(cmd)} exited {run.rc}; log {log}:\n{tail}")
-    return run
+    cache[key] = {"wall": run.wall, "cpu": run.cpu, "peak": run.peak, "rc": run.rc, "state": dict(state or {})}
+    cache_file.write_text(json.dumps(cache, indent=1))
+    return Measured(cache[key])
 
 
-def removed_ids(root: Path, all_ids: list[str]) -> set[str]:
-    """Corpus documents prepare did not keep (in no split)."""
-    import pyarrow.parquet as pq
-
-    kept: set[str] = set()
-    for f in (root / "work" / "prepare" / "domain").rglob("*.parquet"):
-        for i in pq.read_table(f, columns=["id"]).column(0).to_pylist():
-            kept.add(i.rsplit(":", 1)[-1])
-    return set(all_ids) - kept
+def removed_ids(root: Path) -> set[str]:
+    """Corpus documents prepare removed as duplicates (dedup_clusters.jsonl: every member but the kept one); the
+    documents its cleaning filters dropped are not counted."""
+    removed: set[str] = set()
+    with open(root / "work" / "prepare" / "dedup_clusters.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            c = json.loads(line)
+            removed.update(m.rsplit(":", 1)[-1] for m in c["members"] if m != c["kept"])
+    return removed
 
 
 def quality(removed: set[str], planted: dict) -> tuple[float, float]:
@@ -250,9 +269,8 @@ def datatrove_minhash(root: Path, bands: int, rows: int, ngram: int, workers: in
     removed ids, documents)."""
     import numpy as np
     from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup import MinhashDedupSignature
-    from datatrove.pipeline.dedup.minhash import (MinhashBuckets, MinhashConfig, MinhashDedupCluster,
-                                                  MinhashDedupFilter)
+    from datatrove.pipeline.dedup import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
+                                          MinhashDedupFilter, MinhashDedupSignature)
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
@@ -262,8 +280,11 @@ def datatrove_minhash(root: Path, bands: int, rows: int, ngram: int, workers: in
 
         def get_shingles(self, text: str) -> np.ndarray:
             grams = [text[i : i + ngram] for i in range(max(1, len(text) - ngram + 1))]
-            return np.fromiter((self._hash_func(g) for g in grams), dtype=np.uint64).reshape((-1, 1))
+            return np.fromiter((self._hash_func(g.encode("utf-8")) for g in grams), dtype=np.uint64).reshape((-1, 1))
 
+    import datatrove.pipeline.dedup.minhash as dt_minhash
+
+    dt_minhash.load_word_tokenizer = lambda language: None  # CharSignature needs no word tokenizer (nor spaCy)
     cfg = MinhashConfig(n_grams=ngram, num_buckets=bands, hashes_per_bucket=rows)
     base = root / "datatrove"
     tasks = max(1, workers)
@@ -274,7 +295,7 @@ def datatrove_minhash(root: Path, bands: int, rows: int, ngram: int, workers: in
     t0 = time.perf_counter()
     steps = [
         ([reader(), CharSignature(output_folder=str(base / "sigs"), config=cfg)], tasks),
-        ([MinhashBuckets(input_folder=str(base / "sigs"), output_folder=str(base / "buckets"), config=cfg)], bands),
+        ([MinhashDedupBuckets(input_folder=str(base / "sigs"), output_folder=str(base / "buckets"), config=cfg)], bands),
         ([MinhashDedupCluster(input_folder=str(base / "buckets"), output_folder=str(base / "remove_ids"),
                               config=cfg)], 1),
         ([reader(), MinhashDedupFilter(input_folder=str(base / "remove_ids"),
@@ -296,14 +317,6 @@ def datatrove_minhash(root: Path, bands: int, rows: int, ngram: int, workers: in
         with gzip.open(f, "rt", encoding="utf-8") if f.suffix == ".gz" else open(f, encoding="utf-8") as fh:
             docs += sum(1 for _ in fh)
     return seconds, removed, docs + len(removed)
-
-
-def corpus_ids(root: Path) -> list[str]:
-    ids = []
-    for f in sorted((root / "data" / "corpus").glob("*.jsonl")):
-        with open(f, encoding="utf-8") as fh:
-            ids += [json.loads(line)["id"] for line in fh]
-    return ids
 
 
 def main() -> int:
@@ -351,8 +364,7 @@ def main() -> int:
         per["prepare"] = stage("prepare", root, env_for(top), shards + ["--force"], log)
         per["vocab"] = stage("vocab", root, env_for(top), ["--force"], log)
         st, watch = first_step_watcher()
-        per["pretrain"] = stage("pretrain", root, env_for(top), steps + ["--force"], log, watch)
-        per["pretrain"].first_step = st["first"]
+        per["pretrain"] = stage("pretrain", root, env_for(top), steps + ["--force"], log, watch, state=st)
         for name in ("prepare", "vocab", "pretrain"):
             r = per[name]
             rows.append((f"{mb:g}", name, top, r.wall, r.cpu, r.peak / 2**20, data_mb / r.wall))
@@ -360,21 +372,21 @@ def main() -> int:
             for w in sorted(set(args.workers) - {top}):
                 for name, extra in (("prepare", [f"--set", f"flow.prepare_shards={w}", "--force"]),
                                     ("vocab", ["--force"])):
-                    r = stage(name, root, env_for(w), extra, log)
+                    r = stage(name, root, env_for(w), extra, log, key=f"{name}@{w}")
                     per[f"{name}@{w}"] = r
                     rows.append((f"{mb:g}", name, w, r.wall, r.cpu, r.peak / 2**20, data_mb / r.wall))
         if mb == sizes[-1]:
             # Restart after SIGKILL: a longer run killed just after its first checkpoint, then started again.
             long = ["--set", f"pretrain.max_steps={max(args.steps, 40)}", "--force"]
             st1, w1 = first_step_watcher(kill_after=5)
-            killed = stage("pretrain", root, env_for(top), long, log, w1)
-            st2, w2 = first_step_watcher()
-            again = stage("pretrain", root, env_for(top), long[:-1], log, w2)
+            killed = stage("pretrain", root, env_for(top), long, log, w1, key="pretrain-killed", state=st1)
+            st2, w2 = first_step_watcher(kill_after=0)  # its first step is all that is measured
+            again = stage("pretrain", root, env_for(top), long[:-1], log, w2, key="pretrain-restart", state=st2)
             per["restart"] = (st1["first"], st2["first"], killed.rc, again.wall)
             stats = json.loads((root / "work" / "prepare" / "stats.json").read_text())
             near = stats.get("corpora", {}).get("domain", {}).get("near", {})
             dedup_bands, dedup_rows = near.get("bands", 9), near.get("rows", 13)
-            removed = removed_ids(root, corpus_ids(root))
+            removed = removed_ids(root)
             rec, prec = quality(removed, info["planted"])
             quality_rows.append(("bertpipe prepare", info["docs"] / per["prepare"].wall, rec, prec, len(removed)))
             if not args.no_datatrove:
