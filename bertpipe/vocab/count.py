@@ -21,6 +21,7 @@ picklable), whose ``encode_batch`` is what the transformers tokenizer calls.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import sys
 from collections import Counter, deque
@@ -223,7 +224,10 @@ def _count_in_worker(texts: list[str]) -> Tally:
 
 def workers_budget() -> int:
     """Worker processes for mining: the stage's thread budget (``OMP_NUM_THREADS``, which the flow sets for a stage
-    that runs beside others), else the cores this process may use."""
+    that runs beside others), else the cores this process may use. 1 in a daemonic process (a Dask worker's), which
+    may not start children."""
+    if multiprocessing.current_process().daemon:
+        return 1
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -270,7 +274,7 @@ def tally(
     size (e.g. from the parquet footers), converted at the first chunk's bytes per character."""
     from tqdm import tqdm
 
-    workers = workers or workers_budget()
+    workers = 1 if multiprocessing.current_process().daemon else (workers or workers_budget())
     total = Tally()
     if max_chars and total_chars:
         total_chars = min(total_chars, max_chars)
@@ -297,7 +301,6 @@ def tally(
             for part in stream:
                 add(count_chunk(part, settings))
             return total
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         # spawn: the caller may hold threads (torch, Prefect) that a forked child would inherit half-locked.
