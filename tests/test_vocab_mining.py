@@ -107,3 +107,47 @@ def test_unk_forms(zh):
     assert forms["😀"] == 2 and forms["##😀"] == 2
     assert "字" not in forms
     assert unk_forms(["㸃"], zh, 0) == [] and unk_forms(["㸃"], zh, 2) == []
+
+
+def _mined(r):
+    return [(c.word, c.freq, c.pieces, c.pmi, c.score, c.glossary) for c in r.candidates], r.unk_forms, (
+        r.n_texts, r.n_chars, r.n_words, r.n_candidates)
+
+
+def test_two_workers_mine_exactly_what_one_does(zh, legal):
+    gl = [GlossaryTerm("量子纠缠态", None, None, "g:1"), GlossaryTerm("法", None, None, "g:2")]
+    texts = legal + ["㸃㸃字 罕见的㸃"] * 3
+    p = VocabParams(top_k=100, min_freq=3)
+    one = mine(texts, zh, "zh", p, gl, workers=1)
+    # Small chunks: the texts go to the 2 processes in many pieces, merged in the parent.
+    two = mine(texts, zh, "zh", p, gl, workers=2, chunk_chars=5_000)
+    assert _mined(two) == _mined(one)
+    assert len(one.candidates) > 50 and dict(one.unk_forms)["㸃"] == 9 and one.undercount == 0
+
+
+def test_max_chars_streams_a_prefix_of_the_batches(zh, legal):
+    from bertpipe.vocab.mining import mine_batches
+
+    p = VocabParams(top_k=50, min_freq=3, max_chars=20_000)
+    batches = [legal[i : i + 7] for i in range(0, len(legal), 7)]
+    streamed = mine_batches(iter(batches), zh, "zh", p, workers=1, chunk_chars=3_000)
+    taken, total = [], 0
+    for t in legal:  # a text is taken while fewer than max_chars precede it
+        if total >= 20_000:
+            break
+        taken.append(t)
+        total += len(t)
+    assert streamed.n_texts == len(taken) < len(legal)
+    assert _mined(streamed) == _mined(mine(taken, zh, "zh", VocabParams(top_k=50, min_freq=3), workers=1))
+
+
+def test_pruned_counts_keep_the_frequent_words_and_bound_the_error(zh, legal):
+    p = VocabParams(top_k=20, min_freq=3)
+    exact = mine(legal, zh, "zh", p, workers=1)
+    pruned = mine(legal, zh, "zh", p, workers=1, chunk_chars=2_000, max_words=400)
+    assert exact.undercount == 0 < pruned.undercount
+    true = {c.word: c.freq for c in mine(legal, zh, "zh", VocabParams(top_k=100_000, min_freq=1), workers=1).candidates}
+    for c in pruned.candidates:  # a kept count is low by at most the bound, never high
+        assert true[c.word] - pruned.undercount <= c.freq <= true[c.word]
+    # Frequent words rank the same way: the top of the pruned ranking is in the exact top 20.
+    assert {c.word for c in pruned.candidates[:10]} <= {c.word for c in exact.candidates}

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tqdm import tqdm
-
 from bertpipe import families
 from bertpipe.errors import BertpipeError
+from bertpipe.vocab import count
+from bertpipe.vocab.count import is_cjk_char, is_cjk_word  # noqa: F401 (their home before count.py)
 
 # Multi-character function words that are frequent everywhere and carry no domain meaning.
 STOPWORDS_ZH = frozenset(
@@ -33,25 +31,6 @@ STOPWORDS_EN = frozenset(
 ALIGNED_SHARE = 0.8
 
 _POS = re.compile(r"^[A-Za-z]+$")
-
-
-def is_cjk_char(ch: str) -> bool:
-    """BERT's definition of a CJK character (the ranges its normaliser puts spaces around)."""
-    cp = ord(ch)
-    return (
-        0x4E00 <= cp <= 0x9FFF
-        or 0x3400 <= cp <= 0x4DBF
-        or 0x20000 <= cp <= 0x2A6DF
-        or 0x2A700 <= cp <= 0x2B73F
-        or 0x2B740 <= cp <= 0x2B81F
-        or 0x2B820 <= cp <= 0x2CEAF
-        or 0xF900 <= cp <= 0xFAFF
-        or 0x2F800 <= cp <= 0x2FA1F
-    )
-
-
-def is_cjk_word(w: str) -> bool:
-    return bool(w) and all(is_cjk_char(c) for c in w)
 
 
 @dataclass
@@ -93,28 +72,9 @@ def read_glossary(path: Path) -> list[GlossaryTerm]:
     return terms
 
 
-_SEGMENTERS: dict[tuple, object] = {}
-
-
 def make_segmenter(glossary: Sequence[GlossaryTerm]):
-    """A private jieba.Tokenizer with the glossary terms added, so mining never touches jieba's global dictionary.
-
-    Kept per glossary for the process: loading jieba's dictionary costs about a second each time.
-    """
-    import jieba
-
-    key = tuple((t.word, t.freq, t.pos) for t in glossary)
-    seg = _SEGMENTERS.get(key)
-    if seg is None:
-        jieba.setLogLevel(logging.WARNING)
-        seg = jieba.Tokenizer()
-        seg.initialize()
-        for t in glossary:
-            seg.add_word(t.word, t.freq, t.pos)
-        if len(_SEGMENTERS) > 8:
-            _SEGMENTERS.clear()
-        _SEGMENTERS[key] = seg
-    return seg
+    """A private jieba.Tokenizer with the glossary terms added (kept per glossary for the process)."""
+    return count.make_segmenter(tuple((t.word, t.freq, t.pos) for t in glossary))
 
 
 @dataclass
@@ -137,144 +97,101 @@ class MiningResult:
     n_candidates: int = 0  # before top_k
     glossary_in_base: list[str] = field(default_factory=list)  # glossary terms already one token
     glossary_freq: dict[str, int] = field(default_factory=dict)  # jieba-word frequency of each glossary term
+    undercount: int = 0  # the counts were pruned: a frequency may be low by at most this (count.Tally.prune)
     seconds: float = 0.0
 
 
-def _limit_chars(texts: Iterable[str], max_chars: int) -> list[str]:
-    out, total = [], 0
-    for t in texts:
-        if max_chars and total >= max_chars:
-            break
-        out.append(t)
-        total += len(t)
-    return out
+def _unk_setup(tokenizer, min_freq: int) -> tuple[str | None, int | None]:
+    """How [UNK] characters are found for ``tokenizer`` (count.WORDPIECE, count.PIECES or None) and its unk id."""
+    if min_freq <= 0 or tokenizer.unk_token_id is None:  # byte-level BPE: every character has its bytes
+        return None, None
+    prefix = getattr(tokenizer.backend_tokenizer.model, "continuing_subword_prefix", None)
+    if prefix is None or families.tokenizer_kind(tokenizer) != families.WORDPIECE:
+        return count.PIECES, tokenizer.unk_token_id
+    return count.WORDPIECE, tokenizer.unk_token_id
 
 
-def _is_word_form(word: str, language: str) -> bool:
-    if language == "zh":
-        return is_cjk_word(word)
-    return word.isascii() and word.isalpha()  # numbers and punctuation never qualify
+def _unk_entries(missing: Counter, tokenizer, mode: str | None, min_freq: int) -> list[tuple[str, int]]:
+    """WordPiece: the vocab entries "x" and "##x" (whichever are missing) of each [UNK] character seen at least
+    ``min_freq`` times; SentencePiece and others: the characters themselves (each becomes an added token, so the
+    text around it keeps its pieces). Most frequent first."""
+    ranked = [(ch, n) for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])) if n >= min_freq]
+    if mode != count.WORDPIECE:
+        return ranked
+    vocab = tokenizer.get_vocab()
+    prefix = tokenizer.backend_tokenizer.model.continuing_subword_prefix
+    return [(f, n) for ch, n in ranked for f in (ch, prefix + ch) if f not in vocab]
 
 
 def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
-    """Vocab entries for the characters that make a word [UNK]: both "x" and "##x" (whichever are missing), with the
-    character's frequency in ``texts``, most frequent first."""
-    if min_freq <= 0:
-        return []
-    backend = tokenizer.backend_tokenizer
-    model = backend.model
-    vocab = tokenizer.get_vocab()
-    prefix = getattr(model, "continuing_subword_prefix", None)
-    max_chars = getattr(model, "max_input_chars_per_word", 100)
-    if tokenizer.unk_token_id is None:  # byte-level BPE: every character has its bytes
-        return []
-    if prefix is None or families.tokenizer_kind(tokenizer) != families.WORDPIECE:
-        return _unk_chars(texts, tokenizer, min_freq)
-    normalize = backend.normalizer.normalize_str if backend.normalizer is not None else (lambda x: x)
-    # Only texts holding a character without both vocab forms can produce [UNK]: find those characters first.
-    chars: set[str] = set()
-    for text in texts:
-        chars.update(text)
-    suspect = {
-        c for c in chars if any(f not in vocab for n in normalize(c) if not n.isspace() for f in (n, prefix + n))
-    }
-    missing: Counter = Counter()
-    for text in texts:
-        if suspect.isdisjoint(text):
-            continue
-        norm = normalize(text)
-        words = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer is not None else [(norm, None)]
-        for w, _ in words:
-            if len(w) > max_chars:
-                continue
-            for j, ch in enumerate(w):
-                if (ch if j == 0 else prefix + ch) not in vocab:
-                    missing[ch] += 1
-    out = []
-    for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])):
-        if n >= min_freq:
-            out += [(f, n) for f in (ch, prefix + ch) if f not in vocab]
-    return out
+    """Vocab entries for the characters that make a word [UNK] in ``texts``, with the character's frequency, most
+    frequent first (see _unk_entries)."""
+    mode, unk_id = _unk_setup(tokenizer, min_freq)
+    missing = count.unk_char_counts(list(texts), tokenizer.backend_tokenizer, mode, unk_id)
+    return _unk_entries(missing, tokenizer, mode, min_freq)
 
 
-def _unk_chars(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str, int]]:
-    """SentencePiece: the characters its <unk> covers in ``texts`` (each becomes an added token, so the text around
-    it keeps its pieces), with their frequency, most frequent first."""
-    unk = tokenizer.unk_token_id
-    missing: Counter = Counter()
-    for i in range(0, len(texts), 256):
-        chunk = list(texts[i : i + 256])
-        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        for text, ids, offsets in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
-            for t, (a, b) in zip(ids, offsets):
-                if t == unk:
-                    missing.update(c for c in text[a:b] if not c.isspace())
-    return [(ch, n) for ch, n in sorted(missing.items(), key=lambda x: (-x[1], x[0])) if n >= min_freq]
+def mine(texts: Sequence[str], tokenizer, language: str, params, glossary: Sequence[GlossaryTerm] = (),
+         **kw) -> MiningResult:
+    """``mine_batches`` over one list of texts."""
+    texts = list(texts)
+    return mine_batches([texts], tokenizer, language, params, glossary, total_chars=sum(map(len, texts)), **kw)
 
 
-def mine(
-    texts: Sequence[str],
+def mine_batches(
+    batches: Iterable[Sequence[str]],
     tokenizer,
     language: str,
     params,
     glossary: Sequence[GlossaryTerm] = (),
+    **kw,
 ) -> MiningResult:
-    """Rank domain words of ``texts`` (the train split) that the base ``tokenizer`` splits into 2..max_len pieces."""
+    """Rank domain words of the texts in ``batches`` (the train split, streamed) that the base ``tokenizer`` splits
+    into 2..max_len pieces. ``kw`` goes to count.tally (workers, chunk_chars, total_chars/total_bytes, max_words)."""
     started = time.time()
-    texts = _limit_chars(texts, params.max_chars)
-    if params.top_k == 0 and not glossary:  # nothing to rank: only the [UNK] characters are wanted
-        forms = unk_forms(texts, tokenizer, params.unk_char_min_freq)
-        return MiningResult([], forms, len(texts), sum(len(t) for t in texts), seconds=time.time() - started)
-    seg = make_segmenter(glossary)
-    stop = (STOPWORDS_ZH if language == "zh" else STOPWORDS_EN) if params.stopwords else frozenset()
-    backend = tokenizer.backend_tokenizer
-    lower = bool(backend.normalizer is not None and backend.normalizer.normalize_str("A") == "a")
+    settings = count_settings(tokenizer, language, params, glossary)
+    t = count.tally(batches, settings, max_chars=params.max_chars, **kw)
+    return rank_tally(t, tokenizer, params, glossary, started)
 
-    def key(w: str) -> str:
-        # ASCII words are matched after normalisation (lower-cased); anything with other scripts is matched on the
-        # raw text (see extend.added_token), so it keeps its case.
-        return w.lower() if lower and w.isascii() else w
 
-    # One pass: the base's token boundaries of each text (and its piece frequencies, the denominator of each
-    # candidate's PMI), then jieba's words, each noting whether the base's tokens already start and end at its edges.
-    counts: Counter = Counter()
-    aligned: Counter = Counter()  # occurrences where the base has token boundaries at both edges of the word
-    cost: Counter = Counter()  # extra tokens the added word brings (SentencePiece: a ▁ before the text after it)
-    piece_counts: Counter = Counter()
-    sentencepiece = families.tokenizer_kind(tokenizer) == families.SENTENCEPIECE
-    n_chars = 0
-    batch = 256
-    bar = tqdm(total=sum(len(t) for t in texts), desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr)
-    for i in range(0, len(texts), batch):
-        chunk = list(texts[i : i + batch])
-        enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        for text, ids, offsets in zip(chunk, enc["input_ids"], enc["offset_mapping"]):
-            piece_counts.update(ids)
-            starts = {a for a, b in offsets if b > a}
-            ends = {b for a, b in offsets if b > a}
-            pos = 0
-            for w in seg.cut(text, HMM=params.hmm):
-                end = pos + len(w)
-                if not w.isspace():
-                    k = key(w)
-                    counts[k] += 1
-                    if pos in starts and end in ends:
-                        aligned[k] += 1
-                    if sentencepiece and end < len(text) and not text[end].isspace():
-                        cost[k] += 1
-                pos = end
-            n_chars += len(text)
-            bar.update(len(text))
-    bar.close()
-    n_words = sum(counts.values())
+def _glossary_keys(tokenizer, glossary: Sequence[GlossaryTerm]) -> set[str]:
+    """Glossary terms as counted: ASCII words lower-cased when the base's normaliser lower-cases (see count)."""
+    norm = tokenizer.backend_tokenizer.normalizer
+    lower = bool(norm is not None and norm.normalize_str("A") == "a")
+    return {t.word.lower() if lower and t.word.isascii() else t.word for t in glossary}
+
+
+def count_settings(tokenizer, language: str, params, glossary: Sequence[GlossaryTerm] = ()) -> count.Settings:
+    """What the counting workers need, derived from the transformers tokenizer and the vocab params."""
+    norm = tokenizer.backend_tokenizer.normalizer
+    unk_mode, unk_id = _unk_setup(tokenizer, params.unk_char_min_freq)
+    return count.Settings(
+        backend=tokenizer.backend_tokenizer,
+        language=language,
+        hmm=params.hmm,
+        lower=bool(norm is not None and norm.normalize_str("A") == "a"),
+        sentencepiece=families.tokenizer_kind(tokenizer) == families.SENTENCEPIECE,
+        stop=(STOPWORDS_ZH if language == "zh" else STOPWORDS_EN) if params.stopwords else frozenset(),
+        glossary=tuple((t.word, t.freq, t.pos) for t in glossary),
+        glossary_keys=frozenset(_glossary_keys(tokenizer, glossary)),
+        rank=not (params.top_k == 0 and not glossary),  # else only the [UNK] characters are wanted
+        unk_mode=unk_mode,
+        unk_id=unk_id,
+    )
+
+
+def rank_tally(t: count.Tally, tokenizer, params, glossary: Sequence[GlossaryTerm] = (),
+               started: float | None = None) -> MiningResult:
+    """The mining result of a tally (count.tally): candidates filtered, scored and ranked, [UNK] forms."""
+    started = time.time() if started is None else started
+    glossary_words = _glossary_keys(tokenizer, glossary)
+    unk_mode, _ = _unk_setup(tokenizer, params.unk_char_min_freq)
+    forms = _unk_entries(t.unk, tokenizer, unk_mode, params.unk_char_min_freq)
+    if params.top_k == 0 and not glossary:
+        return MiningResult([], forms, t.n_texts, t.n_chars, seconds=time.time() - started)
+    counts, aligned, cost, piece_counts = t.words, t.aligned, t.cost, t.pieces
     n_pieces = max(1, sum(piece_counts.values()))
-
-    glossary_words = {key(t.word) for t in glossary}
-    pool = [
-        w
-        for w, n in counts.items()
-        if (n >= params.min_freq and _is_word_form(w, language) and w not in stop) or w in glossary_words
-    ]
+    pool = [w for w, n in counts.items() if n >= params.min_freq or w in glossary_words]
     for w in glossary_words:
         if w not in counts:
             pool.append(w)
@@ -308,15 +225,15 @@ def mine(
     n_candidates = len(cands)
     mined = sorted((c for c in cands if not c.glossary), key=lambda c: (-c.score, -c.freq, c.word))[: params.top_k]
     chosen = sorted([c for c in cands if c.glossary], key=lambda c: c.word) + mined
-    forms = unk_forms(texts, tokenizer, params.unk_char_min_freq)
     return MiningResult(
         candidates=chosen,
         unk_forms=forms,
-        n_texts=len(texts),
-        n_chars=n_chars,
-        n_words=n_words,
+        n_texts=t.n_texts,
+        n_chars=t.n_chars,
+        n_words=t.n_words,
         n_candidates=n_candidates,
         glossary_in_base=sorted(in_base),
         glossary_freq={w: counts.get(w, 0) for w in glossary_words},
+        undercount=t.undercount,
         seconds=time.time() - started,
     )

@@ -93,7 +93,9 @@ def write_report(
         f"- extended: {start or model_src}; tokenizer `{base_src}`, model `{model_src}`; language: {language}. Every "
         "id of the starting tokenizer keeps its number; new ids follow them.",
         f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} jieba "
-        f"words) in {mining.seconds:.1f} s; {mining.n_candidates} candidates passed the filters",
+        f"words) in {mining.seconds:.1f} s; {mining.n_candidates} candidates passed the filters"
+        + (f" (counts pruned to the most frequent words: a frequency may be low by at most {mining.undercount})"
+           if getattr(mining, "undercount", 0) else ""),
         f"- added {len(rows)} ids: {len(words)} words as added tokens "
         f"({sum(r['kind'] == 'glossary' for r in rows)} from glossaries), "
         f"{len(chars)} vocab entries for characters the base maps to [UNK]",

@@ -13,11 +13,14 @@ from pathlib import Path
 import torch
 
 from bertpipe import families
-from bertpipe.corpusio import read_texts
+from bertpipe.corpusio import iter_text_batches, read_texts, split_rows
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import embeddings, extend, mining, report
 
 VERSION = "2"
+# Texts held in memory: train for the MLM-head fit, valid for the init comparison and the tokenizer stats (every
+# text of the bundled corpora's splits); mining streams the whole train split.
+HEAD_TEXTS = 50_000
 
 
 def own_inputs(cfg) -> dict:
@@ -44,16 +47,23 @@ def build(ctx) -> dict:
                             f"{start.model}; a model was registered or promoted meanwhile): run again")
     ctx.log(f"extending {start.describe()}")
     glossary = _glossaries(ctx)
-    train = read_texts(ctx.inputs["corpus"], "train")
-    valid = read_texts(ctx.inputs["corpus"], "valid")
+    corpus = ctx.inputs["corpus"]
+    train = read_texts(corpus, "train", limit=HEAD_TEXTS)
+    valid = read_texts(corpus, "valid", limit=HEAD_TEXTS)
     if not train:
-        raise BertpipeError(f"{ctx.inputs['corpus']}/train: no non-empty 'text' rows to mine")
+        raise BertpipeError(f"{corpus}/train: no non-empty 'text' rows to mine")
     base_tok = extend.load_tokenizer(ctx.inputs["tokenizer"])
 
-    ctx.log(f"mining {len(train)} train texts with jieba (HMM {'on' if p.hmm else 'off'})")
+    workers = mining.count.workers_budget()
+    ctx.log(f"mining {split_rows(corpus, 'train')} train texts with jieba (HMM {'on' if p.hmm else 'off'}, "
+            f"{workers} worker(s))")
     # Mined against the starting tokenizer: words it already has (a champion's earlier additions) are one piece
     # and never candidates again, so only new words are added, after every existing id.
-    mined = mining.mine(train, base_tok, language, p, glossary)
+    mined = mining.mine_batches(iter_text_batches(corpus, "train"), base_tok, language, p, glossary,
+                                workers=workers, total_bytes=_text_bytes(corpus, "train"))
+    if mined.undercount:
+        ctx.log(f"mining kept the {mining.count.MAX_WORDS // 2} most frequent distinct words: frequencies may be "
+                f"low by at most {mined.undercount}")
     forms = [f for f, _ in mined.unk_forms]
     ext_tok = extend.extend_tokenizer(base_tok, [c.word for c in mined.candidates], forms)
     new_ids = extend.new_token_ids(base_tok, ext_tok)
@@ -122,7 +132,7 @@ def build(ctx) -> dict:
 
     ctx.counts.update(
         {
-            "train_texts": len(train),
+            "train_texts": split_rows(corpus, "train"),
             "valid_texts": len(valid),
             "start_vocab_size": len(base_tok),
             "added_tokens": len(new_ids),
@@ -156,6 +166,20 @@ def build(ctx) -> dict:
     )
     # Strings go to the manifest only (MLflow metrics are numbers).
     return {**metrics, "init": chosen, "init_reason": why, "start": start.describe()}
+
+
+def _text_bytes(corpus, split: str) -> int:
+    """Uncompressed bytes of the split's text column, from the parquet footers (the progress bar's total)."""
+    import pyarrow.parquet as pq
+
+    from bertpipe.corpusio import split_files
+
+    total = 0
+    for path in split_files(corpus, split):
+        meta = pq.ParquetFile(path).metadata
+        col = meta.schema.to_arrow_schema().get_field_index("text")
+        total += sum(meta.row_group(i).column(col).total_uncompressed_size for i in range(meta.num_row_groups))
+    return total
 
 
 def _rows(ext_tok, base_tok, mined, new_ids) -> list[dict]:
