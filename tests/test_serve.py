@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from e2e_project import BIN, env_for  # noqa: E402
 from serve_registry import build_registry  # noqa: E402
 
-from bertpipe.serve.app import validate  # noqa: E402
+from bertpipe.serve.app import exposure_warning, predict_isolated, respond  # noqa: E402
+from bertpipe.serve.schema import TextRequest, decode  # noqa: E402
 
 NAME = "bertpipe-sentiment"
 
@@ -29,22 +30,54 @@ NAME = "bertpipe-sentiment"
 
 @pytest.mark.parametrize("body,kind,status,words", [
     (b'{"text": "\xe5\xa5\xbd"}', "text", None, ""),
+    (b'{"text": ["a", "b"]}', "text", None, ""),
     (b"\xff\xfe{}", "text", 400, "UTF-8"),
     (b'{"text": "a"', "text", 400, "not JSON"),
+    (b'{"text": "\\ud800abc"}', "text", 400, "not JSON"),  # a lone surrogate: json.loads let it through
+    (b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "text", 400, "recursion"),  # was RecursionError -> 500
     (b'["a"]', "text", 422, "JSON object"),
     (b'{"txt": "a"}', "text", 422, "unknown: txt"),
     (b'{"text": 3}', "text", 422, "string"),
+    (b'{"text": [1]}', "text", 422, "string"),
     (b'{"text": "   "}', "text", 422, "empty"),
+    (b'{"text": []}', "text", 422, "empty list"),
+    (b'{"text": ["a", " "]}', "text", 422, '"text"[1] is empty'),
     (b'{"text": "' + b"a" * 101 + b'"}', "text", 413, "limit is 100"),
+    (b'{"text": ["a", "a", "a", "a"]}', "text", 413, "4 items; the limit is 3"),
     (b'{"question": "q", "context": "c"}', "qa", None, ""),
+    (b'{"question": ["q"], "context": "c"}', "qa", 422, "lists of one length"),
     (b'{"text": "q"}', "qa", 422, '"question", "context"'),
 ])
-def test_validate(body, kind, status, words):
-    got = validate(body, kind, max_chars=100)
+def test_decode(body, kind, status, words):
+    got = decode(body, kind, max_chars=100, max_items=3)
     if status is None:
-        assert got is None
+        assert not isinstance(got, tuple), got
     else:
-        assert got[0] == status and words in got[1], got
+        assert isinstance(got, tuple) and got[0] == status and words in got[1] and "\n" not in got[1], got
+
+
+def test_one_failing_request_fails_alone():
+    """A request the model raises on gets its own error; the others of its batch are answered."""
+
+    def predict(records):
+        if any(r["text"] == "boom" for r in records):
+            raise ValueError("cannot tokenize")
+        return [{"label": "pos" if "好" in r["text"] else "neg", "score": 0.9} for r in records]
+
+    reqs = [TextRequest(text="很好"), TextRequest(text="boom"), TextRequest(text=["坏", "好"])]
+    outs = predict_isolated(predict, [r.records() for r in reqs])
+    answers = [respond("m", "1", r, o) for r, o in zip(reqs, outs)]
+    assert answers[0] == {"model": "m", "version": "1", "label": "pos", "score": 0.9}
+    assert answers[1]["status"] == 500 and "error" in answers[1]
+    assert [p["label"] for p in answers[2]["predictions"]] == ["neg", "pos"]
+    assert predict_isolated(predict, [[{"text": "a"}], [{"text": "b"}]]) == [[{"label": "neg", "score": 0.9}]] * 2
+
+
+def test_exposure_warning():
+    assert exposure_warning("127.0.0.1") is None and exposure_warning("localhost") is None
+    assert exposure_warning("::1") is None
+    for host in ("0.0.0.0", "::", "192.168.1.5", "myhost"):
+        assert "no authentication" in exposure_warning(host)
 
 
 # ---------------------------------------------------------------- the real service
