@@ -135,6 +135,12 @@ class Service:
     def get(self, path: str):
         return self.request("GET", path, timeout=5)
 
+    def raw(self, path: str) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            return r.read().decode()
+
     def predict(self, text: str, timeout: float = 60):
         return self.request("POST", "/predict", json.dumps({"text": text}, ensure_ascii=False).encode(), timeout)
 
@@ -257,3 +263,83 @@ def test_mlflow_models_serve_answers_the_champion(registry):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _slow_body(port: int) -> socket.socket:
+    """A connection that sends its headers and one byte of a 100-byte body, then nothing."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    return s
+
+
+@pytest.mark.slow
+def test_no_request_can_break_another(registry):
+    """Issue 23 (3)-(6) on real HTTP: a lone surrogate in a burst, deep nesting, slow bodies, a killed worker;
+    and issue 22 (5): lists of texts, typed OpenAPI, /metrics, the version in /info."""
+    svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50")
+    try:
+        # (3) a lone surrogate inside a burst of valid requests: it alone is refused, every other one answered.
+        bad = b'{"text": "\\ud800abc"}'
+        with cf.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(svc.predict, "很好") for _ in range(6)] + [ex.submit(svc.request, "POST", "/predict", bad)]
+            futs += [ex.submit(svc.predict, "太坏了") for _ in range(6)]
+            answers = [f.result() for f in futs]
+        assert [a[0] for a in answers] == [200] * 6 + [400] + [200] * 6, answers
+        # (4) nesting 10,000 deep: a 4xx, not RecursionError -> 500
+        status, out, _ = svc.request("POST", "/predict", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
+        assert status == 400 and "\n" not in out["error"], out
+        # (5) more slow senders than max_queue: real requests still get through; the slow ones get 408.
+        slow = [_slow_body(svc.port) for _ in range(12)]
+        try:
+            time.sleep(0.3)
+            assert all(svc.predict("很好")[0] == 200 for _ in range(3))
+            for s in slow:
+                s.settimeout(10)
+                assert s.recv(100).startswith(b"HTTP/1.1 408"), "a slow body was not timed out"
+        finally:
+            for s in slow:
+                s.close()
+        # Issue 22 (5): a list of texts in one request, answered in order; typed schema; metrics; version in /info.
+        status, out, _ = svc.request("POST", "/predict", json.dumps({"text": ["很好很好", "太坏了"]}).encode())
+        assert status == 200 and out["version"] == "1" and len(out["predictions"]) == 2, out
+        assert [p["label"] for p in out["predictions"]] == [svc.predict(t)[1]["label"] for t in ("很好很好", "太坏了")]
+        schema = svc.get("/openapi.json")[1]
+        assert "text" in schema["components"]["schemas"]["TextRequest"]["properties"]
+        assert "LabelResponse" in schema["components"]["schemas"]
+        assert svc.get("/info")[1]["model"]["version"] == "1"
+        metrics = svc.raw("/metrics")
+        assert 'bertpipe_requests_total{status="200"}' in metrics and 'bertpipe_requests_total{status="400"}' in metrics
+        assert "bertpipe_batch_size_count" in metrics and 'bertpipe_model_version{' in metrics
+        # (6) SIGKILL the inference worker: requests get 503 + Retry-After meanwhile (no hang), then it is back.
+        health = svc.get("/health")[1]
+        os.kill(health["worker_pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        status, out, headers = svc.predict("很好", timeout=30)
+        assert status == 503 and time.monotonic() - t0 < 10 and {k.lower() for k in headers} >= {"retry-after"}, out
+        deadline = time.monotonic() + 120
+        while svc.get("/health")[0] != 200:
+            assert time.monotonic() < deadline and svc.proc.poll() is None, svc.output()
+            time.sleep(0.5)
+        health = svc.get("/health")[1]
+        assert health["worker_restarts"] == 1 and svc.predict("很好")[0] == 200
+    finally:
+        rc = svc.stop()
+    assert rc == 0, svc.output()
+
+
+@pytest.mark.slow
+def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
+    import torch
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+
+    p = str(registry / "params.yaml")
+    res = CliRunner().invoke(app, ["models", "serve", "no-such-model", "--host", "0.0.0.0", "--params", p])
+    assert res.exit_code != 0 and "warning: --host 0.0.0.0: the service has no authentication" in res.output
+    if not torch.cuda.is_available():
+        for cmd in (["models", "serve", NAME], ["models", "predict", NAME, "-i", p, "-o", str(registry / "o.jsonl")]):
+            res = CliRunner().invoke(app, cmd + ["--device", "cuda", "--params", p])
+            lines = [ln for ln in res.output.splitlines() if ln.strip()]
+            assert res.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: --device cuda: no CUDA"), \
+                res.output
