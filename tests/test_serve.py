@@ -252,11 +252,13 @@ def test_mlflow_models_serve_answers_the_champion(registry):
                 assert time.monotonic() < deadline, "mlflow models serve never answered /ping"
                 time.sleep(1)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", method="POST",
-                                     data=json.dumps({"inputs": ["这个产品很好"]}, ensure_ascii=False).encode(),
+                                     data=json.dumps({"inputs": ["这个产品很好", "这" * 300]},
+                                                     ensure_ascii=False).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             out = json.loads(r.read())
-        assert r.status == 200 and out["predictions"][0]["label"] in ("neg", "pos"), out
+        # the second text is past the 64 positions: truncated by the flavor's model_config (issue 23 (11))
+        assert r.status == 200 and [p["label"] in ("neg", "pos") for p in out["predictions"]] == [True, True], out
     finally:
         proc.terminate()
         try:
@@ -343,3 +345,28 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
             lines = [ln for ln in res.output.splitlines() if ln.strip()]
             assert res.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: --device cuda: no CUDA"), \
                 res.output
+
+
+@pytest.mark.slow
+def test_champion_truncates_long_text_however_it_is_loaded(registry):
+    """Issue 23 (11): the README's pyfunc call on a text past the 64-position table used to raise a size mismatch.
+    Every way of loading the transformers-flavor champion now truncates it as `models predict` does (head)."""
+    from bertpipe.config import load_config
+    from bertpipe.export.infer import Predictor
+    from bertpipe.register.artifacts import local_version
+    from bertpipe.tracking import fluent_mlflow
+
+    cfg = load_config(registry / "params.yaml")
+    long_text, head = "这" * 300 + "好", "这" * 62  # 62 characters + [CLS] + [SEP] = the 64 positions
+    uri = f"models:/{NAME}@champion"
+    with fluent_mlflow(cfg) as mlflow:
+        out = mlflow.pyfunc.load_model(uri).predict(["很好", long_text, head])
+        pipe = mlflow.transformers.load_model(uri)
+        assert pipe.tokenizer.model_max_length == 64
+        native = pipe([long_text, head], truncation=True)
+    assert len(out) == 3 and set(out["label"]) <= {"neg", "pos"}
+    assert out["label"][1] == out["label"][2] and out["score"][1] == pytest.approx(out["score"][2], abs=1e-5)
+    assert native[0]["score"] == pytest.approx(out["score"][1], abs=1e-5)
+    lv = local_version(cfg, f"{NAME}@champion")
+    ours = Predictor.from_dir(lv.model_dir, lv.files_dir).predict([{"text": long_text}])[0]
+    assert ours["label"] == out["label"][1] and ours["score"] == pytest.approx(out["score"][1], abs=1e-4)
