@@ -399,12 +399,13 @@ def models_serve(
     sp = cfg.params.serve
     if exposure_warning(sp.host):
         typer.echo(exposure_warning(sp.host), err=True)
-    accelerator = sp.accelerator()  # --device cuda without a GPU: one error line before anything is loaded
+    sp.accelerator()  # --device cuda without a GPU: one error line before anything is loaded
     ref = ModelRef.parse(model, sp.alias)
     # Load it once here: a missing model or export is a one-line error now, not a worker that never becomes ready
     # (and the version's files are then cached for the worker).
-    loaded = Served(cfg, ref.name, resolve_version(c, ref), sp.backend, sp.max_batch_size, accelerator)
-    serve(ref, (str(Path(params).resolve()), profile, overrides), sp, cfg.state, task=loaded.task,
+    # (On the CPU: the worker loads it on serve.device; CUDA is never initialised in the process LitServe forks.)
+    task = Served(cfg, ref.name, resolve_version(c, ref), sp.backend, sp.max_batch_size, "cpu").task
+    serve(ref, (str(Path(params).resolve()), profile, overrides), sp, cfg.state, task=task,
           log=lambda m: typer.echo(m, err=True))
 
 

@@ -50,9 +50,11 @@ with warnings.catch_warnings():
         def load_context(self, context):
             from bertpipe.export.infer import Predictor
 
-            backend = (getattr(context, "model_config", None) or {}).get("backend", "torch")
+            conf = getattr(context, "model_config", None) or {}
+            # device auto: the GPU when the loading machine has one (model_config={"device": "cpu"} to force it)
             self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
-                                                backend=backend)
+                                                backend=conf.get("backend", "torch"),
+                                                device=conf.get("device", "auto"))
 
         def predict(self, context, model_input, params=None):
             return self.predictor.predict(to_records(model_input, self.predictor.type))

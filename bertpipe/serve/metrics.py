@@ -4,7 +4,8 @@ Requests are counted and timed in LitServe's API-server process (the Guard), bat
 the inference worker: two processes, so each writes its values to files under ``PROMETHEUS_MULTIPROC_DIR`` and
 `GET /metrics` merges them (``MultiProcessCollector``). ``enable`` must run before prometheus_client is imported
 in any of those processes — the API server is forked from the main process and the worker is spawned with its
-environment — so this module imports prometheus_client only inside functions.
+environment — so this module imports prometheus_client only inside functions (``enable`` copes with an earlier
+import).
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ def enable() -> str:
     """A fresh metrics dir for this service (removed by ``disable``)."""
     import sys
 
-    if "prometheus_client" in sys.modules and not os.environ.get(ENV):
-        # imported without the env: its values would stay in this process's memory and /metrics would miss them
-        raise RuntimeError("prometheus_client was imported before bertpipe.serve.metrics.enable()")
     d = tempfile.mkdtemp(prefix="bertpipe-metrics-")
     os.environ[ENV] = d
+    if "prometheus_client" in sys.modules:
+        # imported before (Prefect imports it): its value class was chosen without the env, and values would stay in
+        # this process's memory where /metrics cannot see them. Metrics read the class when they are created (ours
+        # are created lazily, after this), so choosing it again is enough.
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()
     return d
 
 
