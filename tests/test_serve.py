@@ -73,6 +73,25 @@ def test_one_failing_request_fails_alone():
     assert predict_isolated(predict, [[{"text": "a"}], [{"text": "b"}]]) == [[{"label": "neg", "score": 0.9}]] * 2
 
 
+@pytest.mark.parametrize("kind,field", [("text", "text"), ("qa", "question")])
+def test_openapi_shows_the_typed_request_and_responses(kind, field, tmp_path):
+    import litserve as ls
+
+    from bertpipe.serve.app import QAModelAPI, RegistryModelAPI
+    from bertpipe.serve.params import ServeParams
+    from bertpipe.serve.predictor import ModelRef
+
+    api = (QAModelAPI if kind == "qa" else RegistryModelAPI)(ModelRef("m", "champion"), ("p", None, []),
+                                                             ServeParams(), tmp_path / "state.json")
+    schema = ls.LitServer(api, accelerator="cpu").app.openapi()  # the worker (setup) is not started
+    post = schema["paths"]["/predict"]["post"]
+    ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    req = schema["components"]["schemas"][ref]
+    assert field in req["properties"] and req["examples"], req
+    answers = post["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {a["$ref"].rsplit("/", 1)[1] for a in answers} >= {"LabelResponse", "EntitiesResponse", "BatchResponse"}
+
+
 def test_exposure_warning():
     assert exposure_warning("127.0.0.1") is None and exposure_warning("localhost") is None
     assert exposure_warning("::1") is None
