@@ -41,6 +41,8 @@ class Shared:
 class Guard:
     def __init__(self, app, sp: ServeParams, kind: str, shared: Shared, refresh_info=None):
         self.app, self.sp, self.kind, self.shared, self.refresh_info = app, sp, kind, shared, refresh_info
+        self._waiting: dict = {}  # request task -> {"responded", "killed"} while it waits for the worker
+        self._watcher = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/info" and self.refresh_info:
@@ -80,7 +82,10 @@ class Guard:
                 sh.inflight.value -= 1
 
     async def _pass_on(self, scope, body: bytes, receive, send) -> int:
-        sent, started, status = False, None, [0]
+        sent, status = False, [0]
+        started = None
+        me = asyncio.current_task()
+        state = {"responded": False, "killed": False}
 
         async def replay():
             nonlocal sent
@@ -102,49 +107,78 @@ class Guard:
                         head["status"] = int(json.loads(msg["body"]).get("status", 500))
                     except ValueError:
                         head["status"] = 500
-                status[0] = head["status"]
+                status[0], state["responded"] = head["status"], True
                 await send(head)
             await send(msg)
 
         # The body is JSON whatever the client's Content-Type said (curl -d sends form-urlencoded).
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
         scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
-        gen = self.shared.worker_gen.value
-        task = asyncio.ensure_future(self.app(scope, replay, send_marked))
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.2)
-            if done:
-                task.result()
-                return status[0]
-            if self.shared.worker_gen.value != gen and not status[0]:
-                # The worker that had this request died: answer now instead of after serve.request_timeout_s.
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-                return await _reply(send, 503, "the model worker died while answering; retry",
-                                    retry=self.sp.retry_after_s)
+        self._waiting[me] = state
+        self._watch()
+        try:
+            await self.app(scope, replay, send_marked)
+            return status[0]
+        except asyncio.CancelledError:
+            if not state["killed"]:
+                raise
+            _uncancel(me)
+            # The worker that had this request died: answer now instead of after serve.request_timeout_s.
+            return await _reply(send, 503, "the model worker died while answering; retry",
+                                retry=self.sp.retry_after_s)
+        finally:
+            self._waiting.pop(me, None)
+
+    def _watch(self) -> None:
+        """One watcher per event loop (not a poll per request): when the supervisor counts a dead worker, the
+        requests waiting for an answer at that moment are cancelled and answered 503."""
+        if self._watcher is not None and not self._watcher.done():
+            return
+
+        async def watch():
+            gen = self.shared.worker_gen.value
+            while True:
+                await asyncio.sleep(0.1)
+                if self.shared.worker_gen.value != gen:
+                    gen = self.shared.worker_gen.value
+                    for task, state in list(self._waiting.items()):
+                        if not state["responded"]:
+                            state["killed"] = True
+                            task.cancel()
+
+        self._watcher = asyncio.get_running_loop().create_task(watch())
+
+
+def _uncancel(task) -> None:
+    if hasattr(task, "uncancel"):  # Python 3.11+: the cancellation was handled here
+        task.uncancel()
 
 
 async def _read_body(receive, max_bytes: int, timeout_s: float) -> tuple[bytes, tuple | None]:
-    """The whole body, or (b"", (status, reason)) when it is too big or does not arrive within ``timeout_s``."""
+    """The whole body, or (b"", (status, reason)) when it is too big or does not arrive within ``timeout_s``.
+    (One timer for the whole body, not a wait_for task per chunk: this runs for every request.)"""
     chunks, size = [], 0
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            msg = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
-        except asyncio.TimeoutError:
-            return b"", (408, f"the request body did not arrive within {timeout_s:g} s")
-        if msg["type"] == "http.disconnect":
-            return b"", (400, "client disconnected before the body was complete")
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            return b"", (413, f"body over {max_bytes} bytes")
-        chunks.append(chunk)
-        if not msg.get("more_body"):
-            return b"".join(chunks), None
+    me, expired = asyncio.current_task(), []
+    timer = asyncio.get_running_loop().call_later(timeout_s, lambda: (expired.append(1), me.cancel()))
+    try:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return b"", (400, "client disconnected before the body was complete")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > max_bytes:
+                return b"", (413, f"body over {max_bytes} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body"):
+                return b"".join(chunks), None
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        _uncancel(me)
+        return b"", (408, f"the request body did not arrive within {timeout_s:g} s")
+    finally:
+        timer.cancel()
 
 
 async def _reply(send, status: int, reason: str, retry: int | None = None) -> int:
