@@ -389,9 +389,11 @@ def test_champion_truncates_long_text_however_it_is_loaded(registry):
         pipe = mlflow.transformers.load_model(uri)
         assert pipe.tokenizer.model_max_length == 64
         native = pipe([long_text, head], truncation=True)
+        by_default = mlflow.transformers.load_model(uri, truncation=True)(long_text)  # what docs/serving.md says
     assert len(out) == 3 and set(out["label"]) <= {"neg", "pos"}
     assert out["label"][1] == out["label"][2] and out["score"][1] == pytest.approx(out["score"][2], abs=1e-5)
     assert native[0]["score"] == pytest.approx(out["score"][1], abs=1e-5)
+    assert by_default[0]["score"] == pytest.approx(out["score"][1], abs=1e-5)
     lv = local_version(cfg, f"{NAME}@champion")
     ours = Predictor.from_dir(lv.model_dir, lv.files_dir).predict([{"text": long_text}])[0]
     assert ours["label"] == out["label"][1] and ours["score"] == pytest.approx(out["score"][1], abs=1e-4)
