@@ -385,21 +385,28 @@ def models_serve(
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="serve.max_batch_size (1: off)"),
     backend: Optional[str] = typer.Option(None, "--backend", help="torch, onnx or int8 (serve.backend; the ONNX "
                                           "files registered with the version)"),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda (serve.device; auto: the GPU "
+                                         "when there is one)"),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    from bertpipe.serve.app import serve
+    from bertpipe.serve.app import exposure_warning, serve
     from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 
     extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size),
-                                            ("backend", backend)) if v is not None]
+                                            ("backend", backend), ("device", device)) if v is not None]
     overrides = list(set_ or []) + extra
     cfg, c = _registry(params, profile, overrides)
     sp = cfg.params.serve
+    if exposure_warning(sp.host):
+        typer.echo(exposure_warning(sp.host), err=True)
+    sp.accelerator()  # --device cuda without a GPU: one error line before anything is loaded
     ref = ModelRef.parse(model, sp.alias)
     # Load it once here: a missing model or export is a one-line error now, not a worker that never becomes ready
     # (and the version's files are then cached for the worker).
-    Served(cfg, ref.name, resolve_version(c, ref), sp.backend, sp.max_batch_size)
-    serve(ref, (str(Path(params).resolve()), profile, overrides), sp, cfg.state, log=lambda m: typer.echo(m, err=True))
+    # (On the CPU: the worker loads it on serve.device; CUDA is never initialised in the process LitServe forks.)
+    task = Served(cfg, ref.name, resolve_version(c, ref), sp.backend, sp.max_batch_size, "cpu").task
+    serve(ref, (str(Path(params).resolve()), profile, overrides), sp, cfg.state, task=task,
+          log=lambda m: typer.echo(m, err=True))
 
 
 @models_app.command("predict", help="Score a jsonl/csv/txt file with a registered model (NAME, NAME@alias, NAME/3).")
@@ -410,19 +417,22 @@ def models_predict(
     output: str = typer.Option(..., "--output", "-o", help="jsonl: one line per input line, in order."),
     backend: str = typer.Option("torch", "--backend", help="torch, onnx or int8 (the version's export files)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (auto: the GPU when there is one)."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad line (default: report it, go on)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ) -> None:
     from bertpipe.export.batch import predict_file
-    from bertpipe.export.infer import Predictor
+    from bertpipe.export.infer import Predictor, resolve_device
     from bertpipe.register.artifacts import local_version
 
     cfg = load(params, profile, set_)
+    device = resolve_device(device)
     lv = local_version(cfg, model)
-    predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size)
+    predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size,
+                                   device=device)
     stats = predict_file(predictor, Path(input_), Path(output), strict=strict)
-    typer.echo(f"{lv.name} v{lv.version} ({backend}): {stats['predicted']} of {stats['lines']} lines predicted, "
-               f"{stats['bad']} bad -> {output}")
+    typer.echo(f"{lv.name} v{lv.version} ({backend}, {device}): {stats['predicted']} of {stats['lines']} lines "
+               f"predicted, {stats['bad']} bad -> {output}")
 
 
 def main() -> None:  # pragma: no cover

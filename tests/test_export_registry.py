@@ -138,3 +138,42 @@ def test_models_predict_classification_from_the_transformers_flavor(registered, 
         labels[backend] = [r["prediction"]["label"] for r in rows]
         assert all(0.5 <= r["prediction"]["score"] <= 1.0 for r in rows)
     assert labels["torch"] == ["pos", "neg", "pos"] and labels["int8"] == labels["torch"]
+
+
+class Counting:
+    """A real model that counts the feature rows it is asked to score."""
+
+    def __init__(self, model):
+        self.model, self.rows = model, 0
+        self.training = False
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def eval(self):
+        return self
+
+    def train(self, mode: bool = True):
+        return self
+
+    def __call__(self, **batch):
+        self.rows += len(batch["input_ids"])
+        return self.model(**batch)
+
+
+@pytest.mark.slow
+def test_export_checks_score_each_backend_once(registered):
+    """Issue 20 (4): the export checks ran the whole test split twice per backend (raw outputs, then score)."""
+    from types import SimpleNamespace
+
+    from bertpipe.export.onnx import OrtModel, load_torch
+    from bertpipe.export.stage import _task_checks
+
+    root, cfg = registered
+    model_dir = root / "work" / "finetune" / "cls" / "adapted" / "model"
+    onnx = root / "work" / "export" / "cls" / "model.onnx"
+    ctx = SimpleNamespace(cfg=cfg, params=cfg.params.export, log=lambda m: None)
+    backends = {"torch": Counting(load_torch(model_dir)), "onnx": Counting(OrtModel(onnx))}
+    checks = _task_checks(ctx, "cls", model_dir, backends)
+    assert checks["features"] > 0
+    assert [b.rows for b in backends.values()] == [checks["features"]] * 2

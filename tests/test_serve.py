@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from e2e_project import BIN, env_for  # noqa: E402
 from serve_registry import build_registry  # noqa: E402
 
-from bertpipe.serve.app import validate  # noqa: E402
+from bertpipe.serve.app import exposure_warning, predict_isolated, respond  # noqa: E402
+from bertpipe.serve.schema import TextRequest, decode  # noqa: E402
 
 NAME = "bertpipe-sentiment"
 
@@ -29,22 +30,73 @@ NAME = "bertpipe-sentiment"
 
 @pytest.mark.parametrize("body,kind,status,words", [
     (b'{"text": "\xe5\xa5\xbd"}', "text", None, ""),
+    (b'{"text": ["a", "b"]}', "text", None, ""),
     (b"\xff\xfe{}", "text", 400, "UTF-8"),
     (b'{"text": "a"', "text", 400, "not JSON"),
+    (b'{"text": "\\ud800abc"}', "text", 400, "not JSON"),  # a lone surrogate: json.loads let it through
+    (b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "text", 400, "recursion"),  # was RecursionError -> 500
     (b'["a"]', "text", 422, "JSON object"),
     (b'{"txt": "a"}', "text", 422, "unknown: txt"),
     (b'{"text": 3}', "text", 422, "string"),
+    (b'{"text": [1]}', "text", 422, "string"),
     (b'{"text": "   "}', "text", 422, "empty"),
+    (b'{"text": []}', "text", 422, "empty list"),
+    (b'{"text": ["a", " "]}', "text", 422, '"text"[1] is empty'),
     (b'{"text": "' + b"a" * 101 + b'"}', "text", 413, "limit is 100"),
+    (b'{"text": ["a", "a", "a", "a"]}', "text", 413, "4 items; the limit is 3"),
     (b'{"question": "q", "context": "c"}', "qa", None, ""),
+    (b'{"question": ["q"], "context": "c"}', "qa", 422, "lists of one length"),
     (b'{"text": "q"}', "qa", 422, '"question", "context"'),
 ])
-def test_validate(body, kind, status, words):
-    got = validate(body, kind, max_chars=100)
+def test_decode(body, kind, status, words):
+    got = decode(body, kind, max_chars=100, max_items=3)
     if status is None:
-        assert got is None
+        assert not isinstance(got, tuple), got
     else:
-        assert got[0] == status and words in got[1], got
+        assert isinstance(got, tuple) and got[0] == status and words in got[1] and "\n" not in got[1], got
+
+
+def test_one_failing_request_fails_alone():
+    """A request the model raises on gets its own error; the others of its batch are answered."""
+
+    def predict(records):
+        if any(r["text"] == "boom" for r in records):
+            raise ValueError("cannot tokenize")
+        return [{"label": "pos" if "好" in r["text"] else "neg", "score": 0.9} for r in records]
+
+    reqs = [TextRequest(text="很好"), TextRequest(text="boom"), TextRequest(text=["坏", "好"])]
+    outs = predict_isolated(predict, [r.records() for r in reqs])
+    answers = [respond("m", "1", r, o) for r, o in zip(reqs, outs)]
+    assert answers[0] == {"model": "m", "version": "1", "label": "pos", "score": 0.9}
+    assert answers[1]["status"] == 500 and "error" in answers[1]
+    assert [p["label"] for p in answers[2]["predictions"]] == ["neg", "pos"]
+    assert predict_isolated(predict, [[{"text": "a"}], [{"text": "b"}]]) == [[{"label": "neg", "score": 0.9}]] * 2
+
+
+@pytest.mark.parametrize("kind,field", [("text", "text"), ("qa", "question")])
+def test_openapi_shows_the_typed_request_and_responses(kind, field, tmp_path):
+    import litserve as ls
+
+    from bertpipe.serve.app import QAModelAPI, RegistryModelAPI
+    from bertpipe.serve.params import ServeParams
+    from bertpipe.serve.predictor import ModelRef
+
+    api = (QAModelAPI if kind == "qa" else RegistryModelAPI)(ModelRef("m", "champion"), ("p", None, []),
+                                                             ServeParams(), tmp_path / "state.json")
+    schema = ls.LitServer(api, accelerator="cpu").app.openapi()  # the worker (setup) is not started
+    post = schema["paths"]["/predict"]["post"]
+    ref = post["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    req = schema["components"]["schemas"][ref]
+    assert field in req["properties"] and req["examples"], req
+    answers = post["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
+    assert {a["$ref"].rsplit("/", 1)[1] for a in answers} >= {"LabelResponse", "EntitiesResponse", "BatchResponse"}
+
+
+def test_exposure_warning():
+    assert exposure_warning("127.0.0.1") is None and exposure_warning("localhost") is None
+    assert exposure_warning("::1") is None
+    for host in ("0.0.0.0", "::", "192.168.1.5", "myhost"):
+        assert "no authentication" in exposure_warning(host)
 
 
 # ---------------------------------------------------------------- the real service
@@ -102,6 +154,12 @@ class Service:
     def get(self, path: str):
         return self.request("GET", path, timeout=5)
 
+    def raw(self, path: str) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            return r.read().decode()
+
     def predict(self, text: str, timeout: float = 60):
         return self.request("POST", "/predict", json.dumps({"text": text}, ensure_ascii=False).encode(), timeout)
 
@@ -158,7 +216,7 @@ def test_serves_batches_follows_alias_and_refuses_bad_input(registry):
 
 
 @pytest.mark.slow
-def test_overload_gets_503_and_sigterm_finishes_in_flight(registry):
+def test_overload_and_a_killed_worker_get_503_and_sigterm_finishes_in_flight(registry):
     # A long batch wait keeps requests queued, so the bound is reached; max_queue 4 admits four at a time.
     svc = Service(registry, "serve.max_queue=4", "serve.batch_wait_ms=1500", "serve.max_batch_size=64")
     try:
@@ -169,6 +227,23 @@ def test_overload_gets_503_and_sigterm_finishes_in_flight(registry):
         refused = [a for a in answers if a[0] == 503]
         assert all(a[2].get("retry-after") or a[2].get("Retry-After") for a in refused)
         assert svc.get("/health")[1]["rejected"] >= len(refused)
+        # Issue 23 (6): SIGKILL the inference worker while it holds a request (waiting 1.5 s for company): that
+        # request gets 503 + Retry-After at once instead of hanging; so do new ones until the restarted worker is
+        # ready; then the service answers again (it used to log "Worker died; shutting down" and exit).
+        with cf.ThreadPoolExecutor(1) as ex:
+            held = ex.submit(svc.predict, "很好", 30)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            os.kill(svc.get("/health")[1]["worker_pid"], signal.SIGKILL)
+            status, out, headers = held.result()
+        assert status == 503 and time.monotonic() - t0 < 10, out
+        assert "retry-after" in {k.lower() for k in headers}
+        deadline = time.monotonic() + 120
+        while svc.get("/health")[0] != 200:
+            assert time.monotonic() < deadline and svc.proc.poll() is None, svc.output()
+            assert svc.predict("好", 10)[0] == 503
+            time.sleep(0.5)
+        assert svc.get("/health")[1]["worker_restarts"] == 1 and svc.predict("很好")[0] == 200
         # In-flight requests when SIGTERM arrives still get their answers; then the process exits 0.
         with cf.ThreadPoolExecutor(3) as ex:
             futures = [ex.submit(svc.predict, "好") for _ in range(3)]
@@ -213,14 +288,112 @@ def test_mlflow_models_serve_answers_the_champion(registry):
                 assert time.monotonic() < deadline, "mlflow models serve never answered /ping"
                 time.sleep(1)
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", method="POST",
-                                     data=json.dumps({"inputs": ["这个产品很好"]}, ensure_ascii=False).encode(),
+                                     data=json.dumps({"inputs": ["这个产品很好", "这" * 300]},
+                                                     ensure_ascii=False).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             out = json.loads(r.read())
-        assert r.status == 200 and out["predictions"][0]["label"] in ("neg", "pos"), out
+        # the second text is past the 64 positions: truncated by the flavor's model_config (issue 23 (11))
+        assert r.status == 200 and [p["label"] in ("neg", "pos") for p in out["predictions"]] == [True, True], out
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _slow_body(port: int) -> socket.socket:
+    """A connection that sends its headers and one byte of a 100-byte body, then nothing."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    return s
+
+
+@pytest.mark.slow
+def test_no_request_can_break_another(registry):
+    """Issue 23 (3)-(5) on real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker:
+    test_overload_...); and issue 22 (5): lists of texts, typed OpenAPI, /metrics, the version in /info."""
+    svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50")
+    try:
+        # (3) a lone surrogate inside a burst of valid requests: it alone is refused, every other one answered.
+        bad = b'{"text": "\\ud800abc"}'
+        with cf.ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(svc.predict, "很好") for _ in range(6)] + [ex.submit(svc.request, "POST", "/predict", bad)]
+            futs += [ex.submit(svc.predict, "太坏了") for _ in range(6)]
+            answers = [f.result() for f in futs]
+        assert [a[0] for a in answers] == [200] * 6 + [400] + [200] * 6, answers
+        # (4) nesting 10,000 deep: a 4xx, not RecursionError -> 500
+        status, out, _ = svc.request("POST", "/predict", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
+        assert status == 400 and "\n" not in out["error"], out
+        # (5) more slow senders than max_queue: real requests still get through; the slow ones get 408.
+        slow = [_slow_body(svc.port) for _ in range(12)]
+        try:
+            time.sleep(0.3)
+            assert all(svc.predict("很好")[0] == 200 for _ in range(3))
+            for s in slow:
+                s.settimeout(10)
+                assert s.recv(100).startswith(b"HTTP/1.1 408"), "a slow body was not timed out"
+        finally:
+            for s in slow:
+                s.close()
+        # Issue 22 (5): a list of texts in one request, answered in order; typed schema; metrics; version in /info.
+        served = svc.get("/health")[1]["version"]  # the champion (an earlier test of this module may promote v2)
+        status, out, _ = svc.request("POST", "/predict", json.dumps({"text": ["很好很好", "太坏了"]}).encode())
+        assert status == 200 and out["version"] == served and len(out["predictions"]) == 2, out
+        assert [p["label"] for p in out["predictions"]] == [svc.predict(t)[1]["label"] for t in ("很好很好", "太坏了")]
+        schema = svc.get("/openapi.json")[1]
+        assert "text" in schema["components"]["schemas"]["TextRequest"]["properties"]
+        assert "LabelResponse" in schema["components"]["schemas"]
+        assert svc.get("/info")[1]["model"]["version"] == served
+        metrics = svc.raw("/metrics")
+        assert 'bertpipe_requests_total{status="200"}' in metrics and 'bertpipe_requests_total{status="400"}' in metrics
+        assert "bertpipe_batch_size_count" in metrics and 'bertpipe_model_version{' in metrics
+    finally:
+        rc = svc.stop()
+    assert rc == 0, svc.output()
+
+
+@pytest.mark.slow
+def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
+    import torch
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+
+    p = str(registry / "params.yaml")
+    res = CliRunner().invoke(app, ["models", "serve", "no-such-model", "--host", "0.0.0.0", "--params", p])
+    assert res.exit_code != 0 and "warning: --host 0.0.0.0: the service has no authentication" in res.output
+    if not torch.cuda.is_available():
+        for cmd in (["models", "serve", NAME], ["models", "predict", NAME, "-i", p, "-o", str(registry / "o.jsonl")]):
+            res = CliRunner().invoke(app, cmd + ["--device", "cuda", "--params", p])
+            lines = [ln for ln in res.output.splitlines() if ln.strip()]
+            assert res.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: --device cuda: no CUDA"), \
+                res.output
+
+
+@pytest.mark.slow
+def test_champion_truncates_long_text_however_it_is_loaded(registry):
+    """Issue 23 (11): the README's pyfunc call on a text past the 64-position table used to raise a size mismatch.
+    Every way of loading the transformers-flavor champion now truncates it as `models predict` does (head)."""
+    from bertpipe.config import load_config
+    from bertpipe.export.infer import Predictor
+    from bertpipe.register.artifacts import local_version
+    from bertpipe.tracking import fluent_mlflow
+
+    cfg = load_config(registry / "params.yaml")
+    long_text, head = "这" * 300 + "好", "这" * 62  # 62 characters + [CLS] + [SEP] = the 64 positions
+    uri = f"models:/{NAME}@champion"
+    with fluent_mlflow(cfg) as mlflow:
+        out = mlflow.pyfunc.load_model(uri).predict(["很好", long_text, head])
+        pipe = mlflow.transformers.load_model(uri)
+        assert pipe.tokenizer.model_max_length == 64
+        native = pipe([long_text, head], truncation=True)
+        by_default = mlflow.transformers.load_model(uri, truncation=True)(long_text)  # what docs/serving.md says
+    assert len(out) == 3 and set(out["label"]) <= {"neg", "pos"}
+    assert out["label"][1] == out["label"][2] and out["score"][1] == pytest.approx(out["score"][2], abs=1e-5)
+    assert native[0]["score"] == pytest.approx(out["score"][1], abs=1e-5)
+    assert by_default[0]["score"] == pytest.approx(out["score"][1], abs=1e-5)
+    lv = local_version(cfg, f"{NAME}@champion")
+    ours = Predictor.from_dir(lv.model_dir, lv.files_dir).predict([{"text": long_text}])[0]
+    assert ours["label"] == out["label"][1] and ours["score"] == pytest.approx(out["score"][1], abs=1e-4)

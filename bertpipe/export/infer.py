@@ -47,6 +47,21 @@ def meta_from_config(model_dir: Path) -> dict:
             "max_seq_len": min(int(conf.get("max_position_embeddings", 512)), 512)}
 
 
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one is a user error (a model
+    silently served from the CPU is slower than asked for, and nobody notices)."""
+    import torch
+
+    if name not in ("auto", "cpu") and not name.startswith("cuda"):
+        raise BertpipeError(f"--device {name}: expected auto, cpu or cuda")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise BertpipeError(f"--device {name}: no CUDA GPU is visible to torch (torch {torch.__version__}, "
+                            "torch.cuda.is_available() is False); use --device cpu or auto")
+    return name
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -56,7 +71,7 @@ class Predictor:
     """Scores batches of records with one backend. ``meta`` is a task.json dict (see ``task_meta``)."""
 
     def __init__(self, model_dir: Path | str, meta: dict, backend: str = "torch", onnx_dir: Path | str | None = None,
-                 batch_size: int = 32):
+                 batch_size: int = 32, device: str = "cpu"):
         from transformers import AutoTokenizer
 
         from bertpipe.export.onnx import backend_model
@@ -67,7 +82,8 @@ class Predictor:
             raise BertpipeError(f"{model_dir}: a {self.type} model has no task predictions (not a finetuned head)")
         self.labels = list(meta.get("labels") or [])
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = backend_model(model_dir, backend, onnx_dir)
+        self.device = resolve_device(device)
+        self.model = backend_model(model_dir, backend, onnx_dir, device=self.device)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.batch_size = batch_size
         defaults = {"truncation": "head", "head_tokens": 128, "stride": 128, "window_aggregate": "mean",
@@ -77,9 +93,10 @@ class Predictor:
         self.tp = SimpleNamespace(max_seq_len=int(meta.get("max_seq_len", 128)))
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str, files_dir: Path | str, backend: str = "torch", batch_size: int = 32):
+    def from_dir(cls, model_dir: Path | str, files_dir: Path | str, backend: str = "torch", batch_size: int = 32,
+                 device: str = "cpu"):
         meta = json.loads((Path(files_dir) / "task.json").read_text(encoding="utf-8"))
-        return cls(model_dir, meta, backend, files_dir, batch_size)
+        return cls(model_dir, meta, backend, files_dir, batch_size, device)
 
     def examples(self, records: Sequence[dict]):
         from bertpipe.finetune.data import Example

@@ -87,14 +87,24 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = False) -> None:
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel)
 
 
-def session(path: Path | str, threads: int = 0):
+def providers(device: str = "auto") -> list[str]:
+    """onnxruntime's CUDA provider when this onnxruntime build has it (and the device is not ``cpu``), else the
+    CPU's. The CPU provider stays listed after CUDA: onnxruntime places the few ops CUDA lacks there."""
+    import onnxruntime as ort
+
+    if device != "cpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def session(path: Path | str, threads: int = 0, device: str = "auto"):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads or torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=providers(device))
 
 
 class OrtModel:
@@ -102,8 +112,8 @@ class OrtModel:
 
     training = False
 
-    def __init__(self, path: Path | str, threads: int = 0):
-        self.sess = session(path, threads)
+    def __init__(self, path: Path | str, threads: int = 0, device: str = "auto"):
+        self.sess = session(path, threads, device)
         self.inputs = [i.name for i in self.sess.get_inputs()]
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self._device = torch.zeros(0)
@@ -126,10 +136,12 @@ class OrtModel:
         return SimpleNamespace(**{n: torch.from_numpy(r) for n, r in zip(self.outputs, res)})
 
 
-def backend_model(model_dir: Path | str, backend: str, onnx_dir: Path | str | None = None, threads: int = 0):
-    """The model for ``backend`` (torch | onnx | int8); ONNX files are looked up in ``onnx_dir`` (default model_dir)."""
+def backend_model(model_dir: Path | str, backend: str, onnx_dir: Path | str | None = None, threads: int = 0,
+                  device: str = "cpu"):
+    """The model for ``backend`` (torch | onnx | int8) on ``device``; ONNX files are looked up in ``onnx_dir``
+    (default model_dir)."""
     if backend == "torch":
-        return load_torch(model_dir)
+        return load_torch(model_dir).to(device)
     from bertpipe.errors import BertpipeError
 
     name = {"onnx": ONNX_FILE, "int8": INT8_FILE}.get(backend)
@@ -138,4 +150,4 @@ def backend_model(model_dir: Path | str, backend: str, onnx_dir: Path | str | No
     path = Path(onnx_dir or model_dir) / name
     if not path.is_file():
         raise BertpipeError(f"{path}: no {backend} export (run `bertpipe export` before registering)")
-    return OrtModel(path, threads)
+    return OrtModel(path, threads, device)

@@ -50,7 +50,7 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     primary = PRIMARY[p.type]
     quality, preds = {}, {}
     for n, m in backends.items():
-        flat, _, recs = H.score(m, split, p, labels, pad, ep.batch_size, False)
+        flat, _, recs = H.score(m, split, p, labels, pad, ep.batch_size, False, outs=raw[n])  # scored once
         quality[n] = flat
         key = PRED_KEY.get(p.type, "pred")
         preds[n] = [r[key] for r in recs]
@@ -109,6 +109,8 @@ def build(ctx, key: str, task: str | None) -> dict:
     if not (model_dir / "config.json").is_file():
         raise BertpipeError(f"export/{key}: no saved model at {model_dir}")
     meta = export_onnx(model_dir, ctx.out / ONNX_FILE, ep.opset)
+    # onnxruntime's CUDA provider when it is installed (the sessions' default), else the CPU's; the providers used
+    # are recorded in checks.json
     backends = {"torch": load_torch(model_dir), "onnx": OrtModel(ctx.out / ONNX_FILE)}
     if ep.quantize:
         quantize_int8(ctx.out / ONNX_FILE, ctx.out / INT8_FILE, ep.per_channel)
@@ -118,7 +120,8 @@ def build(ctx, key: str, task: str | None) -> dict:
     if ep.quantize:
         sizes["int8"] = dir_size(ctx.out / INT8_FILE)
     checks.update({"key": key, "task": task, "opset": ep.opset, "atol": ep.atol, "sizes": sizes, **meta,
-                   "exporter": "torch.onnx.export(dynamo=False, dynamic_axes)"})
+                   "exporter": "torch.onnx.export(dynamo=False, dynamic_axes)",
+                   "providers": {n: m.sess.get_providers() for n, m in backends.items() if hasattr(m, "sess")}})
     write_json(ctx.out / "checks.json", checks)
     write_json(ctx.out / "task.json", task_meta(ctx.cfg, task, model_dir))
     (ctx.out / "checks.md").write_text(describe(checks) + "\n", encoding="utf-8")

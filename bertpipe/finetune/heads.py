@@ -153,12 +153,14 @@ def run_model(model: torch.nn.Module, feats: Sequence[dict], pad_id: int, batch_
     return out
 
 
-def score(model, split: Split, p: TaskParams, labels: Sequence[str], pad_id: int, batch_size: int, bf16: bool
-          ) -> tuple[dict, dict, list[dict]]:
-    """(flat metrics, details, prediction records) of ``model`` on a split."""
+def score(model, split: Split, p: TaskParams, labels: Sequence[str], pad_id: int, batch_size: int, bf16: bool,
+          outs: list | None = None) -> tuple[dict, dict, list[dict]]:
+    """(flat metrics, details, prediction records) of ``model`` on a split; ``outs``: its ``run_model`` outputs
+    when the caller already has them (export compares them across backends, and need not run the split twice)."""
     if not split.examples:
         return {}, {}, []
-    outs = run_model(model, split.feats, pad_id, batch_size, bf16)
+    if outs is None:
+        outs = run_model(model, split.feats, pad_id, batch_size, bf16)
     exs = split.examples
     if p.type == "qa":
         best = Q.best_spans(exs, split.feats, [o[0] for o in outs], [o[1] for o in outs], p.n_best, p.max_answer_len)

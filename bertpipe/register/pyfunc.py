@@ -50,12 +50,38 @@ with warnings.catch_warnings():
         def load_context(self, context):
             from bertpipe.export.infer import Predictor
 
-            backend = (getattr(context, "model_config", None) or {}).get("backend", "torch")
+            conf = getattr(context, "model_config", None) or {}
+            # device auto: the GPU when the loading machine has one (model_config={"device": "cpu"} to force it)
             self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
-                                                backend=backend)
+                                                backend=conf.get("backend", "torch"),
+                                                device=conf.get("device", "auto"))
 
         def predict(self, context, model_input, params=None):
             return self.predictor.predict(to_records(model_input, self.predictor.type))
+
+
+# How each pipeline task takes "truncate": MLflow's transformers flavor passes ``model_config`` to every pyfunc predict
+# (so `mlflow.pyfunc.load_model(...)` and `mlflow models serve` too); fill-mask only takes tokenizer kwargs.
+_TRUNCATE = {"fill-mask": {"tokenizer_kwargs": {"truncation": True}}}
+
+
+def flavor_long_text(task: str, model_dir: Path, export_dir: Path | None) -> tuple[int, dict]:
+    """(tokenizer ``model_max_length``, the flavor's ``model_config``) so that a transformers-flavor version
+    truncates long texts at the task's ``max_seq_len`` (task.json; else the model's position table) instead of
+    raising a tensor size mismatch past it. The length lives in the saved tokenizer, so the native flavor truncates
+    there too when asked the way HF pipelines are (``mlflow.transformers.load_model(uri, truncation=True)`` or
+    ``pipe(texts, truncation=True)``). The flavor cannot run bertpipe's head+tail truncation or NER windows; the
+    tasks that need them (NER, QA) are registered as the bertpipe pyfunc, which runs ``Predictor``."""
+    import json
+
+    from bertpipe.export.infer import meta_from_config
+
+    meta_file = export_dir / "task.json" if export_dir is not None else None
+    if meta_file is not None and meta_file.is_file():
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    else:
+        meta = meta_from_config(model_dir)
+    return int(meta["max_seq_len"]), dict(_TRUNCATE.get(task, {"truncation": True}))
 
 
 def log_pyfunc(mlflow, name: str, model_dir: Path, files_dir: Path, input_example, reqs: list[str]) -> str:

@@ -69,11 +69,14 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     else:
         from transformers import AutoTokenizer, pipeline
 
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        from bertpipe.register.pyfunc import flavor_long_text
+
+        max_len, long_text = flavor_long_text(task, model_dir, export_dir)  # long texts truncate, not crash
+        tok = AutoTokenizer.from_pretrained(str(model_dir), model_max_length=max_len)
         pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
         info = mlflow.transformers.log_model(
             pipe, name=name, task=task, input_example=input_example(task, language),
-            pip_requirements=reqs, registered_model_name=name,
+            pip_requirements=reqs, registered_model_name=name, model_config=long_text,
         )
         version = str(info.registered_model_version)
     A.attach_export(mlflow, name, version, export_dir)

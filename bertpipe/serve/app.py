@@ -1,22 +1,29 @@
 """`bertpipe models serve`: a LitServe service for one registered model that follows its registry alias.
 
 Why LitServe (docs/serving.md has the measurements): dynamic batching (max batch size / max wait) and a separate
-inference worker process come with it; it is a FastAPI app, so the guard below is ordinary ASGI middleware.
+inference worker process come with it; it is a FastAPI app, so the guard is ordinary ASGI middleware.
 
 What bertpipe adds around it:
-- ``Guard`` (ASGI middleware, in the API-server thread): every request is checked before it reaches the queue —
-  body size, UTF-8, a JSON object, the task's field names and types, empty/too-long text — and refused with a 4xx and a
-  one-line reason; at most ``max_queue`` requests are admitted at once, beyond that 503 + ``Retry-After``; while
-  draining (SIGTERM/SIGINT) new requests get 503 and in-flight ones finish.
-- ``RegistryModelAPI`` (in the inference worker): loads the version the alias points at, checks the alias every
-  ``poll_s`` in a background thread and swaps in a new version under the same lock the batches run under, so no
-  request is dropped or answered by a half-loaded model; every response names the version that produced it, and a
-  state file lets ``/health`` report it.
+- ``bertpipe.serve.guard.Guard`` (API-server process): every body is read under a timeout and decoded once by the
+  typed request models of ``bertpipe.serve.schema`` before it is admitted; bad ones get a 4xx and a one-line reason,
+  overload 503 + Retry-After, and while draining (SIGTERM/SIGINT) or while the inference worker restarts, 503.
+- ``RegistryModelAPI`` (inference worker): loads the version the alias points at, checks the alias every ``poll_s``
+  in a background thread and swaps in a new version under the same lock the batches run under, so no request is
+  dropped or answered by a half-loaded model; every response names the version that produced it, and a state file
+  lets ``/health`` and ``/info`` report it. A request the model fails on fails alone (its batch is re-run item by
+  item), never its neighbours.
+- A supervisor thread (main process) tells the Guard whether a live, ready worker exists; LitServe's
+  ``restart_workers`` starts a new one when it dies.
+- ``/metrics``: Prometheus (``bertpipe.serve.metrics``).
+
+No ``from __future__ import annotations`` here: LitServe hands the annotations of ``decode_request`` and
+``encode_response`` to FastAPI as types, and strings would not resolve there.
 """
 
-from __future__ import annotations
-
+import ipaddress
 import json
+import logging
+import os
 import signal
 import threading
 import time
@@ -24,8 +31,12 @@ from pathlib import Path
 
 import litserve as ls
 
-from bertpipe.serve.predictor import ModelRef, Served, input_kind, resolve_version
+from bertpipe.serve import metrics as M
 from bertpipe.serve.params import ServeParams
+from bertpipe.serve.predictor import ModelRef, Served, input_kind, resolve_version
+from bertpipe.serve.schema import PredictResponse, QARequest, TextRequest
+
+log_ = logging.getLogger(__name__)
 
 
 class RegistryModelAPI(ls.LitAPI):
@@ -43,17 +54,21 @@ class RegistryModelAPI(ls.LitAPI):
             import torch
 
             torch.set_num_threads(self.sp.num_threads)
+        self.device = str(device)
         self.cfg = load_config(*self.config)
         self.client = client(self.cfg)
         self.lock = threading.Lock()
+        self.model = None
         self.model = self._load(resolve_version(self.client, self.ref))
         if self.ref.alias:  # a pinned version never moves
             threading.Thread(target=self._follow, name="follow-alias", daemon=True).start()
 
     def _load(self, version: str) -> Served:
-        model = Served(self.cfg, self.ref.name, version, self.sp.backend, self.sp.max_batch_size)
+        model = Served(self.cfg, self.ref.name, version, self.sp.backend, self.sp.max_batch_size, self.device)
         _write_state(self.state_file, {"model": self.ref.name, "alias": self.ref.alias, "version": model.version,
-                                       "task": model.task, "backend": self.sp.backend, "loaded_at": time.time()})
+                                       "task": model.task, "backend": self.sp.backend, "device": self.device,
+                                       "worker_pid": os.getpid(), "loaded_at": time.time()})
+        M.serving(self.ref.name, model.version, self.model.version if self.model else None)
         return model
 
     def _follow(self) -> None:
@@ -67,26 +82,65 @@ class RegistryModelAPI(ls.LitAPI):
                 with self.lock:  # loading while a batch runs breaks transformers' meta-device init
                     self.model = self._load(version)
 
-    def decode_request(self, request: dict) -> dict:
-        return request  # validated by Guard before it was queued
+    def decode_request(self, request: TextRequest):  # the annotation is what FastAPI validates and documents
+        return request  # decoded by the Guard (the same type) before it was queued
 
     def batch(self, inputs: list) -> list:
         return list(inputs)
 
-    def predict(self, rows):
-        single = not isinstance(rows, list)
-        rows = [rows] if single else rows
+    def predict(self, reqs):
+        single = not isinstance(reqs, list)
+        reqs = [reqs] if single else reqs
+        groups = [r.records() for r in reqs]
         with self.lock:
             model = self.model
-            preds = model.predict(rows)
-        out = [{"model": self.ref.name, "version": model.version, **p} for p in preds]
-        return out[0] if single else out
+            outs = predict_isolated(model.predict, groups)
+        M.observe_batch(sum(len(g) for g in groups))
+        res = [respond(model.name, model.version, r, o) for r, o in zip(reqs, outs)]
+        return res[0] if single else res
 
     def unbatch(self, output: list) -> list:
         return list(output)
 
-    def encode_response(self, output: dict) -> dict:
+    def encode_response(self, output: dict) -> PredictResponse:
         return output
+
+
+class QAModelAPI(RegistryModelAPI):
+    def decode_request(self, request: QARequest):
+        return request
+
+
+def predict_isolated(predict, groups: list[list[dict]]) -> list:
+    """One model call for every request's records; if it raises, each request alone, so that a request the model
+    cannot handle fails by itself (its entry is the exception) and the rest of the batch is still answered."""
+    try:
+        flat = predict([x for g in groups for x in g])
+        out, i = [], 0
+        for g in groups:
+            out.append(flat[i : i + len(g)])
+            i += len(g)
+        return out
+    except Exception:  # noqa: BLE001 (which request broke it is found below)
+        if len(groups) == 1:
+            log_.exception("prediction failed")
+            return [RuntimeError("prediction failed")]
+    out = []
+    for g in groups:
+        try:
+            out.append(predict(g))
+        except Exception as e:  # noqa: BLE001
+            log_.exception("prediction failed for one request of a batch")
+            out.append(e)
+    return out
+
+
+def respond(name: str, version: str, req, preds) -> dict:
+    if isinstance(preds, Exception):
+        return {"error": f"the model failed on this request ({type(preds).__name__})", "status": 500}
+    if req.many:
+        return {"model": name, "version": version, "predictions": preds}
+    return {"model": name, "version": version, **preds[0]}
 
 
 def _write_state(path: Path, state: dict) -> None:
@@ -95,117 +149,46 @@ def _write_state(path: Path, state: dict) -> None:
     atomic_write_text(path, json.dumps(state))
 
 
-# ---------------------------------------------------------------- API-server side
+def exposure_warning(host: str) -> str | None:
+    """A warning line when ``host`` is reachable from other machines (the service has no authentication)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (f"warning: --host {host}: the service has no authentication and anyone who can reach this machine on "
+            "the network can use it; bind 127.0.0.1 and put an authenticating proxy in front to expose it")
 
 
-class Shared:
-    """Counters shared by the API-server process (forked by LitServe) and the main process that handles signals."""
+def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> None:
+    """Tell the Guard whether a live, ready inference worker exists; count worker deaths (LitServe restarts them)."""
+    from litserve.utils import WorkerSetupStatus
 
-    def __init__(self):
-        import multiprocessing as mp
-
-        self.inflight = mp.Value("i", 0)
-        self.rejected = mp.Value("i", 0)
-        self.draining = mp.Value("b", 0)
-
-
-class Guard:
-    """ASGI middleware: validate, bound and drain."""
-
-    def __init__(self, app, sp: ServeParams, kind_of, shared: Shared):
-        self.app, self.sp, self.kind_of, self.shared = app, sp, kind_of, shared
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/predict":
-            return await self.app(scope, receive, send)
-        if scope["method"] != "POST":
-            return await _reply(send, 405, "use POST with a JSON body")
-        sh = self.shared
-        if sh.draining.value:
-            return await _reply(send, 503, "shutting down", retry=self.sp.retry_after_s)
-        with sh.inflight.get_lock():
-            full = sh.inflight.value >= self.sp.max_queue
-            if not full:
-                sh.inflight.value += 1
-        if full:
-            with sh.rejected.get_lock():
-                sh.rejected.value += 1
-            return await _reply(send, 503, f"queue full ({self.sp.max_queue} requests in flight)",
-                                retry=self.sp.retry_after_s)
+    seen_dead: set[int] = set()
+    while not stop.is_set():
+        procs = list(getattr(server, "inference_workers", None) or [])
+        status = getattr(server, "workers_setup_status", None)
         try:
-            body, too_big = b"", False
-            while True:
-                msg = await receive()
-                body += msg.get("body", b"")
-                if len(body) > self.sp.max_body_bytes:
-                    too_big = True
-                    break
-                if not msg.get("more_body"):
-                    break
-            if too_big:
-                return await _reply(send, 413, f"body over {self.sp.max_body_bytes} bytes")
-            problem = validate(body, self.kind_of(), self.sp.max_text_chars)
-            if problem:
-                return await _reply(send, *problem)
-            sent = False
-
-            async def replay():
-                nonlocal sent
-                if sent:
-                    return await receive()
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            # The body is JSON whatever the client's Content-Type said (curl -d sends form-urlencoded).
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
-            return await self.app(scope, replay, send)
-        finally:
-            with sh.inflight.get_lock():
-                sh.inflight.value -= 1
+            ready = bool(status) and all(v == WorkerSetupStatus.READY for v in status.values())
+        except Exception:  # noqa: BLE001 (the manager is gone: shutting down)
+            ready = False
+        alive = bool(procs) and all(p.is_alive() for p in procs)
+        for p in procs:
+            if not p.is_alive() and p.pid not in seen_dead:
+                seen_dead.add(p.pid)
+                with shared.worker_gen.get_lock():
+                    shared.worker_gen.value += 1
+        shared.worker_up.value = 1 if (alive and ready) else 0
+        stop.wait(every_s)
 
 
-def validate(body: bytes, kind: str, max_chars: int) -> tuple[int, str] | None:
-    """(status, one-line reason) for a bad request body, or None when it is fine."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return 400, f"body is not UTF-8 (byte {e.start})"
-    try:
-        req = json.loads(text)
-    except ValueError as e:
-        return 400, f"body is not JSON ({e.msg} at line {e.lineno} column {e.colno})"
-    if not isinstance(req, dict):
-        return 422, 'expected a JSON object such as {"text": "..."}'
-    fields = ("question", "context") if kind == "qa" else ("text",)
-    missing = [f for f in fields if f not in req]
-    extra = sorted(set(req) - set(fields))
-    if missing or extra:
-        want = ", ".join(f'"{f}"' for f in fields)
-        return 422, f"expected field(s) {want}" + (f"; unknown: {', '.join(extra)}" if extra else "")
-    for f in fields:
-        v = req[f]
-        if not isinstance(v, str):
-            return 422, f'"{f}" must be a string'
-        if not v.strip():
-            return 422, f'"{f}" is empty'
-        if len(v) > max_chars:
-            return 413, f'"{f}" has {len(v)} characters; the limit is {max_chars}'
-    return None
-
-
-async def _reply(send, status: int, reason: str, retry: int | None = None) -> None:
-    body = json.dumps({"error": reason}, ensure_ascii=False).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if retry is not None:
-        headers.append((b"retry-after", str(retry).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, log=print) -> None:
+def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: str = "", log=print) -> None:
     """Run the service until SIGTERM/SIGINT; then stop admitting, let in-flight requests finish, exit."""
-    from fastapi.responses import JSONResponse
+    metrics_dir = M.enable()  # before anything below imports prometheus_client
+    from fastapi.responses import JSONResponse, Response
+
+    from bertpipe.serve.guard import Guard, Shared
 
     state_file = Path(state_dir) / f"serve-{sp.port}.json"
     state_file.unlink(missing_ok=True)
@@ -217,21 +200,39 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, log=pr
         except (OSError, ValueError):
             return {}
 
-    api = RegistryModelAPI(ref, config, sp, state_file)
+    from bertpipe import __version__ as bertpipe_version
+
+    info = {"name": ref.name, "ref": str(ref), "task": task, "backend": sp.backend, "bertpipe": bertpipe_version}
+
+    def refresh_info():
+        s = served()
+        info.update({k: s[k] for k in ("version", "alias", "device", "loaded_at") if k in s})
+
+    kind = input_kind(task)
+    api = (QAModelAPI if kind == "qa" else RegistryModelAPI)(ref, config, sp, state_file)
     server = ls.LitServer(
-        api, accelerator="cpu", devices=1, workers_per_device=1, timeout=sp.request_timeout_s,
-        healthcheck_path="/ready", fast_queue=True, middlewares=[(Guard, {"sp": sp, "shared": shared,
-                                                         "kind_of": lambda: input_kind(served().get("task", ""))})],
+        api, accelerator=sp.accelerator(), devices=1, workers_per_device=1, timeout=sp.request_timeout_s,
+        healthcheck_path="/ready", fast_queue=True, restart_workers=True, model_metadata=info,
+        middlewares=[(Guard, {"sp": sp, "shared": shared, "kind": kind, "refresh_info": refresh_info})],
     )
 
     async def health():
         s = served()
         draining = bool(shared.draining.value)
-        body = {"status": "draining" if draining else ("ok" if s else "loading"), **s,
-                "inflight": shared.inflight.value, "rejected": shared.rejected.value}
-        return JSONResponse(body, status_code=200 if s and not draining else 503)
+        up = bool(shared.worker_up.value)
+        body = {"status": "draining" if draining else ("ok" if s and up else "loading"), **s,
+                "inflight": shared.inflight.value, "rejected": shared.rejected.value,
+                "worker_restarts": shared.worker_gen.value}
+        return JSONResponse(body, status_code=200 if s and up and not draining else 503)
+
+    async def metrics():
+        data, ctype = M.exposition()
+        return Response(data, media_type=ctype)
 
     server.app.add_api_route("/health", health, methods=["GET"])
+    server.app.add_api_route("/metrics", metrics, methods=["GET"])
+    stop = threading.Event()
+    threading.Thread(target=supervise, args=(server, shared, stop), name="supervise-workers", daemon=True).start()
 
     def drain(signum, frame):
         if shared.draining.value:
@@ -243,12 +244,18 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, log=pr
             end = time.monotonic() + sp.graceful_timeout_s
             while shared.inflight.value > 0 and time.monotonic() < end:
                 time.sleep(0.05)
+            stop.set()
             server._shutdown_event.set()  # LitServe's own stop signal (it then joins its workers)
 
         threading.Thread(target=wait_then_stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
-    log(f"serving {ref} on http://{sp.host}:{sp.port}/predict (health: /health)")
-    server.run(host=sp.host, port=sp.port, num_api_servers=1, api_server_worker_type="process",
-               generate_client_file=False, log_level="warning")
+    log(f"serving {ref} on http://{sp.host}:{sp.port}/predict (health: /health, metrics: /metrics, "
+        f"schema: /docs)")
+    try:
+        server.run(host=sp.host, port=sp.port, num_api_servers=1, api_server_worker_type="process",
+                   generate_client_file=False, log_level="warning")
+    finally:
+        stop.set()
+        M.disable(metrics_dir)

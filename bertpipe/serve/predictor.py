@@ -45,13 +45,14 @@ def input_kind(task_type: str) -> str:
 class Served:
     """One loaded version: ``predict(rows)`` -> one dict per row (``entities`` for NER)."""
 
-    def __init__(self, cfg, name: str, version: str, backend: str, batch_size: int):
+    def __init__(self, cfg, name: str, version: str, backend: str, batch_size: int, device: str = "cpu"):
         from bertpipe.export.infer import Predictor
         from bertpipe.register.artifacts import local_version
 
         lv = local_version(cfg, f"{name}/{version}")  # downloaded once per version, cached under paths.state
         self.name, self.version = name, str(version)
-        self.predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size)
+        self.predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size,
+                                            device=device)
         self.task = self.predictor.type
 
     def predict(self, rows: list[dict]) -> list[dict]:
