@@ -58,6 +58,9 @@ def project(root: Path, tok: Path, uri: str | None) -> None:
     params = {
         "paths": {"work": "work", "state": ".bertpipe"},
         "model": {"base": "scratch", "tokenizer": str(tok)},
+        # the flow's graph reads every stage's inputs, so prepare needs a source that exists (it does not run)
+        "prepare": {"general": {"enabled": False},
+                    "domain": {"sources": [{"path": "corpus.txt", "format": "txt", "name": "t"}]}},
         "finetune": {"encoders": ["adapted"], "tasks": {"sentiment": {
             "type": "classification", "format": "jsonl", "train": "sentiment.jsonl"}}},
         "register": {"register_encoder": False, "floor": "none"},
@@ -66,6 +69,7 @@ def project(root: Path, tok: Path, uri: str | None) -> None:
         **({"tracking": {"uri": uri}} if uri else {}),
     }
     root.mkdir(parents=True, exist_ok=True)
+    (root / "corpus.txt").write_text("第一条 为了保护公民的合法权益，制定本法。\n", encoding="utf-8")
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     rows = [("很好", "pos"), ("太差", "neg"), ("不错", "pos"), ("糟糕", "neg")] * 4
     (root / "sentiment.jsonl").write_text("".join(json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n"

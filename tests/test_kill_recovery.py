@@ -78,21 +78,28 @@ def leftovers(root: Path) -> list[str]:
                   ".old-" in p.name)
 
 
-def interrupt(root: Path, stage: str, sig: int, delay: float) -> str:
-    """Start `bertpipe <stage>`, send ``sig`` ``delay`` s after it starts building; what happened, in words."""
-    proc = subprocess.Popen(["bertpipe", stage], cwd=root, env=env_for(root), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    building = threading.Event()
+def watch(argv: list[str], root: Path, marker: str, **popen) -> tuple[subprocess.Popen, list[str], threading.Event,
+                                                                       threading.Thread]:
+    """Start ``argv`` in ``root``; a thread collects its stderr lines and sets the event once one holds ``marker``."""
+    proc = subprocess.Popen(argv, cwd=root, env=env_for(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, **popen)
+    seen = threading.Event()
     lines: list[str] = []
 
     def read() -> None:
         for line in proc.stderr:
             lines.append(line)
-            if f"[{stage}] building" in line:
-                building.set()
+            if marker in line:
+                seen.set()
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
+    return proc, lines, seen, t
+
+
+def interrupt(root: Path, stage: str, sig: int, delay: float) -> str:
+    """Start `bertpipe <stage>`, send ``sig`` ``delay`` s after it starts building; what happened, in words."""
+    proc, lines, building, t = watch(["bertpipe", stage], root, f"[{stage}] building")
     deadline = time.time() + 600
     while not building.wait(0.05) and proc.poll() is None and time.time() < deadline:
         pass
