@@ -6,8 +6,8 @@
 - aliases: a few hundred bytes of nested anchors (a "billion laughs") load as a small shared graph, but every
   consumer that copies or validates it (deepcopy, pydantic, model_dump) expands it: gigabytes;
 - deep nesting: the composer recurses per level, so a few hundred levels end in a RecursionError traceback.
-Each is refused here with one ``<file>:<line>: ...`` BertpipeError. The limits are far above any real params file
-(the deepest bundled one nests 6 levels and uses no aliases).
+Each is refused here with one ``<file>:<line>: ...`` BertpipeError. The limits are far above what a params file
+needs (sections nest a handful of levels; the bundled params files use no aliases).
 """
 
 from __future__ import annotations
