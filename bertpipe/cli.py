@@ -46,6 +46,13 @@ def user_errors(fn: Callable) -> Callable:
             fail(f"input is not UTF-8 text ({e.reason} at byte {e.start}); convert it first")
         except OSError as e:
             fail(os_error_line(e))
+        except Exception as e:
+            from bertpipe.tracking import unreachable_line  # only now: importing it costs pydantic + config
+
+            line = unreachable_line(e)
+            if line is None:
+                raise
+            fail(line)
         except KeyboardInterrupt as e:
             what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
             end_progress_bars()
@@ -57,7 +64,9 @@ def user_errors(fn: Callable) -> Callable:
 
 def fail(message: str) -> None:
     end_progress_bars()
-    typer.echo(f"error: {BertpipeError(message)}", err=True)
+    from bertpipe.redact import mask_text  # an error may quote a tracking URI with its credentials
+
+    typer.echo(f"error: {mask_text(str(BertpipeError(message)))}", err=True)
     raise typer.Exit(2)
 
 

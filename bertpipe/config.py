@@ -241,18 +241,9 @@ def load_config(
     """Read params.yaml (or use the embedded defaults when ``path`` is None and no params.yaml exists)."""
     src = Path(path) if path is not None else Path(DEFAULT_PARAMS)
     if src.exists():
-        try:
-            data = yaml.safe_load(src.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise utf8_error(src, e) from None
-        except OSError as e:
-            raise BertpipeError(f"{src}: cannot read the params file ({e.strerror or e})") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise BertpipeError(f"{src}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-        if not isinstance(data, dict):
-            raise BertpipeError(f"{src}: expected a mapping of sections at the top level")
+        from bertpipe.yamlio import load_yaml_mapping  # duplicate keys, non-mappings, alias bombs, deep nesting
+
+        data = load_yaml_mapping(src)
     elif path is not None:
         raise BertpipeError(f"{src}: params file does not exist")
     else:

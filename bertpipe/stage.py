@@ -302,8 +302,10 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
                 with contextlib.suppress(OSError):
                     d.rmdir()
-            if isinstance(e, OSError) and (e.errno == errno.ENOSPC or "No space left on device" in str(e)):
-                # pyarrow, torch and zip writers report a full disk without the file name
+            if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or (
+                    isinstance(e, Exception) and "No space left on device" in str(e)):
+                # pyarrow, torch and zip writers report a full disk without the file name; safetensors (a model's
+                # save_pretrained) raises its own SafetensorError, not an OSError
                 raise BertpipeError(f"{out.parent}: no space left on device while building {stage.name} "
                                     "(nothing was kept); free some space and rerun") from None
             raise

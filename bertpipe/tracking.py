@@ -14,13 +14,18 @@ from typing import Any, Iterator
 
 from bertpipe.config import Config
 from bertpipe.orphans import close_orphans, mark_closed, mark_open, owner_tags
+from bertpipe.redact import mask_text, mask_uri
 
 PARENT_ENV = "BERTPIPE_MLFLOW_PARENT_RUN_ID"
 
 
-def quiet_env() -> None:
+def quiet_env(uri: str | None = None) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
+    if uri and display_uri(uri) != uri:
+        # MLflow prints "View run ... at: <tracking URI>/#/..." to stdout when a run ends on a server, credentials
+        # and all; with a credentialed URI that link is not printed (the run summary names the masked URI).
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def tracking_uri(cfg: Config) -> str:
@@ -33,19 +38,22 @@ def tracking_uri(cfg: Config) -> str:
 
 
 def display_uri(uri: str) -> str:
-    """A tracking URI fit to print or store: userinfo (``https://user:secret@host``) is dropped, and so is the value
-    of a query parameter that looks like a credential. Anything else is left exactly as written."""
-    import re
-    from urllib.parse import urlsplit
+    """A tracking URI fit to print or store (credentials dropped): ``bertpipe.redact.mask_uri``, the one masker."""
+    return mask_uri(uri)
 
-    try:
-        netloc = urlsplit(uri).netloc
-    except ValueError:
-        return "<unparseable tracking URI>"
-    if "@" in netloc:
-        uri = uri.replace("//" + netloc, "//" + netloc.rsplit("@", 1)[1], 1)
-    secret = r"[^=&;?#]*(?:password|passwd|pwd|token|secret|key|auth|credential|signature)[^=&;?#]*"
-    return re.sub(rf"([?&;]{secret}=)[^&;#]*", r"\1***", uri, flags=re.I)
+
+def unreachable_line(e: BaseException) -> str | None:
+    """The one error line for "the tracking server did not answer" (an environment problem, not a bug), with the
+    URI MLflow quotes masked; None for any other exception."""
+    if "database is locked" in str(e) and type(e).__name__ in ("MlflowException", "OperationalError"):
+        from bertpipe.sqlite_wait import BUSY_TIMEOUT_S
+
+        return (f"the MLflow sqlite store stayed locked by another process for over {BUSY_TIMEOUT_S} s (another "
+                "bertpipe, an `mlflow ui`, a DB browser?); nothing half-written was kept, rerun when it is free")
+    if type(e).__name__ != "MlflowException" or not str(e).startswith("API request to "):
+        return None
+    msg = mask_text(str(e))
+    return f"MLflow tracking server not reachable: {msg if len(msg) <= 400 else msg[:400] + '...'}"
 
 
 def artifact_root(cfg: Config) -> str:
@@ -56,11 +64,17 @@ _READY: set[str] = set()
 
 
 def client(cfg: Config):
-    quiet_env()
+    uri = tracking_uri(cfg)
+    quiet_env(uri)
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri(cfg)
-    if not uri.startswith("sqlite:") or uri in _READY:
+    if not uri.startswith("sqlite:"):
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    from bertpipe.sqlite_wait import install_busy_timeout, wait_until_unlocked
+
+    install_busy_timeout()
+    wait_until_unlocked(uri)
+    if uri in _READY:
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     # Opening an sqlite store creates and migrates its tables; two flow runs starting at once would race on that,
     # so this process's first open of the store happens under a file lock.
@@ -206,7 +220,7 @@ def _end_after_error(cfg: Config, c, run_id: str, e: BaseException, error_tag: b
         try:
             cl = c if attempt == 0 else client(cfg)
             if error_tag:
-                cl.set_tag(run_id, "bertpipe.error", f"{type(e).__name__}: {e}"[:5000])
+                cl.set_tag(run_id, "bertpipe.error", mask_text(f"{type(e).__name__}: {e}")[:5000])
             cl.set_terminated(run_id, _end_status(e))
             mark_closed(cfg, run_id)
             return
@@ -263,11 +277,11 @@ def fluent_mlflow(cfg: Config) -> Iterator[Any]:
     MLFLOW_REGISTRY_URI; left behind, they would point the next project used in this process (or a plain
     ``MlflowClient(tracking_uri=...)``, whose registry falls back to the global) at this project's registry. So both
     the globals and the environment are reset on exit: bertpipe never relies on mlflow's global URIs."""
-    quiet_env()
+    uri = tracking_uri(cfg)
+    quiet_env(uri)
     import mlflow
 
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:

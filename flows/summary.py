@@ -50,7 +50,7 @@ def registry_lines(cfg) -> list[str]:
 
 def summary(results: dict[str, dict], cfg) -> str:
     """What a person wants at the end: per stage built / cached / skipped, the report, the registry, the UI."""
-    from bertpipe.tracking import tracking_uri
+    from bertpipe.tracking import display_uri, tracking_uri
 
     lines = [stage_line(name, status_of(r), r.get("out", "")) for name, r in results.items()]
     counts = {s: sum(status_of(r) == s for r in results.values()) for s in STATUSES}
@@ -59,5 +59,5 @@ def summary(results: dict[str, dict], cfg) -> str:
     if report.exists():
         lines.append(f"report: {report}")
     lines += registry_lines(cfg)
-    lines.append(f"browse: mlflow ui --backend-store-uri {tracking_uri(cfg)} --host 127.0.0.1 --port 5000")
+    lines.append(f"browse: mlflow ui --backend-store-uri {display_uri(tracking_uri(cfg))} --host 127.0.0.1 --port 5000")
     return "\n".join(lines)

@@ -28,6 +28,11 @@ from tests.e2e_project import FEW_LAWS, env_for, laws_source
 GB = "第一条 为了保护公民的合法权益，制定本法。\n第二条 本法适用于全国。\n".encode("gb18030")
 
 
+# A "billion laughs" of 9 levels x 9 aliases (~350 bytes; 9**9 values once expanded: 3 GB before the loader bounded it)
+BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))).encode()
+
+
 def _rand(n: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(n)
 
@@ -94,6 +99,23 @@ CASES = [
     Case("params-binary", ["config"], r"params\.yaml(:\d+)?: ", _rand(3000, 1)),
     Case("params-bad-yaml", ["config"], r"params\.yaml:\d+: not valid YAML", b"paths: {work: [\n"),
     Case("params-not-mapping", ["config"], r"params\.yaml: expected a mapping", b"- a\n- b\n"),
+    Case("params-duplicate-key", ["config"], r"params\.yaml:3: duplicate key 'paths' \(first at line 1\)",
+         b"paths: {work: w}\nmodel: {language: zh}\npaths: {work: x}\n"),
+    Case("params-duplicate-nested-key", ["config"], r"params\.yaml:3: duplicate key 'max_steps'",
+         b"pretrain:\n  max_steps: 1\n  max_steps: 2\n"),
+    Case("params-duplicate-profile", ["config"], r"params\.yaml:3: duplicate key 'demo'",
+         b"profiles:\n  demo: {pretrain: {max_steps: 1}}\n  demo: {pretrain: {max_steps: 2}}\n"),
+    Case("params-top-false", ["config"], r"params\.yaml: expected a mapping .*\(got False\)", b"false\n"),
+    Case("params-top-zero", ["config"], r"params\.yaml: expected a mapping .*\(got 0\)", b"0\n"),
+    Case("params-top-empty-list", ["config"], r"params\.yaml: expected a mapping .*\(got \[\]\)", b"[]\n"),
+    Case("params-alias-bomb", ["config"], r"params\.yaml: expands to more than [\d,]+ values through its aliases",
+         BOMB),
+    Case("params-too-many-aliases", ["config"], r"params\.yaml:\d+: more than 100 aliases",
+         b"x: &x 1\nl: [" + b", ".join([b"*x"] * 101) + b"]\n"),
+    Case("params-nested-500", ["config"], r"params\.yaml:65: nested deeper than 64 levels",
+         "".join(" " * i + "k:\n" for i in range(500)).encode() + b" " * 500 + b"v: 1\n"),
+    Case("params-flow-nested-500", ["config"], r"params\.yaml:1: nested deeper than 64 levels",
+         b"paths: " + b"[" * 500 + b"]" * 500 + b"\n"),
     Case("params-unknown-key", ["config"], r"params\.yaml: prepare\.bogus: unknown key", {"prepare": {"bogus": 1}}),
     Case("params-wrong-type", ["config"], r"pretrain\.max_steps: .*got 'ten'", {"pretrain": {"max_steps": "ten"}}),
     Case("params-huge-value", ["config"], r"model\.language: .*\(got 'zzz.*chars\)",

@@ -78,21 +78,28 @@ def leftovers(root: Path) -> list[str]:
                   ".old-" in p.name)
 
 
-def interrupt(root: Path, stage: str, sig: int, delay: float) -> str:
-    """Start `bertpipe <stage>`, send ``sig`` ``delay`` s after it starts building; what happened, in words."""
-    proc = subprocess.Popen(["bertpipe", stage], cwd=root, env=env_for(root), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    building = threading.Event()
+def watch(argv: list[str], root: Path, marker: str, **popen) -> tuple[subprocess.Popen, list[str], threading.Event,
+                                                                       threading.Thread]:
+    """Start ``argv`` in ``root``; a thread collects its stderr lines and sets the event once one holds ``marker``."""
+    proc = subprocess.Popen(argv, cwd=root, env=env_for(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, **popen)
+    seen = threading.Event()
     lines: list[str] = []
 
     def read() -> None:
         for line in proc.stderr:
             lines.append(line)
-            if f"[{stage}] building" in line:
-                building.set()
+            if marker in line:
+                seen.set()
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
+    return proc, lines, seen, t
+
+
+def interrupt(root: Path, stage: str, sig: int, delay: float) -> str:
+    """Start `bertpipe <stage>`, send ``sig`` ``delay`` s after it starts building; what happened, in words."""
+    proc, lines, building, t = watch(["bertpipe", stage], root, f"[{stage}] building")
     deadline = time.time() + 600
     while not building.wait(0.05) and proc.poll() is None and time.time() < deadline:
         pass
@@ -153,3 +160,87 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     assert running == [], [(r.info.run_name, r.data.tags.get("bertpipe.pid")) for r in running]
     versions = c.search_model_versions("name = 'bertpipe-sentiment'")
     assert len(versions) == 1, "a killed register left an extra version behind"
+
+
+REGISTER_CHILD = """
+import sys
+from pathlib import Path
+from bertpipe.config import load_config
+from bertpipe.stage import run_stage
+from tests.test_register import register_stage
+root = Path(sys.argv[1])
+run_stage(register_stage(root / "ft" / "good"), load_config(root / "params.yaml"))
+"""
+
+
+def fake_export(root: Path, ft: Path, onnx_mb: int) -> None:
+    """An export stage output for ``ft``'s model, as register finds it: its ONNX files are logged between MLflow
+    creating the version and bertpipe tagging it, which is the gap the SIGKILL below aims at."""
+    exp = root / "export" / "sentiment"
+    exp.mkdir(parents=True)
+    write_json(exp / "manifest.json", {"fingerprint": "exp", "inputs": {"model": {"path": str(ft)}}})
+    for name in ("model.onnx", "model.int8.onnx"):
+        (exp / name).write_bytes(random.Random(name).randbytes(onnx_mb << 20))
+    write_json(exp / "task.json", {"type": "classification", "labels": ["neg", "pos"]})
+    write_json(exp / "checks.json", {"max_abs_diff": {"onnx": 1e-6, "int8": 1e-2}})
+    (exp / "checks.md").write_text("ok\n")
+
+
+def untagged_version(db: Path) -> str | None:
+    """A version row of bertpipe-sentiment with no fingerprint tag yet, read straight from the sqlite store."""
+    import sqlite3
+
+    if not db.exists():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0.05)
+        try:
+            row = con.execute(
+                "SELECT version FROM model_versions WHERE name = 'bertpipe-sentiment' AND version NOT IN "
+                "(SELECT version FROM model_version_tags WHERE name = 'bertpipe-sentiment' "
+                "AND key = 'bertpipe.fingerprint')").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:  # tables not created yet, or the writer holds the lock this instant
+        return None
+    return str(row[0]) if row else None
+
+
+@pytest.mark.slow
+def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_path, zh_tokenizer_dir):
+    """Issue 23.2: SIGKILL once the version row exists and before its fingerprint tag is set (found by polling the
+    store, as the fault campaign did); the rerun finishes that version instead of registering the content again."""
+    import sys
+
+    from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
+
+    from bertpipe.stage import run_stage
+    from bertpipe.tracking import client
+
+    cfg = make_project(tmp_path, register_yaml="register_encoder: false, floor: none")
+    write_baselines(tmp_path)
+    ft = finetune_dir(tmp_path, "good", zh_tokenizer_dir, seed=2, steps=0)
+    fake_export(tmp_path, ft, onnx_mb=48)
+    (tmp_path / "child.py").write_text(REGISTER_CHILD)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "child.py"), str(tmp_path)], cwd=tmp_path,
+                            env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    db, seen, deadline = tmp_path / "state" / "mlflow.db", None, time.time() + 600
+    while proc.poll() is None and time.time() < deadline and seen is None:
+        seen = untagged_version(db)
+        if seen is None:
+            time.sleep(0.002)
+    if seen is None:
+        err = proc.communicate(timeout=600)[1]
+        pytest.fail(f"never saw an untagged version before register ended (rc {proc.returncode}):\n{err[-3000:]}")
+    proc.kill()
+    proc.wait(60)
+    assert untagged_version(db) == seen, "the kill landed after the fingerprint tag: the gap was not hit"
+
+    rec = record(run_stage(register_stage(ft), cfg).out)
+    assert versions(cfg) == [seen] == [rec["version"]], "the rerun registered the same content again"
+    tags = client(cfg).get_model_version("bertpipe-sentiment", seen).tags
+    assert tags["bertpipe.fingerprint"] == "fp-good" and "bertpipe.primary_value" in tags
+    assert tags["bertpipe.export_uri"].startswith("runs:/") and "champion" in rec["aliases"], (tags, rec)
+    # and a third run reuses it as any finished version
+    again = record(run_stage(register_stage(ft), cfg, force=True).out)
+    assert again["reused"] and versions(cfg) == [seen]

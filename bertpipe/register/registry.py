@@ -23,6 +23,9 @@ CHALLENGER = "challenger"
 HISTORY_TAG = "bertpipe.champion_history"
 FINGERPRINT_TAG = "bertpipe.fingerprint"
 ROLLED_BACK_TAG = "bertpipe.rolled_back"
+# Set on the MLflow run before it logs and registers ``<name>``: every version that run creates is tied to the
+# content fingerprint from the moment it exists (see ``claim`` / ``find_unfinished``).
+CLAIM_TAG_PREFIX = "bertpipe.registering."
 
 
 def _lock_target(client) -> Path:
@@ -82,6 +85,36 @@ def find_by_fingerprint(client, name: str, fingerprint: str):
     hits = [v for v in client.search_model_versions(f"name='{name}'")
             if (v.tags or {}).get(FINGERPRINT_TAG) == fingerprint]
     return min(hits, key=lambda v: int(v.version)) if hits else None
+
+
+def claim(client, run_id: str, name: str, fingerprint: str) -> None:
+    """Record on ``run_id`` that it is about to register ``name`` with content ``fingerprint``. MLflow creates the
+    version inside ``log_model`` and bertpipe can tag it only afterwards; a kill in between leaves a version with no
+    fingerprint tag. Because the claim is written first, such a version is still recognisable by its run."""
+    client.set_tag(run_id, CLAIM_TAG_PREFIX + name, fingerprint)
+
+
+def find_unfinished(client, name: str, fingerprint: str):
+    """The oldest version of ``name`` without a fingerprint tag that a run claimed for ``fingerprint`` (a register
+    run killed between creating the version and tagging it), or None. The caller finishes it instead of
+    registering the same content again."""
+    try:
+        client.get_registered_model(name)
+    except Exception:
+        return None
+    claimed: dict[str, bool] = {}
+    for v in sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version)):
+        if FINGERPRINT_TAG in (v.tags or {}) or not v.run_id:
+            continue
+        if v.run_id not in claimed:
+            try:
+                tags = client.get_run(v.run_id).data.tags
+            except Exception:  # the run was deleted: nothing ties this version to any content
+                tags = {}
+            claimed[v.run_id] = tags.get(CLAIM_TAG_PREFIX + name) == fingerprint
+        if claimed[v.run_id]:
+            return v
+    return None
 
 
 def promote(client, name: str, version: str) -> None:

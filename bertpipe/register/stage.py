@@ -131,11 +131,21 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         c.version, c.reused = str(existing.version), True
         ctx.log(f"{c.name}: v{c.version} already holds this content (fingerprint {c.fingerprint[:12]}); reused")
         return
-    ctx.log(f"registering {c.name} ({c.pipeline_task}) from {c.model_dir}")
-    c.version = _log_and_register(mlflow, c.name, c.model_dir, c.pipeline_task, ctx.cfg.params.model.language,
-                                  ctx.params.pip_requirements)
-    # The fingerprint first: it is what makes a rerun after a crash reuse this version. (A crash between MLflow
-    # creating the version and this call would leave an untagged version that a rerun cannot recognise.)
+    from bertpipe.register.registry import claim, find_unfinished
+
+    unfinished = find_unfinished(client, c.name, c.fingerprint)
+    if unfinished is not None:  # created by a register run killed before it tagged it: finish it, not a second one
+        c.version = str(unfinished.version)
+        ctx.log(f"{c.name}: v{c.version} was created by an interrupted run with this content; finishing it")
+        from bertpipe.register import artifacts as A
+
+        A.attach_export(mlflow, c.name, c.version, A.export_dir_for(c.model_dir))
+    else:
+        ctx.log(f"registering {c.name} ({c.pipeline_task}) from {c.model_dir}")
+        claim(client, mlflow.active_run().info.run_id, c.name, c.fingerprint)  # ties the version-to-be to c
+        c.version = _log_and_register(mlflow, c.name, c.model_dir, c.pipeline_task, ctx.cfg.params.model.language,
+                                      ctx.params.pip_requirements)
+    # The fingerprint tag makes later runs reuse this version; until it is set, the run's claim identifies it.
     client.set_model_version_tag(c.name, c.version, FINGERPRINT_TAG, c.fingerprint)
     tags = {"bertpipe.primary_metric": c.metric, "bertpipe.primary_value": f"{c.value:.6f}",
             "bertpipe.test_hash": c.identity,

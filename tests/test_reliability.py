@@ -1,0 +1,209 @@
+"""Faults a user meets on a real project (issue 23, "not yet tried"): the MLflow sqlite store held locked by another
+process during register, two `bertpipe run` at once in one project, a finetune killed half-way, the work dir
+filling up mid-stage. Real `bertpipe` processes, real signals, real sqlite locks, a real tmpfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e_project import env_for
+from tests.test_credentials import bertpipe, project
+from tests.test_kill_recovery import watch
+
+pytestmark = pytest.mark.slow
+
+LOCK_HOLDER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()  # hold it until told
+con.execute("COMMIT")
+"""
+
+
+def register_project(root: Path, tok: Path) -> None:
+    from tests.test_kill_recovery import fake_finetune
+
+    project(root, tok, None)
+    fake_finetune(root, tok)
+    (root / "work" / "pretrain").mkdir(parents=True, exist_ok=True)
+
+
+def test_register_waits_for_an_mlflow_store_another_process_holds_locked(tmp_path, zh_tokenizer_dir):
+    """Before: pysqlite gave up after 5 s and register died with an `OperationalError: database is locked`
+    traceback. Now it says it is waiting, waits, and registers once the lock is gone."""
+    from bertpipe.config import load_config
+    from bertpipe.tracking import client
+
+    root = tmp_path / "proj"
+    register_project(root, zh_tokenizer_dir)
+    client(load_config(root / "params.yaml")).search_experiments()  # the store exists, with its tables
+    db = root / ".bertpipe" / "mlflow.db"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    proc, lines, waiting, t = watch(["bertpipe", "register"], root, "is locked by another process; waiting",
+                                    start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not waiting.wait(0.2) and proc.poll() is None and time.time() < deadline:
+            pass
+        time.sleep(8)  # longer than sqlite's own 5 s default: only a real wait survives this
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(30)
+    rc = proc.wait(600)
+    t.join(30)
+    err = "".join(lines)
+    assert waiting.is_set(), f"no 'waiting' message (rc {rc}):\n{err[-3000:]}"
+    assert rc == 0 and "Traceback" not in err, err[-4000:]
+    c = client(load_config(root / "params.yaml"))
+    assert [str(v.version) for v in c.search_model_versions("name='bertpipe-sentiment'")] == ["1"]
+
+
+# ---------------------------------------------------------------- a finetune: killed, run twice at once, disk full
+
+FT = "finetune/long/base"
+
+
+def finetune_project(root: Path, tok: Path, enc: Path) -> Path:
+    from bertpipe.finetune import synthetic as S
+    from tests.test_finetune_determinism import _long_rows
+
+    root.mkdir(parents=True, exist_ok=True)
+    S.write_jsonl(root / "long.jsonl", _long_rows(160, seed=3))
+    (root / "corpus.txt").write_text("第一条 为了保护公民的合法权益，制定本法。\n", encoding="utf-8")  # a source the graph can see
+    (root / "params.yaml").write_text(f"""
+paths: {{work: work, state: .bertpipe}}
+model: {{base: {enc}, tokenizer: {tok}}}
+prepare: {{general: {{enabled: false}}, domain: {{sources: [{{path: corpus.txt, format: txt, name: t}}]}}}}
+finetune:
+  encoders: [base]
+  train: {{lr: 1.0e-3, epochs: 2, batch_size: 16, max_seq_len: 64, seeds: [1, 2], bf16: false, num_threads: 1}}
+  tasks:
+    long: {{type: classification, format: jsonl, train: long.jsonl}}
+flow: {{max_parallel: 1}}
+""", encoding="utf-8")
+    return root
+
+
+def result(root: Path) -> dict:
+    import hashlib
+
+    out = root / "work" / "finetune" / "long" / "base"
+    m = json.loads((out / "metrics.json").read_text())
+    return {"per_seed": {s: {k: r[k] for k in ("dev", "test", "steps")} for s, r in m["per_seed"].items()},
+            "weights": hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest(),
+            "fingerprint": json.loads((out / "manifest.json").read_text())["fingerprint"]}
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "work").rglob("*") if ".tmp-" in p.name)
+
+
+def no_running_runs(root: Path) -> list[str]:
+    from bertpipe.config import load_config
+    from bertpipe.tracking import client, experiment_id
+
+    cfg = load_config(root / "params.yaml")
+    c = client(cfg)
+    return [r.info.run_name for r in c.search_runs([experiment_id(cfg, c)],
+                                                   filter_string="attributes.status = 'RUNNING'")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, zh_tokenizer_dir):
+    """An uninterrupted `bertpipe tasks` + `bertpipe finetune` (and how long its build took, "building" to "done")."""
+    from bertpipe.finetune.synthetic import tiny_encoder
+
+    base = tmp_path_factory.mktemp("reliability")
+    enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
+    root = finetune_project(base / "whole", zh_tokenizer_dir, enc)
+    assert bertpipe(root, "tasks").returncode == 0
+    r = bertpipe(root, "finetune", "--task", "long")
+    assert r.returncode == 0, r.stderr[-3000:]
+    build = re.search(rf"\[{FT}\] done in ([\d.]+)s", r.stderr)
+    assert build, r.stderr[-3000:]
+    return {"base": base, "enc": enc, "result": result(root), "seconds": float(build.group(1))}
+
+
+def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, zh_tokenizer_dir):
+    root = finetune_project(reference["base"] / "killed", zh_tokenizer_dir, reference["enc"])
+    assert bertpipe(root, "tasks").returncode == 0
+    proc, lines, building, t = watch(["bertpipe", "finetune", "--task", "long"], root, f"[{FT}] building",
+                                     start_new_session=True)
+    assert building.wait(600), "".join(lines)[-3000:]
+    time.sleep(reference["seconds"] / 2)  # about half-way through the build
+    assert proc.poll() is None, "finished before the kill: " + "".join(lines)[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(60)
+    t.join(30)
+    assert not (root / "work" / "finetune" / "long" / "base" / "metrics.json").exists()
+
+    r = bertpipe(root, "finetune", "--task", "long")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert result(root) == reference["result"], "the rerun after a SIGKILL differs from the uninterrupted run"
+    assert leftovers(root) == [] and no_running_runs(root) == []
+
+
+def test_two_runs_at_once_in_one_project_build_once(reference, zh_tokenizer_dir):
+    """Two `bertpipe run --until finetune/long/base` started together: both succeed, the finetune is built by one
+    and found fresh by the other (it waited on the output lock), and the output equals a single run's."""
+    root = finetune_project(reference["base"] / "twice", zh_tokenizer_dir, reference["enc"])
+    procs = [subprocess.Popen(["bertpipe", "run", "--until", FT], cwd=root, env=env_for(root),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for _ in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=900))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            raise
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err[-4000:])
+    statuses = sorted(next(ln.split()[1] for ln in out.splitlines() if ln.startswith(FT)) for out, _ in outs)
+    assert statuses == ["built", "cached"], [o for o, _ in outs]
+    assert result(root) == reference["result"]
+    assert leftovers(root) == [] and no_running_runs(root) == []
+
+
+def test_work_dir_filling_up_mid_finetune_is_one_line_then_a_rerun_completes(reference, zh_tokenizer_dir):
+    """work/ on a tmpfs with room for the task splits and training, not for the saved model: ENOSPC mid-stage is
+    one error line, the temp dir is gone, work/tasks is untouched; with room again the rerun equals a clean run."""
+    import hashlib
+
+    root = finetune_project(reference["base"] / "full", zh_tokenizer_dir, reference["enc"])
+    work = root / "work"
+    work.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(work)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        assert bertpipe(root, "tasks").returncode == 0
+        tasks = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "tasks").rglob("*")
+                 if p.is_file()}
+        r = bertpipe(root, "finetune", "--task", "long")
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-4000:]
+        assert "no space left on device" in errors[0].lower(), errors
+        assert leftovers(root) == [] and not (work / "finetune" / "long" / "base").exists()
+        assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "tasks").rglob("*")
+                if p.is_file()} == tasks
+        subprocess.run(["mount", "-o", "remount,size=64m", str(work)], check=True)
+        r = bertpipe(root, "finetune", "--task", "long")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert result(root) == reference["result"] and no_running_runs(root) == []
+    finally:
+        subprocess.run(["umount", "-l", str(work)], check=False)
