@@ -87,6 +87,12 @@ class FlowParams(Section):
     # prepare's per-document work (cleaning, MinHash) in this many shards; auto: one per cluster worker under the
     # dask runner, 1 elsewhere. Any number gives the same output, so it is not part of prepare's fingerprint.
     prepare_shards: Union[Literal["auto"], Annotated[int, Field(ge=1, le=1024)]] = "auto"
+    # Flow stage tasks: a failure that is not the user's (a tracking-server blip, a crashed child process) is retried
+    # this many times, after retry_delay_s, 2x, 4x... (exponential backoff); a user error (bad params or data) is not.
+    # stage_timeout_s > 0 fails a stage that runs longer (its process is stopped); 0: no limit.
+    stage_retries: int = Field(2, ge=0, le=20)
+    retry_delay_s: float = Field(10.0, ge=0)
+    stage_timeout_s: float = Field(0.0, ge=0)
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.

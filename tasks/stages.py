@@ -90,14 +90,26 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         start = fh.tell()
         fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        with subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
             with _children_lock:
                 _children.add(proc)
+            timeout = cfg.params.flow.stage_timeout_s or None
+            expired = threading.Event()
+            timer = threading.Timer(timeout, lambda: (expired.set(), proc.terminate())) if timeout else None
+            if timer:
+                timer.start()
             try:
+                _relay(proc.stdout, fh, stage_name)
                 proc.wait()
             finally:
+                if timer:
+                    timer.cancel()
+                if proc.poll() is None:  # interrupted here (e.g. Prefect's own timeout): the child goes too
+                    proc.terminate()
                 with _children_lock:
                     _children.discard(proc)
+            if expired.is_set():
+                raise TimeoutError(f"{stage_name}: stopped after flow.stage_timeout_s={timeout:g}s (log {log})")
     with open(log, "rb") as fh:
         fh.seek(start)
         tail = fh.read().decode("utf-8", errors="replace")
@@ -107,6 +119,43 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
             raise BertpipeError(last[len("error: "):])
         raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
+
+
+def _run_logger():
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # no flow or task run context (a direct call): the log file only
+        return None
+
+
+def _relay(pipe, fh, stage_name: str, every_s: float = 10.0) -> None:
+    """Copy the child's output to its log file and, line by line, to the task run's logger, so it reaches the
+    Prefect UI. Progress bars redraw with carriage returns: only one redraw per ``every_s`` is passed on."""
+    logger = _run_logger()
+    buf, last_bar = b"", 0.0
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        fh.write(chunk)
+        fh.flush()
+        if logger is None:
+            continue
+        buf += chunk
+        *done, buf = buf.replace(b"\r\n", b"\n").split(b"\n")
+        for line in done:
+            *redraws, final = line.split(b"\r")
+            text = final.decode("utf-8", errors="replace").strip()
+            if text:
+                logger.info("[%s] %s", stage_name, text)
+        if b"\r" in buf:  # a bar still redrawing on the current line
+            now = time.monotonic()
+            pieces = buf.split(b"\r")
+            if now - last_bar >= every_s and pieces[-2:-1] and pieces[-2].strip():
+                logger.info("[%s] %s", stage_name, pieces[-2].decode("utf-8", errors="replace").strip())
+                last_bar = now
+            buf = pieces[-1]
+    if logger is not None and buf.strip():
+        logger.info("[%s] %s", stage_name, buf.decode("utf-8", errors="replace").strip())
 
 
 def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | None) -> dict:
@@ -147,6 +196,27 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
     return res
 
 
+def transient(task, task_run, state) -> bool:
+    """Retry condition: anything but a user error (BertpipeError: bad params or data, retrying cannot help)."""
+    try:
+        state.result()
+    except BertpipeError:
+        return False
+    except BaseException:
+        return True
+    return False
+
+
 def task_for(stage: Stage, cfg: Config | None = None):
-    """The stage's task: named after the stage, cached by its fingerprint (see FreshOutput)."""
-    return stage_task.with_options(name=stage.name, task_run_name=stage.name, cache_policy=FreshOutput())
+    """The stage's task: named after the stage, cached by its fingerprint (see FreshOutput); with ``cfg``, retried
+    with exponential backoff on transient failures and limited in time per ``flow.stage_retries``/``retry_delay_s``/
+    ``stage_timeout_s``."""
+    opts: dict = {}
+    if cfg is not None:
+        from prefect.tasks import exponential_backoff
+
+        fp = cfg.params.flow
+        opts = {"retries": fp.stage_retries, "retry_condition_fn": transient,
+                "retry_delay_seconds": exponential_backoff(backoff_factor=fp.retry_delay_s) if fp.retry_delay_s else 0,
+                "timeout_seconds": fp.stage_timeout_s or None}
+    return stage_task.with_options(name=stage.name, task_run_name=stage.name, cache_policy=FreshOutput(), **opts)

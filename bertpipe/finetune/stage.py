@@ -126,6 +126,11 @@ def build(ctx, task: str, encoder: str) -> dict:
             shutil.rmtree(ctx.out / "model", ignore_errors=True)
             model.save_pretrained(ctx.out / "model")
             tok.save_pretrained(ctx.out / "model")
+            from bertpipe import modelcard
+
+            modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
+                            base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
+                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
             with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
                 for r in recs:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
