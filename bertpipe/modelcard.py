@@ -24,6 +24,10 @@ def _digest(path: Path) -> str:
     """The content identity of a stage input: its producing stage's fingerprint (the nearest manifest.json), a task
     split's sha256 (splits.json), or "file" for a raw file (the stage fingerprint covers its content)."""
     p = Path(path)
+    s = p / "splits.json"
+    if s.is_file():
+        splits = json.loads(s.read_text(encoding="utf-8")).get("splits", {})
+        return ", ".join(f"{k} sha256 {v['sha256'][:16]}" for k, v in splits.items() if v.get("sha256"))
     for d in (p, *list(p.parents)[:2]):
         m = d / "manifest.json"
         if m.is_file():
@@ -31,10 +35,6 @@ def _digest(path: Path) -> str:
                 return "stage fingerprint " + json.loads(m.read_text(encoding="utf-8"))["fingerprint"][:16]
             except (ValueError, KeyError, OSError):
                 break
-    s = p / "splits.json"
-    if s.is_file():
-        splits = json.loads(s.read_text(encoding="utf-8")).get("splits", {})
-        return ", ".join(f"{k} sha256 {v['sha256'][:16]}" for k, v in splits.items() if v.get("sha256"))
     return "file" if p.exists() else "hub id"
 
 

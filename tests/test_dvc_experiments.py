@@ -16,7 +16,7 @@ import pytest
 from bertpipe.config import dvc_exp_state
 from tests.e2e_project import env_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six stage processes, then two experiments
 
 PARAMS = """profile: tiny
 paths: {work: work, state: .bertpipe}

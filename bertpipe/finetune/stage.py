@@ -153,7 +153,8 @@ def build(ctx, task: str, encoder: str) -> dict:
     # The same curves as rows, for `dvc plots` (evaluate collects them under work/evaluate/plots/).
     write_json(ctx.out / "curves.json", {
         "train_loss": [{"step": st, "loss": v, "seed": s} for s, r in runs.items() for st, v in r.losses],
-        "dev": [{"step": e["step"], primary: e["primary"], "seed": s} for s, r in runs.items() for e in r.evals]})
+        # the metric last: DVC plots it (y) when a plot names no field, as the dev plot (its name varies by task)
+        "dev": [{"step": e["step"], "seed": s, primary: e["primary"]} for s, r in runs.items() for e in r.evals]})
     for name in ("curves.png", "metrics.json", "predictions_test.jsonl"):
         if (ctx.out / name).exists():
             ctx.log_artifact(ctx.out / name)

@@ -163,23 +163,30 @@ def _training_run(client, c: Candidate) -> str | None:
 def _log_inputs(ctx: StageContext, mlflow, c: Candidate) -> None:
     """The data behind the model, as MLflow datasets with their digests (the task splits' sha256; for the encoder,
     the prepared corpus's fingerprint), on the run the version is logged from."""
-    from mlflow.data.artifact_dataset_sources import LocalArtifactDatasetSource
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
     from bertpipe.taskdata import split_info, task_dir
+
+    def local_source(path: str):  # MLflow's "local" source (registered twice: silence its which-one warning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return resolve_dataset_source(path)
 
     if c.ft_dir is not None:
         tdir = task_dir(ctx.cfg, c.task)
         for split, info in ((split_info(tdir) if tdir.is_dir() else {}).get("splits") or {}).items():
             if info.get("sha256"):
-                ds = MetaDataset(LocalArtifactDatasetSource(str(tdir / f"{split}.jsonl")), name=f"{c.task}/{split}",
+                ds = MetaDataset(local_source(str(tdir / f"{split}.jsonl")), name=f"{c.task}/{split}",
                                  digest=info["sha256"][:36])
                 mlflow.log_input(ds, context="training" if split == "train" else split)
     else:
         prep = ctx.cfg.work / "prepare"
         fp = (read_manifest(prep) or {}).get("fingerprint")
         if fp:
-            mlflow.log_input(MetaDataset(LocalArtifactDatasetSource(str(prep / "domain")), name="domain corpus",
+            mlflow.log_input(MetaDataset(local_source(str(prep / "domain")), name="domain corpus",
                                          digest=fp[:36]), context="training")
 
 
