@@ -60,12 +60,15 @@ def _remember(key: str, result: dict) -> None:
 
 _children: set[subprocess.Popen] = set()  # the stage processes this flow process is waiting on
 _children_lock = threading.Lock()
+_stopping = False  # set when the flow process is being stopped (terminate_children)
 
 
 def terminate_children() -> int:
     """SIGTERM every stage process still running for this flow process; each removes its temp dir and closes its
     MLflow run as KILLED (the CLI's handler). Called when the flow is interrupted: the task threads wait on their
     children, so without this a SIGTERM to `bertpipe run` would leave them running to the end. Returns how many."""
+    global _stopping
+    _stopping = True  # the stages these children ran failed because we stopped them: not worth a retry
     with _children_lock:
         live = [p for p in _children if p.poll() is None]
     for p in live:
@@ -197,10 +200,13 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
 
 
 def transient(task, task_run, state) -> bool:
-    """Retry condition: anything but a user error (BertpipeError: bad params or data, retrying cannot help)."""
+    """Retry condition: anything but a user error (BertpipeError: bad params or data, retrying cannot help) or an
+    interruption (Ctrl-C / SIGTERM of the flow, which also stops the stage processes)."""
+    if _stopping:
+        return False
     try:
         state.result()
-    except BertpipeError:
+    except (BertpipeError, KeyboardInterrupt, SystemExit):
         return False
     except BaseException:
         return True
