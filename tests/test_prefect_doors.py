@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e_project import env_for, prefect_server, stop, wait_for, write_project
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SCRIPT = r"""
 import json, sys
@@ -116,7 +116,7 @@ def test_artifacts_child_logs_retries(project):
     assert md and "| t | 0.5 |" in md[0]["data"] and "figures/x.png" not in md[0]["data"]
     # a timeout is transient: retried once (2 runs), then the task fails with the timeout
     (slow,) = out["slow"]
-    assert slow["state"] == "Failed" and slow["runs"] == 2 and "timeout" in slow["message"].lower(), slow
+    assert slow["state"] in ("TimedOut", "Failed") and slow["runs"] == 2 and "timeout" in slow["message"].lower(), slow
     # a user error (a source without the text field) is not retried
     (bad,) = out["bad"]
     assert bad["state"] == "Failed" and bad["runs"] == 1 and "bad.jsonl" in bad["message"], bad
