@@ -105,7 +105,7 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     assert "finetune.train.lr" in cols and not [c for c in cols if c.startswith("profiles.") and ".tiny." not in c]
 
     html = project / "plots"
-    sh(["dvc", "plots", "show", "-o", str(html), "--json"], project)
+    sh(["dvc", "plots", "show", "-o", str(html)], project)
     page = (html / "index.html").read_text()
     for plot in ("plots/confusion", "plots/train_loss", "plots/dev", "figures/confusion_cls_base.png"):
         assert plot in page, plot
