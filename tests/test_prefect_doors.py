@@ -83,7 +83,8 @@ with get_client(sync_client=True) as c:
     dep = c.read_deployment_by_name("domain_adaptation/bertpipe-domain-adaptation")
     runs = c.read_flow_runs()
     print("OUT=" + json.dumps({"schedules": [[s.schedule.cron, s.schedule.timezone] for s in dep.schedules],
-                                "runs": [r.name for r in runs if r.deployment_id == dep.id]}))
+                                # not the runs the scheduler creates ahead for the cron
+                                "runs": [r.name for r in runs if r.deployment_id == dep.id and not r.auto_scheduled]}))
 """
 
 
