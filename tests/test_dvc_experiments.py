@@ -107,7 +107,9 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     html = project / "plots"
     sh(["dvc", "plots", "show", "-o", str(html)], project)
     page = (html / "index.html").read_text()
-    for plot in ("plots/confusion", "plots/train_loss", "plots/dev", "figures/confusion_cls_base.png"):
+    # each declared plot is rendered (DVC names a plot by its path with "/" and "." as "_"; the images by path)
+    for plot in ("plots_confusion_cls_base_json", "plots_train_loss_cls_base_json", "plots_dev_cls_base_json",
+                 "figures/confusion_cls_base.png", "test confusion (rows: true)", "finetune train loss"):
         assert plot in page, plot
 
 
