@@ -15,7 +15,7 @@ import typer
 from bertpipe.errors import BertpipeError, Terminated, raise_terminated
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # typer's --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     no_args_is_help=True,
     help="Domain-adapt, finetune, evaluate and register BERT-family models. Configuration: params.yaml.",
     pretty_exceptions_enable=False,
@@ -29,6 +29,27 @@ ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the
 ProfileOpt = typer.Option(None, "--profile", help="Profile under `profiles:` to apply (overrides `profile:`).")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a param: --set pretrain.max_steps=100 (repeatable).")
 ForceOpt = typer.Option(False, "--force", help="Rebuild even if the output is up to date.")
+JsonOpt = typer.Option(False, "--json", help="Print JSON (for scripts) instead of the table.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from bertpipe import __version__
+
+        typer.echo(f"bertpipe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")):
+    pass
+
+
+def echo_json(value) -> None:
+    import json
+
+    typer.echo(json.dumps(value, indent=1, ensure_ascii=False, default=str))
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -172,14 +193,23 @@ _stage_commands()
 @app.command("stages", help="List the stages of this config's pipeline and whether each is up to date (a stage "
              "is stale when its inputs, params or code changed, or when a stage above it is stale).")
 @user_errors
-def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
+def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+               as_json: bool = JsonOpt,
+               check: bool = typer.Option(False, "--check", help="Exit 1 when any stage is not fresh (for CI).")):
     from bertpipe.freshness import expected
 
     cfg = load(params, profile, set_)
-    for name, f in expected(cfg).items():
-        state = "waiting for inputs" if f.state == "waiting" else f.state
-        note = f"  ({f.reason})" if f.reason and f.state != "waiting" else ""
-        typer.echo(f"{name:40s} {state:20s} {f.fingerprint[:12]}{note}")
+    rows = expected(cfg)
+    if as_json:
+        echo_json([{"stage": n, "state": f.state, "fingerprint": f.fingerprint, "reason": f.reason}
+                   for n, f in rows.items()])
+    else:
+        for name, f in rows.items():
+            state = "waiting for inputs" if f.state == "waiting" else f.state
+            note = f"  ({f.reason})" if f.reason and f.state != "waiting" else ""
+            typer.echo(f"{name:40s} {state:20s} {f.fingerprint[:12]}{note}")
+    if check and not all(f.fresh for f in rows.values()):
+        raise typer.Exit(1)
 
 
 @app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML.")
@@ -335,11 +365,14 @@ def _registry(params: str, profile, set_):
 
 @models_app.command("list", help="Registered models with their latest version and aliases.")
 @user_errors
-def models_list(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt):
+def models_list(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+                as_json: bool = JsonOpt):
     from bertpipe.register.registry import describe_models
 
     cfg, c = _registry(params, profile, set_)
     rows = describe_models(c)
+    if as_json:
+        return echo_json(rows)
     if not rows:
         typer.echo("no registered models")
     for r in rows:
@@ -350,12 +383,16 @@ def models_list(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, se
 @models_app.command("show", help="Every version of a registered model: aliases, primary metric, decision.")
 @user_errors
 def models_show(
-    name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt
+    name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    as_json: bool = JsonOpt,
 ):
     from bertpipe.register.registry import describe_versions
 
     cfg, c = _registry(params, profile, set_)
-    for r in describe_versions(c, name):
+    rows = describe_versions(c, name)
+    if as_json:
+        return echo_json(rows)
+    for r in rows:
         aliases = ",".join(r["aliases"]) or "-"
         typer.echo(f"v{r['version']:<4} {aliases:22s} {r['metric']}={r['value']}  {r['decision']}")
 

@@ -1,7 +1,10 @@
 """params.yaml: the single source of configuration for the CLI, the Prefect flows and dvc.yaml.
 
-The file holds one section per stage plus a few shared ones, and a ``profiles`` mapping whose entries are
-deep-merged on top of the sections (``profile: demo`` chooses one; ``--profile`` and ``--set a.b=c`` override).
+The file holds one section per stage plus a few shared ones, and a ``profiles`` mapping of scale presets
+(``profile: demo`` chooses one; ``--profile`` switches). Precedence, lowest first: code defaults < the chosen profile <
+the file's own top-level keys < ``--set a.b=c``. So a key written at the top level means what it says whatever the
+profile (as Hydra's primary config wins over its defaults list), and ``dvc exp run -S key=value``, which edits the
+file's top level, changes the effective value; a key that differs between scales lives in the profiles only.
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an out-of-range value
 is a one-line error naming the key path.
 """
@@ -84,6 +87,12 @@ class FlowParams(Section):
     # prepare's per-document work (cleaning, MinHash) in this many shards; auto: one per cluster worker under the
     # dask runner, 1 elsewhere. Any number gives the same output, so it is not part of prepare's fingerprint.
     prepare_shards: Union[Literal["auto"], Annotated[int, Field(ge=1, le=1024)]] = "auto"
+    # Flow stage tasks: a failure that is not the user's (a tracking-server blip, a crashed child process) is retried
+    # this many times, after retry_delay_s, 2x, 4x... (exponential backoff); a user error (bad params or data) is not.
+    # stage_timeout_s > 0 fails a stage that runs longer (its process is stopped); 0: no limit.
+    stage_retries: int = Field(2, ge=0, le=20)
+    retry_delay_s: float = Field(10.0, ge=0)
+    stage_timeout_s: float = Field(0.0, ge=0)
 
 
 # `register` is also ABCMeta.register on the class; instances still see the field, so silence pydantic's warning.
@@ -136,7 +145,7 @@ class Config:
 
     @property
     def state(self) -> Path:
-        return self.path(self.params.paths.state)
+        return dvc_exp_state(self.root, self.path(self.params.paths.state))
 
     def section(self, name: str) -> Any:
         """A params section by dotted path, e.g. ``pretrain`` or ``finetune.tasks.sentiment``."""
@@ -167,6 +176,21 @@ class Config:
         for item in overrides:
             _apply_override(data, item)
         return Config(_validate(data, str(self.source or "params")), self.root, self.source)
+
+
+def dvc_exp_state(root: Path, state: Path) -> Path:
+    """The state dir for a project at ``root``. A queued or ``--temp`` `dvc exp run` works in a copy of the repo at
+    ``<project>/.dvc/tmp/exps/<name>/``, which lacks the git-ignored state dir: it uses the project's own instead, so
+    its MLflow runs and registered versions (and the champion lineage reads) are the project's, as in a workspace
+    experiment."""
+    parts = root.resolve().parts
+    for i in range(len(parts) - 3):
+        if parts[i:i + 3] == (".dvc", "tmp", "exps"):
+            try:
+                return Path(*parts[:i]) / state.resolve().relative_to(root.resolve())
+            except ValueError:  # an absolute state dir outside the copy is shared already
+                return state
+    return state
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -207,6 +231,17 @@ def deep_merge(base: dict, over: dict) -> dict:
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v) if not isinstance(v, dict) else deep_merge({}, v)
+    return out
+
+
+def _under(profile: dict, data: dict) -> dict:
+    """``data`` deep-merged over ``profile``: the file's own keys win, in the file's order (task order matters)."""
+    out = copy.deepcopy(data)
+    for k, v in profile.items():
+        if k not in out:
+            out[k] = copy.deepcopy(v)
+        elif isinstance(v, dict) and isinstance(out[k], dict):
+            out[k] = _under(v, out[k])
     return out
 
 
@@ -267,7 +302,8 @@ def load_config(
             raise BertpipeError(f"{src}: profile {chosen!r} is not defined under profiles: (have {sorted(profiles)})")
         if not isinstance(profiles[chosen], dict):
             raise BertpipeError(f"{src}: profiles.{chosen}: expected a mapping of section -> values")
-        data = deep_merge(data, profiles[chosen])
+        # The profile is the layer *under* the file's own keys (see the module docstring).
+        data = _under(deep_merge({}, profiles[chosen]), data)
         data["profile"] = chosen
     for item in overrides or []:
         _apply_override(data, item)

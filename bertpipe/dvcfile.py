@@ -1,9 +1,12 @@
 """dvc.yaml, generated from the same stage graph the CLI and the Prefect flow use (``bertpipe dvc-yaml``).
 
 Each DVC stage calls the `bertpipe` CLI (the Stage's ``command``), depends on the stage's input paths and source
-files (``code_deps``), on its params sections (plus the
-profile, which can change any section), and declares the stage output as a *persistent* out: DVC then does not delete
-it before running, so the command's own fingerprint check decides whether work is needed, as in the other doors.
+files (``code_deps``), on its params sections — the file's top-level keys (which win over the profile, so `dvc exp
+run -S` takes effect), ``profile``, and the active profile's entries for those sections only (not every profile's, so
+`dvc exp show` / `params diff` list the keys that can change the stage) — and declares the stage output as a
+*persistent* out: DVC then does not delete it before running, so the command's own fingerprint check decides whether
+work is needed, as in the other doors. Top-level ``metrics:`` and ``plots:`` name evaluate's scores and plot files
+(bertpipe.evaluate.dvcplots) and the PNG figures, for `dvc metrics show/diff` and `dvc plots show/diff`.
 """
 
 from __future__ import annotations
@@ -67,8 +70,12 @@ def dvc_yaml(cfg: Config) -> dict:
             if rel not in deps:
                 deps.append(rel)
         deps += code_deps(st, cfg)
-        wanted = list(dict.fromkeys(st.sections)) + ["profile", "profiles"]
+        sections = list(dict.fromkeys(st.sections))
+        active = cfg.params.profile
+        wanted = sections + ["profile"] + [f"profiles.{active}.{s}" for s in sections if active]
         params = [k for k in wanted if _present(raw, k)]
+        if active and any(_dotted(raw, active, s) for s in sections):
+            params.append(f"profiles.{active}")  # DVC cannot address a dotted key: track the whole profile
         out = os.path.relpath(st.output(cfg), cfg.root)
         stages[dvc_stage_name(name)] = {
             "cmd": " ".join(["bertpipe", *st.command]),
@@ -76,7 +83,25 @@ def dvc_yaml(cfg: Config) -> dict:
             **({"params": params} if params else {}),
             "outs": [{out: {"persist": True}}],
         }
-    return {"stages": stages}
+    return {"stages": stages, **_metrics_and_plots(cfg)}
+
+
+def _dotted(raw: dict, profile: str, section: str) -> bool:
+    """Whether the profile sets keys of ``section`` with a dotted key ({pretrain.max_steps: 100})."""
+    prof = (raw.get("profiles") or {}).get(profile)
+    return isinstance(prof, dict) and any(isinstance(k, str) and k.startswith(section + ".") for k in prof)
+
+
+def _metrics_and_plots(cfg: Config) -> dict:
+    from bertpipe.evaluate import dvcplots
+
+    ev = all_stages(cfg).get("evaluate")
+    if ev is None:
+        return {}
+    out = os.path.relpath(ev.output(cfg), cfg.root)
+    plots = [{f"{out}/{dvcplots.PLOTS}/{d}": props} for d, props in dvcplots.PLOT_DIRS.items()]
+    plots.append(f"{out}/figures")  # the report's PNGs (bar chart, confusion matrices, curves) as image plots
+    return {"metrics": [f"{out}/{dvcplots.SCORES}"], "plots": plots}
 
 
 def render(cfg: Config) -> str:

@@ -24,6 +24,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
+from flows import artifacts
 from flows.summary import stage_line, summary  # noqa: F401  (summary: flows.retrain and the CLI import it here)
 from tasks import cluster, parallel
 from tasks.env import prefect_env
@@ -85,10 +86,12 @@ def domain_adaptation(
                 args = dict(stage_name=name, params=params, profile=profile, overrides=overrides,
                             threads=cluster.stage_threads(cfg, name, side_by_side, workers, threads), pool=pool,
                             priority=priority[name], parent_run=parent.run_id)
-                task, wait_for = task_for(stages[name]), [futures[u] for u in ups]
+                task, wait_for = task_for(stages[name], cfg), [futures[u] for u in ups]
                 futures[name] = submit(task, args, wait_for) if submit else task.submit(**args, wait_for=wait_for)
-            for fut in futures.values():
+            progress = artifacts.Progress(len(futures))
+            for name, fut in futures.items():  # in graph order: a stage's progress step comes after its upstreams'
                 fut.wait()
+                progress.step(name)
             outcomes = {name: _outcome(fut) for name, fut in futures.items()}
             parent.set_tags({f"bertpipe.fingerprint.{n}": r["fingerprint"] for n, (_, r) in outcomes.items() if r})
     except BaseException:  # e.g. SIGTERM (Terminated) or Ctrl-C while stages run in child processes
@@ -98,15 +101,16 @@ def domain_adaptation(
         raise
     finally:
         parallel.close_pool(pool)
+    results: dict[str, dict] = {}
+    for name, st in stages.items():
+        status, res = outcomes.get(name, ("skipped", None))
+        results[name] = {**(res or {"stage": name, "out": str(st.output(cfg))}), "status": status}
+    artifacts.publish(results, cfg)  # failed runs too: the table says which stage failed
     failed = [n for n, (status, _) in outcomes.items() if status == "failed"]
     if failed:
         for n, (status, r) in outcomes.items():
             print(stage_line(n, status, r["out"] if r else stages[n].output(cfg)))
         futures[failed[0]].result()  # raises the first failure: the flow run fails with it
-    results: dict[str, dict] = {}
-    for name, st in stages.items():
-        status, res = outcomes.get(name, ("skipped", None))
-        results[name] = {**(res or {"stage": name, "out": str(st.output(cfg))}), "status": status}
     return results
 
 

@@ -1,9 +1,18 @@
-"""`bertpipe serve`: a Prefect deployment of domain_adaptation on a cron schedule from params, served by this
-long-running process. Point it at a server first (`prefect server start --host 127.0.0.1` and
+"""`bertpipe serve`: a Prefect deployment of domain_adaptation on a cron schedule from params (``flow.cron`` in
+``flow.timezone``), served by this long-running process, and also triggered when new files land in ``flow.drop_dir``.
+
+New data: a watcher thread in this process polls the drop dir and, for files it has not seen (by name, size and
+mtime), emits a Prefect event ``bertpipe.incoming.files`` about the resource ``bertpipe.drop-dir.<abs path>``; the
+deployment carries a DeploymentEventTrigger on that event, so the server's automation starts a run (visible in the
+UI as triggered by the event, and any other emitter of the event triggers it too). The run then reads the drop dir's
+files as one more domain source (bertpipe.config._with_incoming).
+
+Point it at a server first (`prefect server start --host 127.0.0.1` and
 `export PREFECT_API_URL=http://127.0.0.1:4200/api`); stop this process before stopping the server."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from bertpipe.config import load_config
@@ -11,17 +20,60 @@ from flows.domain_adaptation import domain_adaptation
 from tasks.env import prefect_env
 
 DEPLOYMENT = "bertpipe-domain-adaptation"
+EVENT = "bertpipe.incoming.files"
+
+
+def drop_resource(drop: Path) -> str:
+    return f"bertpipe.drop-dir.{drop.resolve()}"
+
+
+def _listing(drop: Path, glob: str) -> dict[str, tuple[int, int]]:
+    if not drop.is_dir():
+        return {}
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(drop.glob(glob))
+            if f.is_file() and not f.name.startswith(".")}
+
+
+def watch(drop: Path, glob: str, stop: threading.Event, every_s: float = 5.0) -> None:
+    """Emit EVENT for files that appear or change in ``drop`` after the watcher started."""
+    from prefect.events import emit_event
+
+    seen = _listing(drop, glob)
+    while not stop.wait(every_s):
+        now = _listing(drop, glob)
+        new = sorted(n for n, sig in now.items() if seen.get(n) != sig)
+        if new:
+            emit_event(event=EVENT, resource={"prefect.resource.id": drop_resource(drop)},
+                       payload={"files": new, "drop_dir": str(drop)})
+            print(f"new files in {drop}: {', '.join(new)}: a run is triggered")
+        seen = now
 
 
 def serve(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
-          until: str | None = None, name: str = DEPLOYMENT) -> None:
+          until: str | None = None, name: str = DEPLOYMENT, watch_every_s: float = 5.0) -> None:
+    from prefect.events import DeploymentEventTrigger
+    from prefect.schedules import Cron
+
     cfg = load_config(params, profile, overrides or [])
     prefect_env(cfg)
-    domain_adaptation.serve(
-        name=name,
-        cron=cfg.params.flow.cron,
-        parameters={"params": str(Path(params).resolve()), "profile": profile, "overrides": list(overrides or []),
-                    "until": until},
-        pause_on_shutdown=False,
-        limit=1,  # one pipeline run at a time on this machine
-    )
+    fp = cfg.params.flow
+    parameters = {"params": str(Path(params).resolve()), "profile": profile, "overrides": list(overrides or []),
+                  "until": until}
+    drop = cfg.path(fp.drop_dir)
+    trigger = DeploymentEventTrigger(name="new files in flow.drop_dir", expect={EVENT},
+                                     match={"prefect.resource.id": drop_resource(drop)}, parameters=parameters)
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(drop, fp.incoming_source.get("glob", "*"), stop, watch_every_s),
+                               name="drop-dir-watcher", daemon=True)
+    watcher.start()
+    try:
+        domain_adaptation.serve(
+            name=name,
+            schedules=[Cron(fp.cron, timezone=fp.timezone)],
+            triggers=[trigger],
+            parameters=parameters,
+            pause_on_shutdown=False,
+            limit=1,  # one pipeline run at a time on this machine
+        )
+    finally:
+        stop.set()

@@ -60,12 +60,15 @@ def _remember(key: str, result: dict) -> None:
 
 _children: set[subprocess.Popen] = set()  # the stage processes this flow process is waiting on
 _children_lock = threading.Lock()
+_stopping = False  # set when the flow process is being stopped (terminate_children)
 
 
 def terminate_children() -> int:
     """SIGTERM every stage process still running for this flow process; each removes its temp dir and closes its
     MLflow run as KILLED (the CLI's handler). Called when the flow is interrupted: the task threads wait on their
     children, so without this a SIGTERM to `bertpipe run` would leave them running to the end. Returns how many."""
+    global _stopping
+    _stopping = True  # the stages these children ran failed because we stopped them: not worth a retry
     with _children_lock:
         live = [p for p in _children if p.poll() is None]
     for p in live:
@@ -90,14 +93,26 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         start = fh.tell()
         fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        with subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
             with _children_lock:
                 _children.add(proc)
+            timeout = cfg.params.flow.stage_timeout_s or None
+            expired = threading.Event()
+            timer = threading.Timer(timeout, lambda: (expired.set(), proc.terminate())) if timeout else None
+            if timer:
+                timer.start()
             try:
+                _relay(proc.stdout, fh, stage_name)
                 proc.wait()
             finally:
+                if timer:
+                    timer.cancel()
+                if proc.poll() is None:  # interrupted here (e.g. Prefect's own timeout): the child goes too
+                    proc.terminate()
                 with _children_lock:
                     _children.discard(proc)
+            if expired.is_set():
+                raise TimeoutError(f"{stage_name}: stopped after flow.stage_timeout_s={timeout:g}s (log {log})")
     with open(log, "rb") as fh:
         fh.seek(start)
         tail = fh.read().decode("utf-8", errors="replace")
@@ -107,6 +122,43 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
             raise BertpipeError(last[len("error: "):])
         raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
+
+
+def _run_logger():
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # no flow or task run context (a direct call): the log file only
+        return None
+
+
+def _relay(pipe, fh, stage_name: str, every_s: float = 10.0) -> None:
+    """Copy the child's output to its log file and, line by line, to the task run's logger, so it reaches the
+    Prefect UI. Progress bars redraw with carriage returns: only one redraw per ``every_s`` is passed on."""
+    logger = _run_logger()
+    buf, last_bar = b"", 0.0
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        fh.write(chunk)
+        fh.flush()
+        if logger is None:
+            continue
+        buf += chunk
+        *done, buf = buf.replace(b"\r\n", b"\n").split(b"\n")
+        for line in done:
+            *redraws, final = line.split(b"\r")
+            text = final.decode("utf-8", errors="replace").strip()
+            if text:
+                logger.info("[%s] %s", stage_name, text)
+        if b"\r" in buf:  # a bar still redrawing on the current line
+            now = time.monotonic()
+            pieces = buf.split(b"\r")
+            if now - last_bar >= every_s and pieces[-2:-1] and pieces[-2].strip():
+                logger.info("[%s] %s", stage_name, pieces[-2].decode("utf-8", errors="replace").strip())
+                last_bar = now
+            buf = pieces[-1]
+    if logger is not None and buf.strip():
+        logger.info("[%s] %s", stage_name, buf.decode("utf-8", errors="replace").strip())
 
 
 def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | None) -> dict:
@@ -147,6 +199,30 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
     return res
 
 
+def transient(task, task_run, state) -> bool:
+    """Retry condition: anything but a user error (BertpipeError: bad params or data, retrying cannot help) or an
+    interruption (Ctrl-C / SIGTERM of the flow, which also stops the stage processes)."""
+    if _stopping:
+        return False
+    try:
+        state.result()
+    except (BertpipeError, KeyboardInterrupt, SystemExit):
+        return False
+    except BaseException:
+        return True
+    return False
+
+
 def task_for(stage: Stage, cfg: Config | None = None):
-    """The stage's task: named after the stage, cached by its fingerprint (see FreshOutput)."""
-    return stage_task.with_options(name=stage.name, task_run_name=stage.name, cache_policy=FreshOutput())
+    """The stage's task: named after the stage, cached by its fingerprint (see FreshOutput); with ``cfg``, retried
+    with exponential backoff on transient failures and limited in time per ``flow.stage_retries``/``retry_delay_s``/
+    ``stage_timeout_s``."""
+    opts: dict = {}
+    if cfg is not None:
+        from prefect.tasks import exponential_backoff
+
+        fp = cfg.params.flow
+        opts = {"retries": fp.stage_retries, "retry_condition_fn": transient,
+                "retry_delay_seconds": exponential_backoff(backoff_factor=fp.retry_delay_s) if fp.retry_delay_s else 0,
+                "timeout_seconds": fp.stage_timeout_s or None}
+    return stage_task.with_options(name=stage.name, task_run_name=stage.name, cache_policy=FreshOutput(), **opts)

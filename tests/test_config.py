@@ -13,12 +13,16 @@ def write(tmp_path, text):
 def test_profile_and_set_override(tmp_path):
     p = write(
         tmp_path,
-        "profile: small\nmodel: {base: scratch}\nprofiles:\n  small: {model.language: en}\n  big: {model: {base: x}}\n",
+        "profile: small\nmodel: {base: scratch}\nprofiles:\n  small: {model.language: en}\n"
+        "  big: {model: {base: x, tokenizer: big-tok}}\n",
     )
     cfg = load_config(p)
     assert cfg.params.model.language == "en" and cfg.params.profile == "small"
-    cfg = load_config(p, profile="big", overrides=["model.tokenizer=tok"])
-    assert cfg.params.model.base == "x" and cfg.params.model.tokenizer == "tok"
+    cfg = load_config(p, profile="big")
+    # the file's own top-level key wins over the profile (what `dvc exp run -S` edits); the profile fills the rest
+    assert cfg.params.model.base == "scratch" and cfg.params.model.tokenizer == "big-tok"
+    cfg = load_config(p, profile="big", overrides=["model.tokenizer=tok", "model.base=y"])
+    assert cfg.params.model.base == "y" and cfg.params.model.tokenizer == "tok"
     assert cfg.root == tmp_path.resolve()
 
 

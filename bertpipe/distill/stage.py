@@ -112,6 +112,13 @@ def build(ctx, task: str) -> dict:
         results[name] = {"dev": dev, "test": test, "test_details": details, "recs": recs}
     student.save_pretrained(ctx.out / "model")
     tok.save_pretrained(ctx.out / "model")
+    from bertpipe import modelcard
+    from bertpipe.finetune.stage import pipeline_task
+
+    modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
+                    base_model=str(ctx.inputs.get("teacher", "")), labels=labels,
+                    metrics={f"test_{k}": v for k, v in results["student"]["test"].items()},
+                    notes="A distilled student of the base model above (its teacher).")
     with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
         for r in results["student"]["recs"]:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

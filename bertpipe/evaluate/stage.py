@@ -240,6 +240,7 @@ def build(ctx) -> dict:
     R.bar_chart(figs / "primary.png", result["tasks"], result["encoders"])
     figures["bar"].append("figures/primary.png")
     label_keys = {}
+    confusions = {}
     for (task, enc), m in sorted(results.items()):
         saved = [r for r in m["per_seed"].values() if r.get("saved")] or list(m["per_seed"].values())
         conf = saved[0].get("test_details", {}).get("confusion")
@@ -248,6 +249,7 @@ def build(ctx) -> dict:
             R.confusion_png(figs / name, conf["labels"], conf["matrix"], f"{task} / {enc} (test)")
             figures["confusion"].append(f"figures/{name}")
             label_keys[task] = conf["labels"]
+            confusions[f"{task}_{enc}"] = (conf["labels"], conf["matrix"])
         curves = dirs[(task, enc)] / "curves.png"
         if curves.is_file():
             shutil.copy(curves, figs / f"curves_{task}_{enc}.png")
@@ -262,6 +264,9 @@ def build(ctx) -> dict:
         ctx.log_artifact(f, "figures")
 
     flat = _flat(result)
+    from bertpipe.evaluate import dvcplots
+
+    dvcplots.write(ctx.out, flat, confusions, {f"{t}_{e}": d for (t, e), d in dirs.items()})
     ctx.counts.update({"tasks": len(result["tasks"]), "finetune_results": len(results)})
     ctx.log_metrics(flat)
     return flat

@@ -126,6 +126,11 @@ def build(ctx, task: str, encoder: str) -> dict:
             shutil.rmtree(ctx.out / "model", ignore_errors=True)
             model.save_pretrained(ctx.out / "model")
             tok.save_pretrained(ctx.out / "model")
+            from bertpipe import modelcard
+
+            modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
+                            base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
+                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
             with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
                 for r in recs:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -145,6 +150,11 @@ def build(ctx, task: str, encoder: str) -> dict:
 
     write_json(ctx.out / "metrics.json", out)
     _plot(ctx.out / "curves.png", runs, primary, f"{task} / {encoder}")
+    # The same curves as rows, for `dvc plots` (evaluate collects them under work/evaluate/plots/).
+    write_json(ctx.out / "curves.json", {
+        "train_loss": [{"step": st, "loss": v, "seed": s} for s, r in runs.items() for st, v in r.losses],
+        # the metric last: DVC plots it (y) when a plot names no field, as the dev plot (its name varies by task)
+        "dev": [{"step": e["step"], "seed": s, primary: e["primary"]} for s, r in runs.items() for e in r.evals]})
     for name in ("curves.png", "metrics.json", "predictions_test.jsonl"):
         if (ctx.out / name).exists():
             ctx.log_artifact(ctx.out / name)

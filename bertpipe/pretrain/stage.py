@@ -139,6 +139,11 @@ def _build(ctx, d) -> dict:
     out = Path(ctx.out)
     pm.saved.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
+    from bertpipe import modelcard
+
+    modelcard.write(out / "model", ctx, pipeline_tag="fill-mask" if p.objective == "mlm" else "feature-extraction",
+                    base_model=str(ctx.inputs.get("model") or "a fresh model (from scratch)"),
+                    metrics={k: v for k, v in metrics.items() if "loss" in k or k.startswith("eval_")})
     # RTD: the generator too (an MLM; not the encoder), for a look at what it fills in and to score it by hand
     filler = pm.generator if p.objective == "rtd" else mlm
     if p.objective == "rtd":

@@ -85,3 +85,11 @@ def model_card(name: str, task: str, metric: str, value: float, lineage: dict, t
         f"**{metric} = {value:.4f}**.\n\n## Decision\n\n{decision_md}\n\n## Baselines, base vs adapted\n\n"
         f"{table or '(no evaluate report)'}\n\n## Lineage\n\n| what | value |\n|---|---|\n{rows}\n"
     )
+
+
+def registered_description(name: str, pipeline_task: str, task: str | None) -> str:
+    """The registered model's own description (versions carry their card and decision)."""
+    what = f"the finetuned `{task}` model ({pipeline_task})" if task else "the domain-adapted encoder (fill-mask)"
+    return (f"{name}: {what} built by bertpipe. Alias `champion` is the version serving should use, `challenger` "
+            "the latest candidate; each version's description holds its evaluation, lineage and the gate's "
+            "decision, and its source run is the run that trained it (params, curves, datasets).")

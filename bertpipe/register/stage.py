@@ -150,6 +150,7 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
     tags = {"bertpipe.primary_metric": c.metric, "bertpipe.primary_value": f"{c.value:.6f}",
             "bertpipe.test_hash": c.identity,
             **{D.LINEAGE_PREFIX + k: v for k, v in c.lineage.items()}}
+    _log_inputs(ctx, mlflow, c)
     preds = c.ft_dir / S.PREDICTIONS if c.ft_dir is not None else None
     if preds is not None and preds.is_file():
         artifact_dir = f"predictions/{c.name}/v{c.version}"
@@ -157,6 +158,49 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         tags[S.PREDICTIONS_TAG] = f"{mlflow.active_run().info.run_id}:{artifact_dir}/{S.PREDICTIONS}"
     for k, v in tags.items():
         client.set_model_version_tag(c.name, c.version, k, v)
+
+
+def _training_run(client, c: Candidate) -> str | None:
+    """The MLflow run of the stage that trained ``c`` (its output's manifest), if it is in this store: the version
+    is logged from it, so the registry leads to the training params, curves and data (issue 22.3)."""
+    run_id = (read_manifest(c.ft_dir if c.ft_dir is not None else c.model_dir.parent) or {}).get("mlflow_run_id")
+    if not run_id:
+        return None
+    try:
+        client.get_run(run_id)
+    except Exception:  # noqa: BLE001 (another store, or a deleted run: the register run holds the model)
+        return None
+    return run_id
+
+
+def _log_inputs(ctx: StageContext, mlflow, c: Candidate) -> None:
+    """The data behind the model, as MLflow datasets with their digests (the task splits' sha256; for the encoder,
+    the prepared corpus's fingerprint), on the run the version is logged from."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    from bertpipe.taskdata import split_info, task_dir
+
+    def local_source(path: str):  # MLflow's "local" source (registered twice: silence its which-one warning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return resolve_dataset_source(path)
+
+    if c.ft_dir is not None:
+        tdir = task_dir(ctx.cfg, c.task)
+        for split, info in ((split_info(tdir) if tdir.is_dir() else {}).get("splits") or {}).items():
+            if info.get("sha256"):
+                ds = MetaDataset(local_source(str(tdir / f"{split}.jsonl")), name=f"{c.task}/{split}",
+                                 digest=info["sha256"][:36])
+                mlflow.log_input(ds, context="training" if split == "train" else split)
+    else:
+        prep = ctx.cfg.work / "prepare"
+        fp = (read_manifest(prep) or {}).get("fingerprint")
+        if fp:
+            mlflow.log_input(MetaDataset(local_source(str(prep / "domain")), name="domain corpus",
+                                         digest=fp[:36]), context="training")
 
 
 def _champion_score(ctx: StageContext, client, c: Candidate, champ):
@@ -261,6 +305,7 @@ def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
     card = C.model_card(c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table,
                         D.model_section(rec))
     client.update_model_version(c.name, c.version, description=card + export_section(client, c.name, c.version))
+    client.update_registered_model(c.name, description=C.registered_description(c.name, c.pipeline_task, c.task))
     rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
     ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
 
@@ -289,12 +334,19 @@ def build(ctx: StageContext) -> dict:
     run_id = getattr(ctx.tracker, "run_id", None)
     with _hub_offline():
         candidates = _candidates(ctx)
-        with fluent_mlflow(cfg) as mlflow, mlflow.start_run(
-            run_id=run_id, experiment_id=None if run_id else experiment_id(cfg)
-        ):
+        with fluent_mlflow(cfg) as mlflow:
             for c in candidates:
                 c.pipeline_task = C.pipeline_task(c.model_dir)
-                _register(ctx, mlflow, client, c)
+                # logged from the training run when there is one (the version's source run), else this stage's run
+                train_run = _training_run(client, c)
+                owner = train_run or run_id
+                mlflow.start_run(run_id=owner, experiment_id=None if owner else experiment_id(cfg))
+                ok = False
+                try:
+                    _register(ctx, mlflow, client, c)
+                    ok = True
+                finally:  # the training run finished training whatever happens here: it stays FINISHED
+                    mlflow.end_run("FINISHED" if ok or train_run else "FAILED")
                 todo.append(c)
         with registry_lock(client):
             decided = [(c, _decide(ctx, client, c)) for c in todo]

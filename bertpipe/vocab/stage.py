@@ -101,6 +101,11 @@ def build(ctx) -> dict:
     ext_tok.save_pretrained(out / "tokenizer")
     model.save_pretrained(out / "model")
     ext_tok.save_pretrained(out / "model")
+    from bertpipe import modelcard
+
+    modelcard.write(out / "model", ctx, pipeline_tag="fill-mask", base_model=str(ctx.inputs.get("model") or ""),
+                    metrics={f"mlm_loss {k}": v for k, v in losses.items()},
+                    notes=f"The base encoder with {len(new_ids)} domain words added to its vocabulary ({chosen} init).")
 
     ctx.log(f"measuring the tokenizers on {len(valid)} valid texts")
     stats_texts = valid or train[:1000]

@@ -1,0 +1,126 @@
+"""DVC as its users drive it, in a temp git repo with a tiny project: `dvc repro`, then `dvc exp run -S KEY=VALUE`
+changes the effective value (the file's top-level key beats the active profile's), the fingerprints of exactly the
+stages that read the key move, `dvc exp show` / `metrics diff` / `plots show` see evaluate's scores and plot files,
+and a `--temp` experiment's runs land in the project's own MLflow store."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bertpipe.config import dvc_exp_state
+from tests.e2e_project import env_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six stage processes, then two experiments
+
+PARAMS = """profile: tiny
+paths: {work: work, state: .bertpipe}
+model: {base: enc}
+prepare:
+  domain: {sources: [{path: data/corpus.txt, format: txt, name: c}]}
+  general: {enabled: false}
+vocab: {top_k: 20, min_freq: 2, head_fit_steps: 0, eval_texts: 8}
+pretrain: {max_steps: 4, batch_size: 8, eval_every: 2, save_every: 2, eval_examples: 8, max_seq_len: 32}
+finetune:
+  encoders: [base]
+  train: {lr: 2.0e-3, batch_size: 16, max_seq_len: 32, seeds: [7], early_stopping: {patience: 0}}
+  tasks:
+    cls: {type: classification, format: jsonl, train: data/cls.jsonl}
+evaluate: {encoder_comparison: false, bootstrap_samples: 50}
+profiles:
+  tiny:
+    finetune:
+      train: {epochs: 3, lr: 5.0e-2}   # lr loses to the top-level key; epochs applies
+"""
+STAGES = ("tasks", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
+
+
+def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
+    proc = subprocess.run(cmd, cwd=root, env=env_for(root), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def fingerprints(root: Path) -> dict[str, str]:
+    return {s: json.loads((root / "work" / s / "manifest.json").read_text())["fingerprint"] for s in STAGES}
+
+
+def evaluate_runs(root: Path) -> int:
+    with sqlite3.connect(root / ".bertpipe" / "mlflow.db") as db:
+        return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = 'evaluate'").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, zh_tokenizer_dir):
+    from bertpipe.finetune import synthetic as S
+
+    root = tmp_path_factory.mktemp("dvcexp")
+    S.tiny_encoder(root / "enc", zh_tokenizer_dir, layers=2, hidden=64, positions=64)
+    S.write_jsonl(root / "data" / "cls.jsonl", S.keyword_classification(320, seed=1))
+    rng = random.Random(0)
+    (root / "data" / "corpus.txt").write_text(
+        "\n".join("".join(rng.choice(S.FILLER) for _ in range(40)) for _ in range(200)) + "\n", encoding="utf-8")
+    (root / "params.yaml").write_text(PARAMS, encoding="utf-8")
+    (root / ".gitignore").write_text("/.bertpipe/\n", encoding="utf-8")
+    sh(["git", "init", "-q"], root)
+    sh(["git", "config", "user.email", "t@example.com"], root)
+    sh(["git", "config", "user.name", "t"], root)
+    sh(["dvc", "init", "-q"], root)
+    sh(["bertpipe", "dvc-yaml"], root)
+    sh(["dvc", "repro", "evaluate"], root)
+    sh(["git", "add", "-A"], root)
+    sh(["git", "commit", "-qm", "baseline"], root)
+    return root
+
+
+def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(project):
+    from bertpipe.config import load_config
+
+    before = fingerprints(project)
+    scores0 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
+    assert load_config(project / "params.yaml").params.finetune.train.lr == 2e-3  # not the profile's 5e-2
+    sh(["dvc", "exp", "run", "evaluate", "-S", "finetune.train.lr=1e-5", "-n", "slow-lr"], project)
+    assert load_config(project / "params.yaml").params.finetune.train.lr == 1e-5
+    after = fingerprints(project)
+    moved = {s for s in STAGES if before[s] != after[s]}
+    assert moved == {"finetune/cls/base", "evaluate"}, moved  # the stage reading the key and what is below it
+
+    scores1 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
+    assert scores1["cls.base.macro_f1"] != scores0["cls.base.macro_f1"], (scores0, scores1)
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], project))
+    exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "slow-lr"]
+    assert exps, shown
+    data = exps[0]["revs"][0]["data"]
+    assert data["params"]["params.yaml"]["data"]["finetune"]["train"]["lr"] == 1e-5
+    assert data["metrics"]["work/evaluate/scores.json"]["data"]["cls.base.macro_f1"] == scores1["cls.base.macro_f1"]
+    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
+    assert "cls.base.macro_f1" in diff["work/evaluate/scores.json"], diff
+    # only the active profile's entries for the sections a stage reads are tracked (dvc exp show --param-deps)
+    cols = sh(["dvc", "exp", "show", "--csv", "--param-deps"], project).splitlines()[0].split(",")
+    assert "finetune.train.lr" in cols and not [c for c in cols if c.startswith("profiles.") and ".tiny." not in c]
+
+    html = project / "plots"
+    sh(["dvc", "plots", "show", "-o", str(html)], project)
+    page = (html / "index.html").read_text()
+    # each declared plot is rendered (DVC names a plot by its path with "/" and "." as "_"; the images by path)
+    for plot in ("plots_confusion_cls_base_json", "plots_train_loss_cls_base_json", "plots_dev_cls_base_json",
+                 "figures/confusion_cls_base.png", "test confusion (rows: true)", "finetune train loss"):
+        assert plot in page, plot
+
+
+def test_temp_experiment_logs_to_the_project_store(project):
+    n = evaluate_runs(project)
+    sh(["dvc", "exp", "run", "evaluate", "--temp", "-S", "evaluate.bootstrap_samples=40"], project)
+    assert evaluate_runs(project) == n + 1  # the run is in the project's MLflow store, not the discarded copy's
+
+
+def test_state_dir_of_a_temp_experiment_copy(tmp_path):
+    copy = tmp_path / "proj" / ".dvc" / "tmp" / "exps" / "tmpab12"
+    assert dvc_exp_state(copy, copy / ".bertpipe") == tmp_path / "proj" / ".bertpipe"
+    assert dvc_exp_state(tmp_path, tmp_path / ".bertpipe") == tmp_path / ".bertpipe"
+    assert dvc_exp_state(copy, Path("/srv/state")) == Path("/srv/state")

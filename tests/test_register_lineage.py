@@ -1,0 +1,64 @@
+"""From the registry alone to how a champion was made: a real tiny finetune (real MLflow sqlite store, real steps),
+then register; the champion's source run is the finetune run, with its params, loss curve, curves.png and the task
+splits logged as datasets with their digests, and the registered model has a description."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertpipe.config import load_config
+from bertpipe.finetune import synthetic as S
+from bertpipe.pipeline import finetune_stage, tasks_stage
+from bertpipe.stage import run_stage
+from bertpipe.taskdata import split_info, task_dir
+from tests.test_register import examples, register_stage, write_baselines
+
+pytestmark = pytest.mark.slow
+
+
+def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
+    enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
+    rows = [{"id": e.id, "text": e.text, "label": e.label} for e in examples("train", 96)]
+    S.write_jsonl(tmp_path / "train.jsonl", rows)
+    (tmp_path / "params.yaml").write_text(
+        f"paths: {{work: work, state: state}}\nmodel: {{base: {enc}}}\n"
+        "finetune:\n  encoders: [base]\n  train: {lr: 2.0e-3, epochs: 2, batch_size: 16, max_seq_len: 32, "
+        "seeds: [7], early_stopping: {patience: 0}}\n"
+        "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl}}\n"
+        "register: {floor: none, register_encoder: false}\n", encoding="utf-8")
+    cfg = load_config(tmp_path / "params.yaml")
+    run_stage(tasks_stage(cfg), cfg)
+    ft = run_stage(finetune_stage("sentiment", "base"), cfg)
+    for d in ("evaluate", "pretrain"):
+        (tmp_path / "work" / d).mkdir(parents=True)
+    write_baselines(tmp_path)
+    run_stage(register_stage(ft.out), cfg)
+
+    from bertpipe.tracking import client
+
+    c = client(cfg)
+    rm = c.get_registered_model("bertpipe-sentiment")
+    assert "sentiment" in rm.description and "champion" in rm.description
+    v = c.get_model_version_by_alias("bertpipe-sentiment", "champion")
+    assert v.run_id == ft.run_id == json.loads((ft.out / "manifest.json").read_text())["mlflow_run_id"]
+    run = c.get_run(v.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["bertpipe.stage"] == "finetune/sentiment/base"
+    assert float(run.data.params["finetune.train.lr"]) == 2e-3
+    curve = c.get_metric_history(v.run_id, "seed7_train_loss")
+    assert len(curve) >= 2 and curve[0].step < curve[-1].step
+    assert "curves.png" in {f.path for f in c.list_artifacts(v.run_id)}
+    digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
+    splits = split_info(task_dir(cfg, "sentiment"))["splits"]
+    assert digests == {f"sentiment/{s}": i["sha256"][:36] for s, i in splits.items() if i.get("sha256")}, digests
+
+    # the saved model directory carries a Hugging Face model card and still loads in a pipeline
+    from huggingface_hub import ModelCard
+    from transformers import pipeline
+
+    card = ModelCard.load(ft.out / "model" / "README.md")
+    assert card.data.base_model == str(enc) and card.data.pipeline_tag == "text-classification"
+    assert "test_macro_f1" in card.text and splits["test"]["sha256"][:16] in card.text
+    pipe = pipeline("text-classification", model=str(ft.out / "model"))
+    assert pipe("质量很好")[0]["label"] in ("pos", "neg")
