@@ -13,6 +13,7 @@ from pathlib import Path
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
 from bertpipe.prepare.exclude import EvalTexts
+from bertpipe.prepare.files import regular_file
 from bertpipe.prepare.ingest import is_glob, source_files
 from bertpipe.prepare.params import PrepareParams
 
@@ -55,6 +56,8 @@ def own_inputs(cfg) -> dict[str, Path]:
             path = resolve(src.path)
             if not path.exists():
                 raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
+            if not path.is_dir():  # before the fingerprint and the MLflow run: reading a FIFO would hang
+                regular_file(path, f"{key}.path")
             out[f"{name}:{i}"] = path
     return out
 
