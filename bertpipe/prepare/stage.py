@@ -1,12 +1,15 @@
 """The prepare stage: raw sources -> cleaned, deduplicated, leakage-free splits of the domain and general corpora.
 
-Output (``ctx.out``): ``{domain,general}/{train,valid,test}.parquet`` (columns ``id, text, group, source, cluster``
-plus the sources' meta fields), ``stats.json``, ``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``.
+Output (``ctx.out``): ``{domain,general}/{train,valid,test}/part-NNNNN.parquet`` (columns ``id, text, group, source,
+cluster`` plus the sources' meta fields; read them with ``bertpipe.corpusio``), ``stats.json``,
+``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``. ``bertpipe.prepare.corpus`` streams each corpus through
+a scratch directory under ``ctx.out`` that is removed before the output is published.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +22,6 @@ from bertpipe.prepare.params import PrepareParams
 
 VERSION = "2"  # 2: finetune tasks' dev/test texts are excluded
 CORPORA = ("domain", "general")
-BASE_COLUMNS = ("id", "text", "group", "source", "cluster")
 
 
 def _corpora(p: PrepareParams):
@@ -62,23 +64,6 @@ def own_inputs(cfg) -> dict[str, Path]:
     return out
 
 
-def _write_parquet(res: CorpusResult, out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    extra: list[str] = []
-    for doc in res.docs:
-        for k in doc:
-            if k not in BASE_COLUMNS and k != "split" and k not in extra:
-                extra.append(k)
-    schema = pa.schema([(c, pa.string()) for c in (*BASE_COLUMNS, *extra)])
-    (out / res.name).mkdir(parents=True, exist_ok=True)
-    for sp in res.splits:
-        rows = [doc for doc in res.docs if doc["split"] == sp]
-        cols = {c: [doc.get(c) for doc in rows] for c in schema.names}
-        pq.write_table(pa.table(cols, schema=schema), out / res.name / f"{sp}.parquet")
-
-
 def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
     try:
         import matplotlib
@@ -91,8 +76,8 @@ def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
     for ax, res in zip(axes[0], results):
         for sp in res.splits:
-            lens = [len(d["text"]) for d in res.docs if d["split"] == sp]
-            if lens:
+            lens = res.lengths.get(sp, [])
+            if len(lens):
                 ax.hist(np.log10(lens), bins=40, alpha=0.5, label=f"{sp} ({len(lens)})")
         ax.set_title(f"{res.name}: document length")
         ax.set_xlabel("log10(characters)")
@@ -166,10 +151,14 @@ def build(ctx) -> dict:
         ctx.log(f"keeping {len(keep_out.texts):,} dev/test texts of {len(keep_out.tasks)} task(s) out of the corpora")
     for name, cp in _corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
-        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
-                             keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards)
+        scratch = ctx.out / f".scratch-{name}"
+        try:
+            res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
+                                 keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards, out=ctx.out,
+                                 scratch=scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         _check_splits(res)
-        _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
         results.append(res)
 
