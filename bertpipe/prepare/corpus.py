@@ -129,7 +129,7 @@ def _repeated_id(ingest_factory, cp: CorpusParams, name: str, id_hashes: np.ndar
 def prepare_corpus(
     name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], with_test: bool = True,
     keep_out: EvalTexts | None = None, shards: int | str = 1, out: Path | None = None, scratch: Path | None = None,
-    batch_bytes: int = BATCH_BYTES,
+    batch_bytes: int | None = None,
 ) -> CorpusResult:
     """Writes ``out/<name>/<split>/part-*.parquet``; ``scratch``: where the batches go (removed by the caller).
     ``keep_out``: finetune tasks' dev/test texts; documents matching them are removed right after cleaning.
@@ -140,6 +140,7 @@ def prepare_corpus(
         out = Path(tempfile.mkdtemp(prefix="prepare-"))
     if scratch is None:
         scratch = out / f".scratch-{name}"
+    batch_bytes = batch_bytes or BATCH_BYTES
     timings: dict[str, float] = {}
     t = time.perf_counter()
     workers = shard_count(shards)
