@@ -58,7 +58,10 @@ def own_inputs(cfg) -> dict[str, Path]:
             path = resolve(src.path)
             if not path.exists():
                 raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
-            if not path.is_dir():  # before the fingerprint and the MLflow run: reading a FIFO would hang
+            # Before the fingerprint and the MLflow run: reading a FIFO (named, or in a directory) would hang.
+            if path.is_dir():
+                source_files(src, resolve, key)
+            else:
                 regular_file(path, f"{key}.path")
             out[f"{name}:{i}"] = path
     return out
