@@ -39,7 +39,7 @@ from bertpipe.prepare.store import Store, batch_path
 from bertpipe.prepare.write import ids_hash, write_splits
 
 BASE_COLUMNS = ("id", "text", "group", "source", "cluster")
-BATCH_BYTES = 8 << 20  # UTF-8 text per batch: big enough to amortise a worker round trip, small enough to stream
+BATCH_BYTES = 4 << 20  # UTF-8 text per batch: amortises a worker round trip; a worker peaks ~140 MB at this size
 BATCH_DOCS = 50_000
 
 

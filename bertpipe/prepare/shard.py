@@ -9,7 +9,7 @@ function of one document, so the corpus-wide steps (exact groups, LSH buckets, c
 Where batches run is the caller's choice: ``use_executor`` installs anything with the ``concurrent.futures.Executor``
 ``submit`` interface (the Prefect flow passes its Dask cluster's, ``client.get_executor()``); without one, a local
 process pool of ``flow.prepare_shards`` workers (auto: the machine's cores) starts once a second batch exists.
-At most ``2 * workers`` batches are in flight, so the process that ingests never holds more than that.
+At most ``workers + 1`` batches are in flight, so the process that ingests never holds more than that.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def shard_count(setting: int | str) -> int:
 
 
 def run_batches(fn: Callable, jobs: Iterable, workers: int) -> Iterator:
-    """``fn(job)`` for each job, results in job order, at most ``2 * workers`` in flight: on the installed executor,
+    """``fn(job)`` for each job, results in job order, at most ``workers + 1`` in flight: on the installed executor,
     a local process pool (started at the second job), or in this process when ``workers`` is 1."""
     it = iter(jobs)
     first = next(it, None)
@@ -83,7 +83,7 @@ def run_batches(fn: Callable, jobs: Iterable, workers: int) -> Iterator:
         for job in (first, second):
             window.append(pool.submit(fn, job))
         for job in it:
-            if len(window) >= 2 * workers:
+            if len(window) > workers:
                 yield window.popleft().result()
             window.append(pool.submit(fn, job))
         while window:

@@ -18,12 +18,26 @@ def batch_path(root: Path, k: int) -> Path:
     return root / f"batch-{k:05d}.parquet"
 
 
+def string_array(values: Sequence[str | None]):
+    """A pyarrow string array built from its buffers. ``pa.array(list)`` would import pandas on first use (pyarrow
+    checks for pandas objects), ~50 MB more in every worker process."""
+    import pyarrow as pa
+
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    data = [v.encode("utf-8") if v is not None else b"" for v in values]
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter((len(b) for b in data), dtype=np.int64, count=len(data)), out=offsets[1:])
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    return pa.Array.from_buffers(pa.large_string(), len(values),
+                                 [bitmap, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(data))],
+                                 null_count=int((~valid).sum())).cast(pa.string())
+
+
 def write_batch(path: Path, rows: list[dict], columns: Sequence[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(c, pa.string()) for c in columns])
-    table = pa.table({c: [r.get(c) for r in rows] for c in columns}, schema=schema)
+    table = pa.Table.from_arrays([string_array([r.get(c) for r in rows]) for c in columns], names=list(columns))
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp)
     tmp.replace(path)
