@@ -1,6 +1,5 @@
 """Streaming prepare on a generated ~30 MB corpus: every planted exact, near and task-leak duplicate is found across
-batches and workers, and the peak RSS of the prepare process tree stays under a bound the in-memory path (about 24x
-the corpus bytes, issue 19) exceeds several times over."""
+batches, and the peak RSS of the prepare process tree stays under a bound the in-memory path exceeds."""
 
 from __future__ import annotations
 
@@ -8,16 +7,19 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.gen_prepare import generate
+from tests.gen_prepare import generate, peak_rss
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 30
-RSS_BOUND_MB = 450  # the in-memory path needed ~24 x 30 MB = ~720 MB here (measured 2.84 GB at 116 MB)
+# The in-memory path (main at abf3c0b) peaked at 398 MB on this corpus in this harness (13x the corpus bytes; 24x at
+# 116 MB, issue 19) and grows with the corpus; streaming stays near its fixed cost. One worker here: every worker
+# process carries ~80 MB of interpreter, numpy and pyarrow, so a pool's tree would be measured, not the streaming.
+# The pool path's result is checked in tests/test_prepare_shards.py; its memory and speed in bench/bench_prepare_stream.py.
+RSS_BOUND_MB = 340
 
 RUN = """
 import json, sys
@@ -34,21 +36,9 @@ src = SourceParams(path=corpus, format="jsonl", id_field="id", group_field="grou
 p = PrepareParams(domain=CorpusParams(sources=[src]))
 norm = Cleaner(p.clean).normalise
 keep_out = EvalTexts([normal_form(norm(t)) for t in texts], [{"task"} for _ in texts], ["task"])
-res = prepare_corpus("domain", p.domain, p, Path, keep_out=keep_out, shards=2, out=Path(out))
+res = prepare_corpus("domain", p.domain, p, Path, keep_out=keep_out, shards=int(sys.argv[4]), out=Path(out))
 print(json.dumps({"stats": res.stats, "clusters": res.clusters}, ensure_ascii=False))
 """
-
-
-def _tree_rss(proc) -> int:
-    import psutil
-
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def _named(p, source: str):
@@ -62,7 +52,6 @@ def _named(p, source: str):
 
 @pytest.mark.slow
 def test_streaming_prepare_finds_every_planted_duplicate_in_bounded_memory(tmp_path):
-    import psutil
     import pyarrow.parquet as pq
 
     corpus = tmp_path / "corpus.jsonl"
@@ -70,17 +59,14 @@ def test_streaming_prepare_finds_every_planted_duplicate_in_bounded_memory(tmp_p
     assert planted.exact and planted.near and planted.leak_exact and planted.leak_contains
     (tmp_path / "tasks.json").write_text(json.dumps(planted.task_texts, ensure_ascii=False), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", RUN, str(corpus), str(tmp_path / "out"), str(tmp_path / "tasks.json")],
+    proc = subprocess.Popen([sys.executable, "-c", RUN, str(corpus), str(tmp_path / "out"), str(tmp_path / "tasks.json"), "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ps, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        peak = max(peak, _tree_rss(ps))
-        time.sleep(0.05)
+    peak = peak_rss(proc)
     out, err = proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     got = json.loads(out)
     stats, clusters = got["stats"], got["clusters"]
-    assert stats["timings"]["batches"] >= 3 and stats["timings"]["workers"] == 2  # streamed, on a pool
+    assert stats["timings"]["batches"] >= 5  # streamed
 
     kept = {r for sp in ("train", "valid", "test") for f in sorted((tmp_path / "out" / "domain" / sp).glob("*.parquet"))
             for r in pq.read_table(f, columns=["id"]).column("id").to_pylist()}

@@ -175,7 +175,8 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> Iterator[np.ndarray]:
 
 def lsh_candidates(keys: np.ndarray, max_bucket: int = 200) -> np.ndarray:
     """Pairs (i < j) sharing at least one band (``keys``: (bands, D) or an iterable of (D,) rows, see
-    ``band_keys``). A bucket larger than ``max_bucket`` links its members to its first member only (a star), which keeps connectivity without a quadratic
+    ``band_keys``). A bucket larger than ``max_bucket`` links its members to its first member only (a star), which
+    keeps connectivity without a quadratic
     number of pairs."""
     found: list[np.ndarray] = []
     for key in keys:  # an array's rows, or any iterable of them (e.g. one band at a time from a memory map)
