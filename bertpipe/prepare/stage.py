@@ -114,7 +114,8 @@ def _report(results: list[CorpusResult], stats: dict) -> str:
             f"- exact duplicates removed {s['exact']['removed']:,} ({s['exact']['clusters']:,} clusters)",
             f"- near duplicates: {s['near']['pairs']:,} pairs over the threshold in {s['near']['clusters']:,} clusters "
             f"({s['near']['candidates']:,} LSH candidates), {s['near']['removed']:,} removed",
-            f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars",
+            f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars, written to `{res.name}/<split>/part-*.parquet` "
+            f"(streamed in {s['timings']['batches']:,} batches on {s['timings']['workers']} worker(s))",
             "",
             "| split | docs | chars | groups |",
             "|---|---:|---:|---:|",
