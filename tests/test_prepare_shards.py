@@ -56,7 +56,7 @@ def _run(corpus: Path, shards, keep_out: EvalTexts, verify: bool, out: Path, bat
                          batch_bytes=batch_bytes)
     stats = {k: v for k, v in res.stats.items() if k != "timings"}
     return {"docs": res.read_docs(), "stats": stats, "clusters": res.clusters,
-            "workers": res.stats["timings"]["workers"], "batches": res.stats["timings"]["batches"]}
+            "workers": res.stats["timings"]["shards"], "batches": res.stats["timings"]["batches"]}
 
 
 def _keep_out(corpus: Path) -> EvalTexts:

@@ -176,7 +176,7 @@ def prepare_corpus(
     bar.close()
     ingested = counters["ingested"]
     timings["ingest_clean_s"] = time.perf_counter() - t
-    timings["batches"], timings["workers"] = counters["batches"], workers
+    timings["batches"], timings["shards"] = counters["batches"], workers  # shards: the workers
     paths = ", ".join(s.path for s in cp.sources)
     if ingested == 0:
         raise BertpipeError(f"prepare.{name}.sources: no documents found in {paths}")

@@ -115,7 +115,7 @@ def _report(results: list[CorpusResult], stats: dict) -> str:
             f"- near duplicates: {s['near']['pairs']:,} pairs over the threshold in {s['near']['clusters']:,} clusters "
             f"({s['near']['candidates']:,} LSH candidates), {s['near']['removed']:,} removed",
             f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars, written to `{res.name}/<split>/part-*.parquet` "
-            f"(streamed in {s['timings']['batches']:,} batches on {s['timings']['workers']} worker(s))",
+            f"(streamed in {s['timings']['batches']:,} batches on {s['timings']['shards']} worker(s))",
             "",
             "| split | docs | chars | groups |",
             "|---|---:|---:|---:|",
