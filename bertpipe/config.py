@@ -84,8 +84,8 @@ class FlowParams(Section):
     # started for the run and closed after it.
     runner: Literal["local", "dask"] = "local"
     cluster_address: str = ""
-    # prepare's per-document work (cleaning, MinHash) in this many shards; auto: one per cluster worker under the
-    # dask runner, 1 elsewhere. Any number gives the same output, so it is not part of prepare's fingerprint.
+    # prepare's per-document work (cleaning, MinHash) on this many workers; auto: one per cluster worker under the
+    # dask runner, one per core elsewhere. Any number gives the same output, so it is not part of prepare's fingerprint.
     prepare_shards: Union[Literal["auto"], Annotated[int, Field(ge=1, le=1024)]] = "auto"
     # Flow stage tasks: a failure that is not the user's (a tracking-server blip, a crashed child process) is retried
     # this many times, after retry_delay_s, 2x, 4x... (exponential backoff); a user error (bad params or data) is not.

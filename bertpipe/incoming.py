@@ -32,8 +32,11 @@ def check_file(cfg: Config, path: Path) -> int:
     """Usable records in ``path`` read as prepare will read it from the drop dir; a one-line error otherwise."""
     from bertpipe.prepare.ingest import Ingest, file_format
 
-    if not path.is_file():
-        raise BertpipeError(f"--add {path}: not a file")
+    from bertpipe.prepare.files import regular_file
+
+    if not path.exists():
+        raise BertpipeError(f"--add {path}: not a file (it does not exist)")
+    regular_file(path, "--add")  # a FIFO would block the read below forever
     src = _source(cfg, path)
     pattern = src.glob or "*"
     if path.name.startswith(".") or not fnmatch.fnmatch(path.name, pattern):

@@ -64,7 +64,8 @@ def base_tokenizer(cfg: Config) -> Path | str:
 
 
 def corpus_dir(cfg: Config, name: str) -> Path:
-    """A prepared corpus: ``work/prepare/<name>/{train,valid,test}.parquet``."""
+    """A prepared corpus: ``work/prepare/<name>/{train,valid,test}/part-NNNNN.parquet`` (read it with
+    ``bertpipe.corpusio``)."""
     return cfg.work / "prepare" / name
 
 

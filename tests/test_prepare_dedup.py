@@ -205,3 +205,16 @@ def test_near_duplicates_is_deterministic(articles):
     a = near_duplicates(articles, N, 64, 0.6, seed=5)
     b = near_duplicates(list(articles), N, 64, 0.6, seed=5)
     assert np.array_equal(a.pairs, b.pairs)
+
+
+@pytest.mark.parametrize("num_perm", [16, 64, 128, 256])
+def test_lsh_params_make_datasketchs_choice(num_perm):
+    """Own quadrature (no datasketch/scipy import in every worker), same (bands, rows) as datasketch's."""
+    from datasketch.lsh import _optimal_param
+
+    from bertpipe.prepare.dedup import lsh_params
+
+    for threshold in (0.5, 0.7, 0.8, 0.9):
+        for recall_weight in (0.5, 0.9):
+            want = _optimal_param(threshold, num_perm, 1.0 - recall_weight, recall_weight)
+            assert lsh_params(threshold, num_perm, recall_weight) == want, (threshold, num_perm, recall_weight)

@@ -68,7 +68,7 @@ def built(tmp_path_factory):
 
 def _corpus(cfg, name: str) -> list[str]:
     out = []
-    for f in sorted((cfg.work / "prepare" / name).glob("*.parquet")):
+    for f in sorted((cfg.work / "prepare" / name).glob("*/part-*.parquet")):
         out += pq.read_table(f).column("text").to_pylist()
     return out
 

@@ -1,6 +1,7 @@
-"""prepare in shards (cleaning, exact keys and MinHash per shard, LSH bands merged) gives byte for byte the output of
-one pass: through a local process pool (the CLI's way) and through an installed executor (the flow's way), with exact
-and near duplicates and task dev/test texts whose matches sit in other shards than their originals."""
+"""prepare in batches on workers (cleaning, task exclusion, exact keys and MinHash per batch, LSH bands merged) gives
+byte for byte the output of one worker: through a local process pool (the CLI's way) and through an installed executor
+(the flow's way), with exact and near duplicates and task dev/test texts whose matches sit in other batches than
+their originals."""
 
 from __future__ import annotations
 
@@ -45,15 +46,17 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
-def _run(corpus: Path, shards, keep_out: EvalTexts, verify: bool) -> dict:
+def _run(corpus: Path, shards, keep_out: EvalTexts, verify: bool, out: Path, batch_bytes: int = 4000) -> dict:
     source = SourceParams(path=str(corpus), format="jsonl", id_field="id", group_field="group", meta_fields=["status"])
     p = PrepareParams(domain=CorpusParams(sources=[source]))
     p.dedup.keep_order = ["id"]
     p.dedup.verify = verify
     p.clean.min_chars = 3
-    res = prepare_corpus("domain", p.domain, p, lambda s: Path(s), keep_out=keep_out, shards=shards)
+    res = prepare_corpus("domain", p.domain, p, lambda s: Path(s), keep_out=keep_out, shards=shards, out=out,
+                         batch_bytes=batch_bytes)
     stats = {k: v for k, v in res.stats.items() if k != "timings"}
-    return {"docs": res.docs, "stats": stats, "clusters": res.clusters, "shards": res.stats["timings"]["shards"]}
+    return {"docs": res.read_docs(), "stats": stats, "clusters": res.clusters,
+            "workers": res.stats["timings"]["shards"], "batches": res.stats["timings"]["batches"]}
 
 
 def _keep_out(corpus: Path) -> EvalTexts:
@@ -62,16 +65,19 @@ def _keep_out(corpus: Path) -> EvalTexts:
 
 
 @pytest.mark.parametrize("verify", [True, False])
-def test_shards_on_an_executor_give_the_one_pass_result(corpus, verify):
-    one = _run(corpus, 1, _keep_out(corpus), verify)
-    assert one["shards"] == 1
+def test_shards_on_an_executor_give_the_one_pass_result(corpus, verify, tmp_path):
+    whole = _run(corpus, 1, _keep_out(corpus), verify, tmp_path / "whole", batch_bytes=1 << 30)
+    one = _run(corpus, 1, _keep_out(corpus), verify, tmp_path / "one")
+    assert whole["batches"] == 1 and one["workers"] == 1 and one["batches"] > 10
     s = one["stats"]
-    assert s["exact"]["removed"] >= 2 and s["near"]["removed"] >= 1, s  # the planted copies were found across shards
+    assert s["exact"]["removed"] >= 2 and s["near"]["removed"] >= 1, s  # the planted copies were found across batches
     assert s["excluded"]["docs"] >= 3 and s["clean"]["removed"]["too_short"] == 1, s
+    for key in ("docs", "stats", "clusters"):
+        assert whole[key] == one[key], key
     with ThreadPoolExecutor(3) as pool, use_executor(pool, workers=3):
-        for shards in ("auto", 2, 4, 7):
-            got = _run(corpus, shards, _keep_out(corpus), verify)
-            assert got["shards"] == (3 if shards == "auto" else shards)
+        for shards in ("auto", 2, 4):
+            got = _run(corpus, shards, _keep_out(corpus), verify, tmp_path / str(shards))
+            assert got["workers"] == (3 if shards == "auto" else shards)
             for key in ("docs", "stats", "clusters"):
                 assert got[key] == one[key], (shards, key)
 
@@ -98,13 +104,16 @@ def test_prepare_stage_in_a_process_pool_writes_the_same_files(tmp_path, corpus)
     assert stats[0]["corpora"]["domain"]["exact"]["removed"] > 0
 
 
-def test_shard_results_are_plain_data():
-    """What a shard returns crosses process and machine boundaries: dataclasses of numpy arrays and builtins."""
+def test_shard_results_are_plain_data(tmp_path):
+    """What a batch returns crosses process and machine boundaries: dataclasses of numpy arrays and builtins."""
     import pickle
 
-    from bertpipe.prepare.shard import ShardJob, process_shard
+    from bertpipe.prepare.shard import BatchJob, process_batch
 
     p = PrepareParams()
-    r = process_shard(ShardJob(["第一条 为了规范合同行为，制定本法。", "x"], p.clean, p.dedup, near=True, exclude=False))
+    docs = [{"id": "a", "text": "第一条 为了规范合同行为，制定本法。", "group": "a", "source": "s"},
+            {"id": "b", "text": "x", "group": "b", "source": "s"}]
+    r = process_batch(BatchJob(0, docs, p, None, None, tmp_path / "b.parquet", ("id", "text", "group", "source")))
     back = pickle.loads(pickle.dumps(r))
-    assert back.texts[1] is None and back.near.keys.shape[1] == 1 and dataclasses.is_dataclass(back)
+    assert back.kept == 1 and back.near.keys.shape[1] == 1 and back.exact.shape == (1, 16)
+    assert dataclasses.is_dataclass(back) and (tmp_path / "b.parquet").is_file()

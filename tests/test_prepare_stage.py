@@ -16,6 +16,18 @@ from bertpipe.pipeline import prepare_stage
 from bertpipe.prepare.params import LAWS_QUERY
 from bertpipe.stage import run_stage
 
+
+def read_split(corpus: Path, split: str):
+    """One prepared split (its part files, through the one reader) as a pyarrow table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertpipe.corpusio import split_files
+
+    files = split_files(corpus, split)
+    assert all(f.parent.name == split and f.name.startswith("part-") for f in files), files  # the sharded layout
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
 DATA = Path(__file__).parent / "data" / "prepare"
 NO_TRACKER = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -66,10 +78,10 @@ def test_outputs_load_with_datasets(built):
     out = res.out
     assert not res.skipped and (out / "manifest.json").is_file()
     dom = datasets.load_dataset(
-        "parquet", data_files={s: str(out / "domain" / f"{s}.parquet") for s in ("train", "valid", "test")}
+        "parquet", data_files={s: str(out / "domain" / s / "part-*.parquet") for s in ("train", "valid", "test")}
     )
-    gen = datasets.load_dataset("parquet", data_files={s: str(out / "general" / f"{s}.parquet") for s in ("train", "valid")})
-    assert not (out / "general" / "test.parquet").exists()
+    gen = datasets.load_dataset("parquet", data_files={s: str(out / "general" / s / "part-*.parquet") for s in ("train", "valid")})
+    assert not (out / "general" / "test").exists()
     for ds in (dom["train"], gen["train"]):
         assert {"id", "text", "group", "source", "cluster"} <= set(ds.column_names)
         assert all(isinstance(t, str) and t for t in ds["text"])
@@ -88,7 +100,7 @@ def test_no_leakage_across_splits(built):
 
     _, res = built
     for corpus, splits in (("domain", ("train", "valid", "test")), ("general", ("train", "valid"))):
-        tables = {s: pq.read_table(res.out / corpus / f"{s}.parquet").to_pylist() for s in splits}
+        tables = {s: read_split(res.out / corpus, s).to_pylist() for s in splits}
         assert all(tables.values())
         for key in ("group", "cluster", "text"):
             owner: dict[str, str] = {}
@@ -109,7 +121,7 @@ def test_amended_versions_are_found_and_current_version_kept(built):
     versions = [c for c in near if len(c["groups"]) == 1]
     import pyarrow.parquet as pq
 
-    rows = {r["id"]: r for s in ("train", "valid", "test") for r in pq.read_table(res.out / "domain" / f"{s}.parquet").to_pylist()}
+    rows = {r["id"]: r for s in ("train", "valid", "test") for r in read_split(res.out / "domain", s).to_pylist()}
     import sqlite3
 
     con = sqlite3.connect(DATA / "laws_small.db")
@@ -140,7 +152,7 @@ def test_mark_keeps_cluster_members_together(tmp_path):
     res = run_stage(prepare_stage(), cfg, tracker_factory=NO_TRACKER)
     import pyarrow.parquet as pq
 
-    rows = [r | {"split": s} for s in ("train", "valid", "test") for r in pq.read_table(res.out / "domain" / f"{s}.parquet").to_pylist()]
+    rows = [r | {"split": s} for s in ("train", "valid", "test") for r in read_split(res.out / "domain", s).to_pylist()]
     by_cluster: dict[str, set] = {}
     for r in rows:
         by_cluster.setdefault(r["cluster"], set()).add(r["split"])
@@ -273,7 +285,7 @@ def test_people_daily_articles_stay_in_one_split(built):
     import pyarrow.parquet as pq
 
     _, res = built
-    rows = [r | {"split": s} for s in ("train", "valid") for r in pq.read_table(res.out / "general" / f"{s}.parquet").to_pylist()]
+    rows = [r | {"split": s} for s in ("train", "valid") for r in read_split(res.out / "general", s).to_pylist()]
     pd = [r for r in rows if r["source"] == "pd"]
     groups = {r["group"] for r in pd}
     assert len(groups) < len(pd)  # several paragraphs per article

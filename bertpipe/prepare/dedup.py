@@ -41,7 +41,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def ngram_hashes(texts: Sequence[str], n: int, chunk_chars: int = 1 << 21) -> tuple[np.ndarray, np.ndarray]:
+def ngram_hashes(texts: Sequence[str], n: int, chunk_chars: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of every character n-gram of every text, concatenated, plus per-text offsets (len D+1).
     A text shorter than ``n`` contributes one hash of the whole text; an empty text contributes none.
     Texts are hashed in chunks of about ``chunk_chars`` characters, which bounds the temporary arrays."""
@@ -139,17 +139,23 @@ def minhash_signatures(
 @functools.lru_cache(maxsize=32)
 def lsh_params(threshold: float, num_perm: int, recall_weight: float = 0.5) -> tuple[int, int]:
     """(bands, rows) minimising the weighted false-positive and false-negative probability mass around
-    ``threshold`` (datasketch's own choice, so the baseline in bench/ can use the very same banding)."""
-    try:
-        from datasketch.lsh import _optimal_param
-
-        return _optimal_param(threshold, num_perm, 1.0 - recall_weight, recall_weight)
-    except ImportError:  # pragma: no cover - datasketch is a dependency; keep a sane fallback
-        best = min(
-            ((b, num_perm // b) for b in range(1, num_perm + 1) if num_perm // b >= 1),
-            key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold),
-        )
-        return best
+    ``threshold``: datasketch's ``_optimal_param`` criterion (so the baseline in bench/ can use the very same
+    banding), computed here because importing datasketch (and scipy.integrate with it) costs every prepare worker
+    ~45 MB. The integrands are polynomials of degree ``bands * rows <= num_perm``, which Gauss-Legendre quadrature
+    with ``num_perm // 2 + 1`` nodes integrates exactly (tests/test_prepare_dedup.py checks the choice against
+    datasketch's)."""
+    x, w = np.polynomial.legendre.leggauss(num_perm // 2 + 1)
+    lo_s, lo_w = threshold / 2 * (x + 1), w * threshold / 2  # nodes on [0, threshold]
+    hi_s, hi_w = threshold + (1 - threshold) / 2 * (x + 1), w * (1 - threshold) / 2  # on [threshold, 1]
+    best, opt = float("inf"), (0, 0)
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            fp = float(np.dot(lo_w, 1 - (1 - lo_s ** float(r)) ** float(b)))
+            fn = float(np.dot(hi_w, (1 - hi_s ** float(r)) ** float(b)))
+            err = fp * (1.0 - recall_weight) + fn * recall_weight
+            if err < best:
+                best, opt = err, (b, r)
+    return opt
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,12 +174,13 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> Iterator[np.ndarray]:
 
 
 def lsh_candidates(keys: np.ndarray, max_bucket: int = 200) -> np.ndarray:
-    """Pairs (i < j) sharing at least one band (``keys``: (bands, D), see ``band_keys``). A bucket larger than
-    ``max_bucket`` links its members to its first member only (a star), which keeps connectivity without a quadratic
+    """Pairs (i < j) sharing at least one band (``keys``: (bands, D) or an iterable of (D,) rows, see
+    ``band_keys``). A bucket larger than ``max_bucket`` links its members to its first member only (a star), which
+    keeps connectivity without a quadratic
     number of pairs."""
-    d = keys.shape[1]
     found: list[np.ndarray] = []
-    for key in keys:
+    for key in keys:  # an array's rows, or any iterable of them (e.g. one band at a time from a memory map)
+        d = len(key)
         order = np.argsort(key, kind="stable")
         ks = key[order]
         brk = np.flatnonzero(ks[1:] != ks[:-1]) + 1
@@ -250,13 +257,29 @@ class Sketch:
                       None if any(s is None for s in sigs) else np.concatenate(sigs))
 
 
+SKETCH_CHARS = 1 << 18  # characters hashed at a time: bounds the n-gram hash temporaries (~50 bytes a character)
+
+
 def sketch(texts: Sequence[str], ngram: int, num_perm: int, threshold: float, seed: int = 1, verify: bool = True,
            batch: int = 4096, recall_weight: float = 0.9, progress=None) -> Sketch:
-    hashes, offsets = ngram_hashes(texts, ngram)
-    sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
+    """Band keys (and signatures when ``verify`` is off) of ``texts``, a few hundred thousand characters at a time:
+    each document's sketch depends on its text alone, so the pieces concatenate to the whole's."""
     bands, rows = lsh_params(threshold, num_perm, recall_weight)
-    keys = np.stack(list(band_keys(sig, bands, rows))) if len(texts) else np.zeros((bands, 0), dtype=np.uint64)
-    return Sketch(keys, None if verify else np.ascontiguousarray(sig))
+    parts: list[Sketch] = []
+    lo = 0
+    while lo < len(texts):
+        hi, size = lo, 0
+        while hi < len(texts) and (hi == lo or size + len(texts[hi]) <= SKETCH_CHARS):
+            size += len(texts[hi])
+            hi += 1
+        hashes, offsets = ngram_hashes(texts[lo:hi], ngram)
+        sig = minhash_signatures(hashes, offsets, num_perm, seed, batch, progress)
+        del hashes
+        parts.append(Sketch(np.stack(list(band_keys(sig, bands, rows))), None if verify else np.ascontiguousarray(sig)))
+        lo = hi
+    if not parts:
+        return Sketch(np.zeros((bands, 0), dtype=np.uint64), None if verify else np.zeros((0, num_perm), np.uint32))
+    return Sketch.concat(parts)
 
 
 @dataclass

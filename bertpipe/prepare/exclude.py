@@ -82,9 +82,10 @@ def _contains(docs: list[str], ev: EvalTexts, m: int) -> dict[int, set[int]]:
 
 
 def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams, sketched: Sketch | None = None,
-            ) -> tuple[list[dict], dict]:
+            keep_out_sketch: Sketch | None = None) -> tuple[list[dict], dict]:
     """(kept documents, stats) with stats = {"docs": n removed, "by_task": {task: {reason: n}}, "examples": [...]}.
-    ``sketched``: the documents' normal forms' ``dedup.sketch`` (prepare's shards compute it)."""
+    ``sketched``: the documents' normal forms' ``dedup.sketch``, ``keep_out_sketch``: ``ev.texts``' (prepare's
+    batches compute the first, the caller the second once)."""
     stats: dict = {"docs": 0, "by_task": {t: dict.fromkeys(REASONS, 0) for t in ev.tasks}, "examples": []}
     if not ev.texts or not docs:
         return docs, stats
@@ -99,7 +100,8 @@ def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams, sketched: Sketch 
     d = p.dedup
     opts = dict(seed=d.seed, verify=d.verify, batch=d.batch_ngrams, recall_weight=d.recall_weight)
     if sketched is not None:
-        sketched = Sketch.concat([sketched, sketch(ev.texts, d.ngram, d.num_perm, d.threshold, **opts)])
+        theirs = keep_out_sketch or sketch(ev.texts, d.ngram, d.num_perm, d.threshold, **opts)
+        sketched = Sketch.concat([sketched, theirs])
     nd = near_duplicates(keys + ev.texts, d.ngram, d.num_perm, d.threshold, **opts, cross_at=len(keys),
                          sketched=sketched)
     near: dict[int, set[int]] = defaultdict(set)
@@ -117,3 +119,18 @@ def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams, sketched: Sketch 
                                       "preview": docs[i]["text"][:60]})
     stats["docs"] = len(found)
     return [doc for i, doc in enumerate(docs) if i not in found], stats
+
+
+def merge_excluded(total: dict, part: dict) -> dict:
+    """Add one batch's ``exclude`` stats to the running ``total`` (examples: the first ten in corpus order)."""
+    if not part:
+        return total
+    if not total:
+        return {"docs": part["docs"], "by_task": {t: dict(c) for t, c in part["by_task"].items()},
+                "examples": list(part["examples"])}
+    total["docs"] += part["docs"]
+    for t, c in part["by_task"].items():
+        for r, n in c.items():
+            total["by_task"].setdefault(t, dict.fromkeys(REASONS, 0))[r] += n
+    total["examples"] = (total["examples"] + part["examples"])[:10]
+    return total

@@ -1,7 +1,9 @@
 """Ingest: raw sources (txt, jsonl, csv, parquet, a SQLite query; files, directories, globs) -> documents.
 
-Every document is a dict with ``id``, ``text``, ``group``, ``source`` and the source's meta fields. Text decoding
-accepts UTF-8 (with or without BOM) and GB18030; anything else is an error naming the file, line and byte offset.
+Every document is a dict with ``id``, ``text``, ``group``, ``source`` and the source's meta fields. Files are read
+incrementally (text in chunks, parquet in record batches, SQLite through a cursor), so memory does not grow with a
+file. Only regular files are opened, and text decoding follows ``bertpipe.prepare.files``'s encoding policy (UTF-8 or
+GB18030, one per file unless ``encoding: per-line``); anything else is an error naming the file, line and byte offset.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import csv
 import glob as globlib
 import io
+import itertools
 import json
 import re
 from pathlib import Path
 from typing import Callable, Iterator
 
 from bertpipe.errors import BertpipeError
+from bertpipe.prepare.files import is_special, open_regular, regular_file, text_lines
 from bertpipe.prepare.params import SourceParams
 from bertpipe.sqlite_io import reading
 
@@ -42,7 +46,9 @@ def source_files(src: SourceParams, resolve: Callable[[str], Path], key: str) ->
     """The files a source names, sorted; a missing path or an empty match is an error naming the params key."""
     if is_glob(src.path):
         pattern = str(resolve(src.path))
-        files = sorted(Path(p) for p in globlib.glob(pattern, recursive=True) if Path(p).is_file())
+        matches = [Path(p) for p in globlib.glob(pattern, recursive=True)]
+        _no_special(matches, key)
+        files = sorted(p for p in matches if p.is_file())
         if not files:
             raise BertpipeError(f"{key}.path: no file matches {pattern}")
         return files
@@ -50,11 +56,20 @@ def source_files(src: SourceParams, resolve: Callable[[str], Path], key: str) ->
     if not p.exists():
         raise BertpipeError(f"{key}.path: {p} does not exist")
     if p.is_dir():
-        files = sorted(f for f in p.rglob(src.glob) if f.is_file() and not f.name.startswith("."))
+        matches = [f for f in p.rglob(src.glob) if not f.name.startswith(".")]
+        _no_special(matches, key)
+        files = sorted(f for f in matches if f.is_file())
         if not files:
             raise BertpipeError(f"{key}.path: directory {p} holds no file matching {src.glob!r}")
         return files
-    return [p]
+    return [regular_file(p, f"{key}.path")]
+
+
+def _no_special(paths: list[Path], key: str) -> None:
+    """A FIFO, socket or device among a source's matches is an error (reading one would hang or never end)."""
+    for f in paths:
+        if is_special(f):
+            regular_file(f, f"{key}.path")  # raises, naming what it is
 
 
 def file_format(src: SourceParams, path: Path) -> str:
@@ -73,43 +88,8 @@ def file_format(src: SourceParams, path: Path) -> str:
 
 
 def decode(data: bytes, path: Path | str, encoding: str = "auto") -> str:
-    """Bytes -> text with ``\\n`` line ends. ``auto``: UTF-8 (BOM stripped); else GB18030, unless nearly all of the
-    non-ASCII bytes are valid UTF-8 (then it is a broken UTF-8 file, which must not be read as GB18030 mojibake)."""
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise BertpipeError(_where(data, nul, path) + "expected text, found a NUL byte (binary or UTF-16 file?)")
-    if encoding == "auto":
-        if data.startswith(b"\xef\xbb\xbf"):
-            text = _strict(data, "utf-8-sig", path)
-        else:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                non_ascii = len(data) - len(data.decode("ascii", "ignore"))
-                bad = data.decode("utf-8", "replace").count("\ufffd")
-                if bad < 0.02 * non_ascii:
-                    raise BertpipeError(_where(data, e.start, path) + "expected UTF-8 text (invalid byte sequence)")
-                try:
-                    text = data.decode("gb18030")
-                except UnicodeDecodeError:
-                    raise BertpipeError(
-                        _where(data, e.start, path) + "expected UTF-8 or GB18030 text (set `encoding` if it is another)"
-                    ) from None
-    else:
-        text = _strict(data, encoding, path)
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _strict(data: bytes, encoding: str, path: Path | str) -> str:
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as e:
-        raise BertpipeError(_where(data, e.start, path) + f"expected {encoding} text") from None
-
-
-def _where(data: bytes, offset: int, path: Path | str) -> str:
-    line = data.count(b"\n", 0, max(offset, 0)) + 1
-    return f"{path}:{line}: byte offset {offset}: "
+    """Bytes -> text with ``\\n`` line ends, under the encoding policy of ``bertpipe.prepare.files``."""
+    return "\n".join(text_lines(io.BytesIO(data), path, encoding))
 
 
 # ---------------------------------------------------------------- POS-tagged text
@@ -182,12 +162,15 @@ class Ingest:
         extra = [f for f in (src.id_field, src.group_field, *src.meta_fields) if f and f != "_block"]
         if extra:
             raise BertpipeError(f"{path}: a txt source has no field {extra[0]!r} (only the text and '_block')")
-        text = decode(path.read_bytes(), path, src.encoding)
+        with open_regular(path) as fh:
+            yield from self._txt_records(src, path, text_lines(fh, path, src.encoding, self.counts))
+
+    def _txt_records(self, src: SourceParams, path: Path, lines: Iterator[str]) -> Iterator[tuple[str, int, dict]]:
         name = src.name or path.stem
         tf = src.text_field
         if src.txt_unit == "line":
             block = 1  # "_block": where the blank-line separated block of this line starts (e.g. one article)
-            for n, line in enumerate(text.split("\n"), 1):
+            for n, line in enumerate(lines, 1):
                 if src.strip_pos_tags:
                     line = strip_pos_tags(line)
                 if line.strip():
@@ -197,7 +180,7 @@ class Ingest:
             return
         block: list[str] = []
         start = 1
-        for n, line in enumerate([*text.split("\n"), ""], 1):
+        for n, line in enumerate(itertools.chain(lines, [""]), 1):
             if line.strip():
                 if not block:
                     start = n
@@ -207,9 +190,12 @@ class Ingest:
                 block = []
 
     def _read_jsonl(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
-        text = decode(path.read_bytes(), path, src.encoding)
+        with open_regular(path) as fh:
+            yield from self._jsonl_records(src, path, text_lines(fh, path, src.encoding, self.counts))
+
+    def _jsonl_records(self, src: SourceParams, path: Path, lines: Iterator[str]) -> Iterator[tuple[str, int, dict]]:
         name = src.name or path.stem
-        for n, line in enumerate(text.split("\n"), 1):
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
@@ -223,9 +209,13 @@ class Ingest:
             yield f"{name}:{n}", n, row
 
     def _read_csv(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
-        text = decode(path.read_bytes(), path, src.encoding)
+        with open_regular(path) as fh:
+            lines = (line + "\n" for line in text_lines(fh, path, src.encoding, self.counts))
+            yield from self._csv_records(src, path, lines)
+
+    def _csv_records(self, src: SourceParams, path: Path, lines: Iterator[str]) -> Iterator[tuple[str, int, dict]]:
         name = src.name or path.stem
-        reader = csv.DictReader(io.StringIO(text), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        reader = csv.DictReader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
         self._check_columns(path, reader.fieldnames or [], src)
         width = len(reader.fieldnames or [])
         for row in reader:
@@ -238,18 +228,25 @@ class Ingest:
     def _read_parquet(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
         import pyarrow.parquet as pq
 
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a broken file
-            raise BertpipeError(f"{path}: expected a Parquet file ({type(e).__name__}: {e})") from None
-        self._check_columns(path, table.column_names, src)
         name = src.name or path.stem
-        for n, row in enumerate(table.to_pylist(), 1):
-            yield f"{name}:{n}", n, row
+        with open_regular(path) as fh:
+            try:
+                pf = pq.ParquetFile(fh)
+                self._check_columns(path, pf.schema_arrow.names, src)
+                n = 0
+                for batch in pf.iter_batches(batch_size=4096):
+                    for row in batch.to_pylist():
+                        n += 1
+                        yield f"{name}:{n}", n, row
+            except BertpipeError:
+                raise
+            except Exception as e:  # pyarrow raises several types for a broken file
+                raise BertpipeError(f"{path}: expected a Parquet file ({type(e).__name__}: {e})") from None
 
     def _read_sqlite(self, src: SourceParams, path: Path) -> Iterator[tuple[str, int, dict]]:
         sql = f"SELECT * FROM ({src.query}) WHERE {src.where}" if src.where.strip() else src.query
         name = src.name or path.stem
+        regular_file(path)
         with reading(path, "the sqlite query failed", "check query/where") as con:
             cur = con.execute(sql)
             cols = [d[0] for d in cur.description or []]

@@ -29,7 +29,7 @@ class SourceParams(_Model):
     format: Literal["auto", "txt", "jsonl", "csv", "parquet", "sqlite"] = "auto"
     # Directories: which files to read (sorted by name, so the order is stable).
     glob: str = "*"
-    encoding: Literal["auto", "utf-8", "utf-8-sig", "gb18030"] = "auto"
+    encoding: Literal["auto", "per-line", "utf-8", "utf-8-sig", "gb18030"] = "auto"  # see prepare/files.py
     # txt: one document per line, or documents separated by blank lines (lines of one document joined by "\n").
     txt_unit: Literal["line", "blank_line"] = "line"
     # txt: "word/tag  word/tag" (People's Daily style) -> plain text.

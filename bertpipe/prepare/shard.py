@@ -1,28 +1,35 @@
-"""prepare's per-document work in shards: cleaning, the exact-duplicate key and MinHash sketches (LSH band keys).
+"""prepare's per-document work, one batch of documents at a time, on a pool of workers.
 
-Everything here is a function of one document's text, so a corpus cut into contiguous shards gives, concatenated in
-shard order, exactly what one pass over it gives; the corpus-wide steps (task-text exclusion, exact groups, LSH
-buckets over the merged band keys, verification, components, splits) stay in the caller. Output is therefore
-identical for any shard count and any executor.
+A batch is cleaned, its documents matching finetune tasks' dev/test texts are removed, its survivors are written to
+the scratch store (``store.batch_path``) and the worker returns only compact arrays: each survivor's exact-duplicate
+key, LSH band keys (and MinHash signatures when candidates are not verified) and length. Everything here is a
+function of one document, so the corpus-wide steps (exact groups, LSH buckets, components, splits) in
+``bertpipe.prepare.corpus`` see the same arrays for any batch size, worker count or executor.
 
-Where shards run is the caller's choice, not the library's: ``use_executor`` installs anything with the
-``concurrent.futures.Executor.map`` interface (the Prefect flow passes its Dask cluster's, ``client.get_executor()``);
-without one, ``flow.prepare_shards`` > 1 runs them in a local process pool (the CLI).
+Where batches run is the caller's choice: ``use_executor`` installs anything with the ``concurrent.futures.Executor``
+``submit`` interface (the Prefect flow passes its Dask cluster's, ``client.get_executor()``); without one, a local
+process pool of ``flow.prepare_shards`` workers (auto: the machine's cores) starts once a second batch exists.
+At most ``workers + 1`` batches are in flight, so the process that ingests never holds more than that.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
-from collections import Counter
+import os
+from collections import Counter, deque
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
 
 from bertpipe.prepare.clean import Cleaner
 from bertpipe.prepare.dedup import Sketch, exact_key, normal_form, sketch
-from bertpipe.prepare.params import CleanParams, DedupParams
+from bertpipe.prepare.exclude import EvalTexts, exclude
+from bertpipe.prepare.params import PrepareParams
+from bertpipe.prepare.store import write_batch
 
 _EXECUTOR: contextvars.ContextVar[tuple[Executor, int] | None] = contextvars.ContextVar("prepare_executor",
                                                                                          default=None)
@@ -30,7 +37,7 @@ _EXECUTOR: contextvars.ContextVar[tuple[Executor, int] | None] = contextvars.Con
 
 @contextlib.contextmanager
 def use_executor(executor: Executor | None, workers: int = 1) -> Iterator[None]:
-    """Run prepare's shards on ``executor`` (``workers``: how many it runs at once, the default shard count)."""
+    """Run prepare's batches on ``executor`` (``workers``: how many it runs at once)."""
     token = _EXECUTOR.set((executor, max(1, workers)) if executor is not None else None)
     try:
         yield
@@ -39,75 +46,109 @@ def use_executor(executor: Executor | None, workers: int = 1) -> Iterator[None]:
 
 
 def shard_count(setting: int | str) -> int:
-    """``flow.prepare_shards``: a number, or auto = the installed executor's workers (1 without one)."""
+    """``flow.prepare_shards``: how many workers; auto = the installed executor's workers, else the machine's
+    cores."""
     if setting != "auto":
         return int(setting)
     installed = _EXECUTOR.get()
-    return installed[1] if installed else 1
+    return installed[1] if installed else max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                              else (os.cpu_count() or 1))
 
 
-def run_shards(fn: Callable, jobs: Sequence) -> list:
-    """``[fn(job) for job in jobs]``, on the installed executor, a local process pool or in this process."""
+def run_batches(fn: Callable, jobs: Iterable, workers: int) -> Iterator:
+    """``fn(job)`` for each job, results in job order, at most ``workers + 1`` in flight: on the installed executor,
+    a local process pool (started at the second job), or in this process when ``workers`` is 1."""
+    it = iter(jobs)
+    first = next(it, None)
+    if first is None:
+        return
+    second = next(it, None)
+    if second is None or workers <= 1:
+        yield fn(first)
+        if second is not None:
+            yield fn(second)
+            for job in it:
+                yield fn(job)
+        return
     installed = _EXECUTOR.get()
-    if installed is not None and len(jobs) > 1:
-        return list(installed[0].map(fn, jobs))
-    if len(jobs) > 1:
-        import multiprocessing
+    with contextlib.ExitStack() as stack:
+        if installed is not None:
+            pool = installed[0]
+        else:
+            import multiprocessing
 
-        # spawn: the caller may hold threads (torch, Prefect) that a forked child would inherit half-locked.
-        with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-            return list(pool.map(fn, jobs))
-    return [fn(job) for job in jobs]
+            # spawn: the caller may hold threads (torch, Prefect) that a forked child would inherit half-locked.
+            pool = stack.enter_context(ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")))
+        window: deque = deque()
+        for job in (first, second):
+            window.append(pool.submit(fn, job))
+        for job in it:
+            if len(window) > workers:
+                yield window.popleft().result()
+            window.append(pool.submit(fn, job))
+        while window:
+            yield window.popleft().result()
 
 
 @dataclass
-class ShardJob:
-    texts: list[str]  # raw texts, in corpus order
-    clean: CleanParams
-    dedup: DedupParams
-    near: bool  # sketch the cleaned texts (near-duplicate detection)
-    exclude: bool  # sketch their normal forms (near matches of finetune tasks' dev/test texts)
+class BatchJob:
+    index: int  # batch number: the scratch file it writes
+    docs: list[dict]  # ingested documents (id, text, group, source, meta), in corpus order
+    p: PrepareParams
+    keep_out: EvalTexts | None  # finetune tasks' dev/test texts (None: nothing to exclude)
+    keep_out_sketch: Sketch | None  # their sketch, computed once by the caller
+    out: Path  # the scratch file
+    columns: tuple[str, ...]  # the scratch file's columns
 
 
 @dataclass
-class ShardResult:
-    texts: list[str | None]  # cleaned text, None where a filter removed the document
+class BatchResult:
+    index: int
+    kept: int  # documents written
     removed: Counter
     removed_chars: Counter
     masked: Counter
-    exact: list[bytes]  # exact-duplicate key of each kept text
+    excluded: dict  # exclude()'s stats for this batch
+    exact: np.ndarray  # (kept, 16) uint8 exact-duplicate keys
     near: Sketch | None  # of the kept texts
-    exclude: Sketch | None  # of the kept texts' normal forms
+    lens: np.ndarray  # (kept,) characters
 
 
-def _sketch(texts: list[str], d: DedupParams) -> Sketch:
+def _sketch(texts: list[str], p: PrepareParams) -> Sketch:
+    d = p.dedup
     return sketch(texts, d.ngram, d.num_perm, d.threshold, d.seed, d.verify, d.batch_ngrams, d.recall_weight)
 
 
-def process_shard(job: ShardJob) -> ShardResult:
-    cleaner = Cleaner(job.clean)
-    texts = [cleaner(t) for t in job.texts]
-    kept = [t for t in texts if t is not None]
-    forms = [normal_form(t) for t in kept]
-    return ShardResult(
-        texts, cleaner.removed, cleaner.removed_chars, cleaner.masked,
-        [exact_key(t) for t in kept],
-        _sketch(kept, job.dedup) if job.near else None,
-        _sketch(forms, job.dedup) if job.exclude else None,
+def keep_out_sketch(ev: EvalTexts, p: PrepareParams) -> Sketch | None:
+    return _sketch(ev.texts, p) if ev.texts else None
+
+
+def process_batch(job: BatchJob) -> BatchResult:
+    p = job.p
+    cleaner = Cleaner(p.clean)
+    docs = []
+    for doc in job.docs:
+        text = cleaner(doc["text"])
+        if text is not None:
+            docs.append({**doc, "text": text})
+    excluded: dict = {}
+    if job.keep_out is not None and job.keep_out.texts:
+        forms = [normal_form(d["text"]) for d in docs]
+        own = _sketch(forms, p) if forms else None
+        docs, excluded = exclude(docs, job.keep_out, p, sketched=own, keep_out_sketch=job.keep_out_sketch)
+    texts = [d["text"] for d in docs]
+    write_batch(job.out, docs, job.columns)
+    keys = np.frombuffer(b"".join(exact_key(t) for t in texts), dtype=np.uint8).reshape(len(texts), 16)
+    return BatchResult(
+        job.index, len(docs), cleaner.removed, cleaner.removed_chars, cleaner.masked, excluded, keys,
+        _sketch(texts, p) if p.dedup.near else None,
+        np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)),
     )
 
 
-def shard_jobs(texts: list[str], shards: int, **settings) -> list[ShardJob]:
-    """Contiguous shards of about equal size (fewer when there are fewer texts)."""
-    size = max(1, math.ceil(len(texts) / max(1, shards)))
-    return [ShardJob(texts[i : i + size], **settings) for i in range(0, len(texts), size)] or [
-        ShardJob([], **settings)]
-
-
-def merge_counts(cleaner: Cleaner, results: Sequence[ShardResult]) -> None:
-    """The shards' filter counts into ``cleaner``, in shard order (Counter.update keeps zero counts and the
-    first-seen key order, so the stats read as from one pass)."""
-    for r in results:
-        cleaner.removed.update(r.removed)
-        cleaner.removed_chars.update(r.removed_chars)
-        cleaner.masked.update(r.masked)
+def merge_counts(cleaner: Cleaner, r: BatchResult) -> None:
+    """A batch's filter counts into ``cleaner``, in batch order (Counter.update keeps zero counts and the first-seen
+    key order, so the stats read as from one pass)."""
+    cleaner.removed.update(r.removed)
+    cleaner.removed_chars.update(r.removed_chars)
+    cleaner.masked.update(r.masked)

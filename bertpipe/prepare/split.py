@@ -4,7 +4,7 @@ near-duplicate cluster are joined into one component first, and a component neve
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -13,16 +13,27 @@ from bertpipe.prepare.dedup import components
 
 def leak_components(groups: Sequence[str], clusters: Sequence[str]) -> np.ndarray:
     """Component label per document: documents linked by an equal group or an equal cluster share a label."""
-    n = len(groups)
-    node: dict[tuple[str, str], int] = {}
-    edges = []
-    for i, (g, c) in enumerate(zip(groups, clusters)):
-        gi = node.setdefault(("g", g), n + len(node))
-        ci = node.setdefault(("c", c), n + len(node))
-        edges.append((i, gi))
-        edges.append((i, ci))
-    labels = components(n + len(node), np.asarray(edges, dtype=np.int64).reshape(-1, 2))
-    return labels[:n]
+    return _components(_codes(groups)[0], _codes(clusters)[0])
+
+
+def _codes(values: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """(integer code per value, the distinct values by code)."""
+    where: dict[str, int] = {}
+    codes = np.fromiter((where.setdefault(v, len(where)) for v in values), dtype=np.int64, count=len(values))
+    return codes, list(where)
+
+
+def _components(group_codes: np.ndarray, cluster_codes: np.ndarray) -> np.ndarray:
+    """Union of documents through shared group codes and shared cluster codes, over integer ids (scipy's
+    connected components of the bipartite document-group-cluster graph)."""
+    n = len(group_codes)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    ng = int(group_codes.max()) + 1
+    docs = np.arange(n, dtype=np.int64)
+    edges = np.concatenate([np.stack([docs, n + group_codes], axis=1),
+                            np.stack([docs, n + ng + cluster_codes], axis=1)])
+    return components(n + ng + int(cluster_codes.max()) + 1, edges)[:n]
 
 
 def _unit_hash(key: str, seed: int) -> float:
@@ -40,19 +51,45 @@ def assign_splits(
 ) -> list[str]:
     """Split name per document. ``fractions`` maps split -> share (they sum to 1, in the order given); ``weights``
     (e.g. characters) measure the shares, documents count 1 each by default."""
-    n = len(groups)
-    if n == 0:
+    if len(groups) == 0:
         return []
+    gcodes, gvalues = _codes(groups)
     names = [k for k, v in fractions.items() if v > 0]
+    order = sorted(range(len(gvalues)), key=gvalues.__getitem__)
+    rank = np.empty(len(gvalues), dtype=np.int64)
+    rank[order] = np.arange(len(gvalues))
+    idx = assign_split_codes(gcodes, rank, lambda r: gvalues[order[r]], _codes(clusters)[0], fractions, seed,
+                             method, weights)
+    return [names[i] for i in idx.tolist()]
+
+
+def assign_split_codes(
+    group_codes: np.ndarray,
+    group_rank: np.ndarray,
+    group_name: Callable[[int], str],
+    cluster_codes: np.ndarray,
+    fractions: dict[str, float],
+    seed: int = 0,
+    method: str = "balanced",
+    weights: Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
+    """``assign_splits`` over integer codes: index into the positive ``fractions`` per document. ``group_rank``:
+    each group code's position in the sorted group names, ``group_name(rank)``: the name at that position (only
+    one per component is asked for, so the names can stay in Arrow or on disk)."""
+    n = len(group_codes)
+    names = [k for k, v in fractions.items() if v > 0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int8)
     shares = np.array([fractions[k] for k in names], dtype=np.float64)
     bounds = np.cumsum(shares) / shares.sum()
-    labels = leak_components(groups, clusters)
+    labels = _components(np.asarray(group_codes, dtype=np.int64), np.asarray(cluster_codes, dtype=np.int64))
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     # A component is named by its smallest group string, so its position does not depend on document order.
-    first: dict[int, str] = {}
-    for lab, g in zip(labels.tolist(), groups):
-        if lab not in first or g < first[lab]:
-            first[lab] = g
+    ncomp = int(labels.max()) + 1
+    first_rank = np.full(ncomp, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_rank, labels, group_rank[group_codes])
+    present = np.flatnonzero(first_rank != np.iinfo(np.int64).max)
+    first = {int(c): group_name(int(first_rank[c])) for c in present}
     comp_ids = sorted(first, key=lambda c: (_unit_hash(first[c], seed), first[c]))
     size = np.bincount(labels, weights=w)
     choice: dict[int, int] = {}
@@ -69,7 +106,10 @@ def assign_splits(
     for c in choice:
         choice[c] = min(choice[c], len(names) - 1)
     _fill_empty(choice, comp_ids, size, len(names))
-    return [names[choice[lab]] for lab in labels.tolist()]
+    lut = np.zeros(ncomp, dtype=np.int8)
+    for c, s in choice.items():
+        lut[c] = s
+    return lut[labels]
 
 
 def _fill_empty(choice: dict[int, int], comp_ids: list[int], size: np.ndarray, k: int) -> None:
@@ -77,10 +117,11 @@ def _fill_empty(choice: dict[int, int], comp_ids: list[int], size: np.ndarray, k
     split that has the most."""
     if len(comp_ids) < k:
         return
+    position = {c: i for i, c in enumerate(comp_ids)}
     for s in range(k):
         if any(v == s for v in choice.values()):
             continue
         per = np.bincount(list(choice.values()), minlength=k)
         donor = int(np.argmax(per))
         cands = [c for c in comp_ids if choice[c] == donor]
-        choice[min(cands, key=lambda c: (size[c], comp_ids.index(c)))] = s
+        choice[min(cands, key=lambda c: (size[c], position[c]))] = s

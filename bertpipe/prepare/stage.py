@@ -1,24 +1,27 @@
 """The prepare stage: raw sources -> cleaned, deduplicated, leakage-free splits of the domain and general corpora.
 
-Output (``ctx.out``): ``{domain,general}/{train,valid,test}.parquet`` (columns ``id, text, group, source, cluster``
-plus the sources' meta fields), ``stats.json``, ``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``.
+Output (``ctx.out``): ``{domain,general}/{train,valid,test}/part-NNNNN.parquet`` (columns ``id, text, group, source,
+cluster`` plus the sources' meta fields; read them with ``bertpipe.corpusio``), ``stats.json``,
+``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``. ``bertpipe.prepare.corpus`` streams each corpus through
+a scratch directory under ``ctx.out`` that is removed before the output is published.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
 from bertpipe.prepare.exclude import EvalTexts
+from bertpipe.prepare.files import regular_file
 from bertpipe.prepare.ingest import is_glob, source_files
 from bertpipe.prepare.params import PrepareParams
 
 VERSION = "2"  # 2: finetune tasks' dev/test texts are excluded
 CORPORA = ("domain", "general")
-BASE_COLUMNS = ("id", "text", "group", "source", "cluster")
 
 
 def _corpora(p: PrepareParams):
@@ -55,25 +58,13 @@ def own_inputs(cfg) -> dict[str, Path]:
             path = resolve(src.path)
             if not path.exists():
                 raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
+            # Before the fingerprint and the MLflow run: reading a FIFO (named, or in a directory) would hang.
+            if path.is_dir():
+                source_files(src, resolve, key)
+            else:
+                regular_file(path, f"{key}.path")
             out[f"{name}:{i}"] = path
     return out
-
-
-def _write_parquet(res: CorpusResult, out: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    extra: list[str] = []
-    for doc in res.docs:
-        for k in doc:
-            if k not in BASE_COLUMNS and k != "split" and k not in extra:
-                extra.append(k)
-    schema = pa.schema([(c, pa.string()) for c in (*BASE_COLUMNS, *extra)])
-    (out / res.name).mkdir(parents=True, exist_ok=True)
-    for sp in res.splits:
-        rows = [doc for doc in res.docs if doc["split"] == sp]
-        cols = {c: [doc.get(c) for doc in rows] for c in schema.names}
-        pq.write_table(pa.table(cols, schema=schema), out / res.name / f"{sp}.parquet")
 
 
 def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
@@ -88,8 +79,8 @@ def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.5), squeeze=False)
     for ax, res in zip(axes[0], results):
         for sp in res.splits:
-            lens = [len(d["text"]) for d in res.docs if d["split"] == sp]
-            if lens:
+            lens = res.lengths.get(sp, [])
+            if len(lens):
                 ax.hist(np.log10(lens), bins=40, alpha=0.5, label=f"{sp} ({len(lens)})")
         ax.set_title(f"{res.name}: document length")
         ax.set_xlabel("log10(characters)")
@@ -123,7 +114,8 @@ def _report(results: list[CorpusResult], stats: dict) -> str:
             f"- exact duplicates removed {s['exact']['removed']:,} ({s['exact']['clusters']:,} clusters)",
             f"- near duplicates: {s['near']['pairs']:,} pairs over the threshold in {s['near']['clusters']:,} clusters "
             f"({s['near']['candidates']:,} LSH candidates), {s['near']['removed']:,} removed",
-            f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars",
+            f"- kept {s['kept']:,} documents, {s['chars_out']:,} chars, written to `{res.name}/<split>/part-*.parquet` "
+            f"(streamed in {s['timings']['batches']:,} batches on {s['timings']['shards']} worker(s))",
             "",
             "| split | docs | chars | groups |",
             "|---|---:|---:|---:|",
@@ -163,10 +155,14 @@ def build(ctx) -> dict:
         ctx.log(f"keeping {len(keep_out.texts):,} dev/test texts of {len(keep_out.tasks)} task(s) out of the corpora")
     for name, cp in _corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
-        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
-                             keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards)
+        scratch = ctx.out / f".scratch-{name}"
+        try:
+            res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
+                                 keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards, out=ctx.out,
+                                 scratch=scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         _check_splits(res)
-        _write_parquet(res, ctx.out)
         ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
         results.append(res)
 
