@@ -1,8 +1,10 @@
-"""Where domain pretraining starts: decided once, in the library's graph, so every front door agrees.
+"""Where domain pretraining starts: the rule the ``start`` stage applies, so every front door agrees.
 
-`bertpipe run`, `bertpipe retrain`, the scheduled deployment (`bertpipe serve`) and `dvc repro` all build the same
-graph (``bertpipe.pipeline``); its vocab stage extends the encoder ``resolve(cfg)`` names and pretraining continues
-from the vocab stage's model. No door passes its own starting point, so none can undo another's work.
+`bertpipe run`, `bertpipe retrain`, the scheduled deployment and `dvc repro` all build the same graph
+(``bertpipe.pipeline``); its ``start`` stage asks the registry once per run (``resolve``) and writes the answer to
+``work/start/start.json`` (``bertpipe.start``), which the vocab stage's inputs read; pretraining continues from the
+vocab stage's model. No door passes its own starting point, so none can undo another's work, and no graph walk
+queries MLflow. A registry that cannot be reached is an error, never "start from the base".
 
 The rule (``flow.retrain_from: champion``):
 
@@ -27,8 +29,7 @@ from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-
-KEY = "bertpipe_lineage"
+from bertpipe.start import KEY  # noqa: F401 (the model config key; imported from here by older callers)
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,22 @@ def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[
     try:
         c = client(cfg)
         mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, CHAMPION)
-    except Exception:  # no such model/alias/version, or no registry: there is nothing to continue from
-        return None
+    except Exception as e:
+        if getattr(e, "error_code", "") in NOT_THERE:
+            return None  # no such model, alias or version: nothing to continue from
+        from bertpipe.tracking import display_uri
+
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise BertpipeError(
+            f"tracking.uri {display_uri(uri)}: the model registry cannot be read, so where pretraining starts "
+            f"cannot be decided ({reason}); start the tracking server, fix tracking.uri, or set "
+            "flow.retrain_from: base") from None
     dest = export_model(cfg, name, version=str(mv.version))
     return (str(mv.version), dest) if dest is not None else None
+
+
+# MLflow's answers for "no such registered model / alias / version" (a REST server passes them through).
+NOT_THERE = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def _from_record(cfg: Config, rec: dict) -> Start | None:
@@ -122,8 +135,9 @@ def _from_record(cfg: Config, rec: dict) -> Start | None:
     return None
 
 
-def resolve(cfg: Config) -> Start:
-    """The encoder the vocab stage extends and pretraining continues from (see the module docstring)."""
+def resolve(cfg: Config, corpus: str | None = None) -> Start:
+    """The encoder the vocab stage extends and pretraining continues from (see the module docstring). ``corpus``:
+    the current corpus identity (the prepare stage's fingerprint), computed from the files when not given."""
     explicit = cfg.params.model.continue_from.strip()
     if explicit:
         p = cfg.path(explicit)
@@ -136,7 +150,7 @@ def resolve(cfg: Config) -> Start:
         return base_start(cfg)
     version, model_dir = champ
     rec = read_lineage(model_dir)
-    if rec and rec.get("corpus") and rec.get("corpus") == corpus_id(cfg):
+    if rec and rec.get("corpus") and rec.get("corpus") == (corpus or corpus_id(cfg)):
         again = _from_record(cfg, rec.get("start") or {})
         if again is not None:
             return again

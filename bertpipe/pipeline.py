@@ -1,6 +1,7 @@
 """The stage graph: which stage's output feeds which input. The CLI, the Prefect flow and dvc.yaml all follow it.
 
     tasks ─(dev/test)─> prepare ─┬─(general)─> base* ─┐
+      │                          ├─> start ───────────┤   (start.json: the base, or the champion to continue from)
       │                          └─(domain)───────────┴─> vocab ─> pretrain ─┐
       └─(task dir)──────────────────────────────────────────────────────────┴─> finetune/<task>/<encoder> ─> ...
     ... ─> evaluate ─> register
@@ -20,6 +21,7 @@ from pathlib import Path
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
 from bertpipe.stage import Stage
+from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
 
 # One `bertpipe <family>` command per stage family (bertpipe/cli.py makes them from this): its help, and for a
@@ -29,6 +31,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prepare": ("Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test texts "
                 "excluded).", ()),
     "base": ("Pretrain a small general-domain base from scratch (when model.base: scratch).", ()),
+    "start": ("Decide where domain pretraining starts (the base, or the registry's champion encoder) into "
+              "work/start/start.json.", ()),
     "vocab": ("Mine domain words, extend the tokenizer and initialise the new embeddings.", ()),
     "pretrain": ("Continued MLM pretraining on the domain corpus (torchrun-compatible).", ()),
     "finetune": ("Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
@@ -130,19 +134,25 @@ def base_stage() -> Stage:
                  launcher=_ranked)
 
 
+def start_stage() -> Stage:
+    from bertpipe.start import stage as m
+
+    return Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
+                 code=("start",), external=m.decide)
+
+
 def vocab_stage() -> Stage:
     from bertpipe.vocab import stage as m
 
     def inputs(cfg: Config) -> dict:
-        # The encoder to extend: the base, or the champion when new data arrived (bertpipe.lineage decides, for
-        # every front door alike).
-        from bertpipe.lineage import resolve
-
-        start = resolve(cfg)
+        # The encoder to extend: the base, or the champion when new data arrived, as the start stage wrote it
+        # (a file: walking the graph asks nothing of the registry).
+        model, tokenizer = encoder_paths(read_start(start_file(cfg)), base_model(cfg), base_tokenizer(cfg))
         return {
             "corpus": corpus_dir(cfg, "domain"),
-            "model": start.model,
-            "tokenizer": start.tokenizer,
+            "start": start_file(cfg),
+            "model": model,
+            "tokenizer": tokenizer,
             **m.own_inputs(cfg),
         }
 
@@ -217,8 +227,10 @@ def distill_stage(task: str) -> Stage:
     from bertpipe.distill import stage as m
 
     def inputs(cfg: Config) -> dict:
-        # The teacher's fingerprint covers the task data and params it was trained on.
-        return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder)}
+        from bertpipe.taskdata import task_dir
+
+        # The student trains on the task's splits (bertpipe.distill.data) with the teacher's soft targets.
+        return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder), "task": task_dir(cfg, task)}
 
     return Stage(f"distill/{task}", m.VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
                  lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill",
@@ -251,8 +263,12 @@ def export_stage(key: str) -> Stage:
     task = None if key == "encoder" else key.removesuffix("-student")
 
     def inputs(cfg: Config) -> dict:
+        from bertpipe.taskdata import task_dir
+
         src = export_targets(cfg)[key][1]
-        return {"model": src} if task else {"model": src, "corpus": corpus_dir(cfg, "domain")}
+        # a task model is checked on its test split, the encoder on domain texts
+        return {"model": src, "task": task_dir(cfg, task)} if task else {"model": src,
+                                                                         "corpus": corpus_dir(cfg, "domain")}
 
     sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
     return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
@@ -293,6 +309,12 @@ def register_stage() -> Stage:
         ins: dict = {k: st.output(cfg) for k, st in sources(cfg).items()}
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
+        # Read too: the encoder gate scores on the domain test split against the base (evaluate.fair_mlm), the
+        # lineage tags name the vocab output, and each task's test split is re-scored and identified.
+        ins["vocab"] = cfg.work / "vocab"
+        ins["corpus"] = corpus_dir(cfg, "domain")
+        ins["base"] = base_model(cfg)
+        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
         return ins
 
     return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,
@@ -304,6 +326,7 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
     stages: dict[str, Stage] = {"tasks": tasks_stage(cfg), "prepare": prepare_stage()}
     if base_is_scratch(cfg):
         stages["base"] = base_stage()
+    stages["start"] = start_stage()
     stages["vocab"] = vocab_stage()
     stages["pretrain"] = pretrain_stage()
     for t, e in finetune_pairs(cfg):

@@ -49,6 +49,16 @@ def _register(cfg, lineage_rec: dict | None) -> str:
     return str(mv.version)
 
 
+def _decided(cfg):
+    """The start stage's decision written where the graph reads it (its build, without a stage run)."""
+    from bertpipe.start import start_file
+    from bertpipe.start.stage import decide
+
+    start_file(cfg).parent.mkdir(parents=True, exist_ok=True)
+    start_file(cfg).write_text(json.dumps(decide(cfg)), encoding="utf-8")
+    return cfg
+
+
 def test_no_registry_means_the_base_and_creates_no_store(project):
     cfg = load_config(project)
     start = lineage.resolve(cfg)
@@ -64,8 +74,8 @@ def test_champion_lineage_rules(project):
     # v1 was trained from the base on exactly this corpus: a rerun starts where v1 started (the base).
     v1 = _register(cfg, {"corpus": corpus, "start": {"kind": "base"}})
     assert lineage.resolve(cfg).kind == "base"
-    # ... the vocab stage's inputs say so for every door (they all build this graph).
-    assert all_stages(cfg)["vocab"].inputs(cfg)["model"] == cfg.work / "base" / "model"
+    # ... the vocab stage's inputs say so for every door (they all build this graph), once the start stage wrote it.
+    assert all_stages(cfg)["vocab"].inputs(_decided(cfg))["model"] == cfg.work / "base" / "model"
 
     # New data in the drop dir: the corpus changed, so pretraining continues from the champion.
     drop = project.parent / "data" / "incoming"
@@ -75,7 +85,7 @@ def test_champion_lineage_rules(project):
     assert lineage.corpus_id(grown) != corpus
     start = lineage.resolve(grown)
     assert (start.kind, start.version) == ("champion", v1)
-    assert all_stages(grown)["vocab"].inputs(grown)["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
+    assert all_stages(grown)["vocab"].inputs(_decided(grown))["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
     assert all_stages(grown)["pretrain"].inputs(grown)["model"] == grown.work / "vocab" / "model"
 
     # v2, trained from v1 on the grown corpus, becomes champion: a scheduled run on that corpus starts from v1
