@@ -33,7 +33,7 @@ ORIGIN = PACKAGE.parent  # code paths are relative to this
 # package and never followed either.
 INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
     "__init__",  # the package version: recorded in each manifest's "versions", not a computation
-    "cli", "codeid", "config", "dvcfile", "errors", "freshness", "incoming", "lineage", "orphans", "outputs",
+    "cli", "codeid", "config", "dvcfile", "errors", "freshness", "incoming", "orphans", "outputs",
     "pipeline", "samples", "stage", "tracking", "versioning",
     "pretrain/run",  # the torchrun launcher: which rank calls run_stage; pretrain/train.py does the training
 ))

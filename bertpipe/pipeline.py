@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
 from bertpipe.stage import Stage
 from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
@@ -175,8 +176,7 @@ def pretrain_stage() -> Stage:
 
 def finetune_stage(task: str, encoder: str) -> Stage:
     from bertpipe.finetune import stage as m
-    from bertpipe.taskdata import task_dir
-    from bertpipe.taskdata.stage import task_params
+    from bertpipe.taskdata import task_dir, task_params
 
     def inputs(cfg: Config) -> dict:
         task_params(cfg, task)  # an unknown task name is a one-line error
@@ -213,8 +213,6 @@ def distill_tasks(cfg: Config) -> list[str]:
         return []
     unknown = [t for t in dp.tasks if t not in ft.tasks]
     if unknown:
-        from bertpipe.errors import BertpipeError
-
         raise BertpipeError(f"distill.tasks: {unknown} are not finetune tasks (have {sorted(ft.tasks)})")
     return [t for t in ft.tasks if not dp.tasks or t in dp.tasks]
 
@@ -366,3 +364,16 @@ def upstream(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> 
     stages = stages if stages is not None else all_stages(cfg)
     found = {o for o, _ in producers(name, cfg, stages).values()}
     return [o for o in stages if o in found]
+
+
+def until_targets(names: list[str], until: str | None) -> list[str] | None:
+    """``--until X`` (every door: `bertpipe run`, `schedule`, the flow): stage X, or every ``X/...`` (e.g.
+    ``finetune``); the flow then runs those and, through the graph, what they need (``tasks.parallel.select``).
+    None: no limit. An unknown name is a one-line error."""
+    if until is None:
+        return None
+    matches = [n for n in names if n == until or n.startswith(until + "/")]
+    if not matches:
+        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
+        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
+    return matches

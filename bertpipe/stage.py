@@ -324,18 +324,6 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
 
 
-def stages_until(names: list[str], until: str | None) -> list[str]:
-    """The stages to run for ``--until``: everything up to and including ``until`` (a stage name, or a prefix such
-    as ``finetune`` for all of ``finetune/*``)."""
-    if until is None:
-        return list(names)
-    matches = [i for i, n in enumerate(names) if n == until or n.startswith(until + "/")]
-    if not matches:
-        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
-        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
-    return list(names[: max(matches) + 1])
-
-
 def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
     for k, v in d.items():
         key = f"{prefix}{k}"

@@ -40,6 +40,15 @@ class Example:
     answers: list[tuple[str, int]] = field(default_factory=list)  # QA: (text, char start in context)
 
 
+def task_params(cfg, task: str):
+    """A finetune task's params (``finetune.tasks.<task>``); an unknown name is a one-line error. The one lookup:
+    every stage that reads a task goes through it."""
+    p = cfg.params.finetune.tasks.get(task)
+    if p is None:
+        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
+    return p
+
+
 def task_dir(cfg, task: str) -> Path:
     return cfg.work / "tasks" / task
 
