@@ -57,25 +57,13 @@ class Start:
 
 
 def base_start(cfg: Config) -> Start:
-    from bertpipe.pipeline import base_model, base_tokenizer
+    from bertpipe.layout import base_model, base_tokenizer
 
     return Start("base", base_model(cfg), base_tokenizer(cfg))
 
 
 def encoder_name(cfg: Config) -> str:
     return f"{cfg.params.register.prefix}-encoder"
-
-
-def corpus_id(cfg: Config) -> str | None:
-    """The prepare stage's fingerprint: the identity of the corpora pretraining sees (None while not computable,
-    e.g. before an upstream stage it hashes exists)."""
-    from bertpipe.pipeline import prepare_stage
-    from bertpipe.stage import fingerprint
-
-    try:
-        return fingerprint(prepare_stage(), cfg)[0]
-    except BertpipeError:
-        return None
 
 
 def read_lineage(model_dir: Path | str) -> dict | None:
@@ -85,11 +73,6 @@ def read_lineage(model_dir: Path | str) -> dict | None:
         return None
     rec = data.get(KEY)
     return rec if isinstance(rec, dict) else None
-
-
-def lineage_record(cfg: Config, start: Start) -> dict:
-    """What the vocab stage stamps into its model's config (pretraining keeps it; MLflow logging keeps it)."""
-    return {"corpus": corpus_id(cfg), "start": start.record()}
 
 
 def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[str, Path] | None:
@@ -135,9 +118,9 @@ def _from_record(cfg: Config, rec: dict) -> Start | None:
     return None
 
 
-def resolve(cfg: Config, corpus: str | None = None) -> Start:
+def resolve(cfg: Config, corpus: str | None) -> Start:
     """The encoder the vocab stage extends and pretraining continues from (see the module docstring). ``corpus``:
-    the current corpus identity (the prepare stage's fingerprint), computed from the files when not given."""
+    the current corpus identity, the prepare stage's fingerprint (None: unknown, so never "the same corpus")."""
     explicit = cfg.params.model.continue_from.strip()
     if explicit:
         p = cfg.path(explicit)
@@ -150,7 +133,7 @@ def resolve(cfg: Config, corpus: str | None = None) -> Start:
         return base_start(cfg)
     version, model_dir = champ
     rec = read_lineage(model_dir)
-    if rec and rec.get("corpus") and rec.get("corpus") == (corpus or corpus_id(cfg)):
+    if rec and rec.get("corpus") and rec.get("corpus") == corpus:
         again = _from_record(cfg, rec.get("start") or {})
         if again is not None:
             return again

@@ -21,6 +21,7 @@ from pathlib import Path
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
+from bertpipe.layout import base_is_scratch, base_model, base_tokenizer, corpus_dir  # noqa: F401 (old home)
 from bertpipe.stage import Stage
 from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
@@ -46,31 +47,6 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
                  "model": "<task>, <task>-student or encoder."}
-
-
-def base_is_scratch(cfg: Config) -> bool:
-    return cfg.params.model.base.strip().lower() == "scratch"
-
-
-def base_model(cfg: Config) -> Path | str:
-    """The base encoder: the bootstrapped one, a local save_pretrained dir, or a hub id (kept as a string)."""
-    if base_is_scratch(cfg):
-        return cfg.work / "base" / "model"
-    p = cfg.path(cfg.params.model.base)
-    return p if p.exists() else cfg.params.model.base
-
-
-def base_tokenizer(cfg: Config) -> Path | str:
-    tok = cfg.params.model.tokenizer.strip()
-    if not tok:
-        return base_model(cfg)
-    p = cfg.path(tok)
-    return p if p.exists() else tok
-
-
-def corpus_dir(cfg: Config, name: str) -> Path:
-    """A prepared corpus: ``work/prepare/<name>/{train,valid,test}.parquet``."""
-    return cfg.work / "prepare" / name
 
 
 def adapted_model(cfg: Config) -> Path:

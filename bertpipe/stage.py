@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
@@ -322,12 +322,3 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
-
-
-def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            yield from flatten(v, key + ".")
-        else:
-            yield key, v

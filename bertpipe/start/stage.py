@@ -42,12 +42,13 @@ def _dir_digest(p: Path) -> str:
     return h.hexdigest()[:32]
 
 
-def decide(cfg) -> dict:
+def decide(cfg, corpus: str | None = None) -> dict:
     """The start.json record for this config and the registry as it is now (queries MLflow when the rule needs
-    it; a registered version is exported once, under paths.state/exported)."""
+    it; a registered version is exported once, under paths.state/exported). ``corpus``: the prepare fingerprint,
+    read from its manifest when not given."""
     from bertpipe.lineage import resolve
 
-    corpus = _corpus(cfg)
+    corpus = corpus if corpus is not None else _corpus(cfg)
     s = resolve(cfg, corpus)
     rec = {"kind": s.kind, "model": None if s.kind == "base" else str(s.model), "name": s.name,
            "version": s.version, "model_digest": _dir_digest(Path(s.model)) if s.kind == "champion" else None,
