@@ -35,6 +35,7 @@ INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
     "__init__",  # the package version: recorded in each manifest's "versions", not a computation
     "cli", "codeid", "config", "dvcfile", "errors", "freshness", "incoming", "orphans", "outputs",
     "pipeline", "samples", "stage", "tracking", "versioning",
+    "layout",  # where the base model and corpora live: paths, which are fingerprinted as inputs
     "pretrain/run",  # the torchrun launcher: which rank calls run_stage; pretrain/train.py does the training
 ))
 MODEL_LIBS = ("torch", "transformers", "tokenizers")
@@ -52,11 +53,15 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
 def _parsed(rel: str) -> tuple[str, tuple[str, ...]]:
-    """(digest of the syntax tree, the bertpipe modules the file imports). Code does not change within a run."""
-    path = ORIGIN / rel
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    """(digest of the syntax tree, the bertpipe modules the file imports)."""
+    return _parse(rel, (ORIGIN / rel).read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(rel: str, text: str) -> tuple[str, tuple[str, ...]]:
+    # keyed by the text: parsing is the cost, and an edited file is parsed again
+    tree = ast.parse(text, filename=rel)
     pkg = rel[:-3].split("/")[:-1] if not rel.endswith("__init__.py") else rel.split("/")[:-1]
     names: list[str] = []
     for node in ast.walk(tree):
