@@ -16,7 +16,9 @@ pretrained Chinese weights can be downloaded here. Otherwise the base encoder is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
@@ -26,25 +28,6 @@ from bertpipe.stage import Stage
 from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
 
-# One `bertpipe <family>` command per stage family (bertpipe/cli.py makes them from this): its help, and for a
-# fanned-out family the Stage identity fields its options select by (--task, --encoder, --model).
-COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tasks": ("Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).", ()),
-    "prepare": ("Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test texts "
-                "excluded).", ()),
-    "base": ("Pretrain a small general-domain base from scratch (when model.base: scratch).", ()),
-    "start": ("Decide where domain pretraining starts (the base, or the registry's champion encoder) into "
-              "work/start/start.json.", ()),
-    "vocab": ("Mine domain words, extend the tokenizer and initialise the new embeddings.", ()),
-    "pretrain": ("Continued MLM pretraining on the domain corpus (torchrun-compatible).", ()),
-    "finetune": ("Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
-                 ("task", "encoder")),
-    "distill": ("Distill each finetuned task into a smaller student (or one with --task).", ("task",)),
-    "export": ("Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
-               ("model",)),
-    "evaluate": ("Evaluate finetuned models; base vs adapted report.", ()),
-    "register": ("Register the finetuned models in the MLflow registry (champion/challenger).", ()),
-}
 SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
                  "model": "<task>, <task>-student or encoder."}
 
@@ -112,10 +95,7 @@ def base_stage() -> Stage:
 
 
 def start_stage() -> Stage:
-    from bertpipe.start import stage as m
-
-    return Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
-                 code=("start",), external=m.decide)
+    return _start(None)[0]
 
 
 def vocab_stage() -> Stage:
@@ -295,26 +275,56 @@ def register_stage() -> Stage:
                  code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources=sources)
 
 
+@dataclass(frozen=True)
+class Family:
+    """One entry of the graph: a stage family, its `bertpipe <name>` command (help; for a fanned-out family the
+    Stage identity fields its options select by: --task, --encoder, --model) and its stages in a config."""
+
+    name: str
+    help: str
+    make: Callable[[Config], list[Stage]]  # this family's stages for the config (none: not in this pipeline)
+    selectors: tuple[str, ...] = ()
+
+
+def _start(_cfg) -> list[Stage]:
+    from bertpipe.start import stage as m
+
+    return [Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
+                  code=("start",), external=m.decide)]
+
+
+# The one list: adding a stage is its package plus an entry here, in an order that respects the dependencies. The
+# CLI's commands, the flow's tasks and edges (from each Stage's inputs), dvc.yaml and `bertpipe stages` follow.
+FAMILIES: tuple[Family, ...] = (
+    Family("tasks", "Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).",
+           lambda c: [tasks_stage(c)]),
+    Family("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test "
+           "texts excluded).", lambda c: [prepare_stage()]),
+    Family("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).",
+           lambda c: [base_stage()] if base_is_scratch(c) else []),
+    Family("start", "Decide where domain pretraining starts (the base, or the registry's champion encoder) into "
+           "work/start/start.json.", _start),
+    Family("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.",
+           lambda c: [vocab_stage()]),
+    Family("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).",
+           lambda c: [pretrain_stage()]),
+    Family("finetune", "Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
+           lambda c: [finetune_stage(t, e) for t, e in finetune_pairs(c)], ("task", "encoder")),
+    Family("distill", "Distill each finetuned task into a smaller student (or one with --task).",
+           lambda c: [distill_stage(t) for t in distill_tasks(c)], ("task",)),
+    Family("export", "Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
+           lambda c: [export_stage(k) for k in export_targets(c)], ("model",)),
+    Family("evaluate", "Evaluate finetuned models; base vs adapted report.", lambda c: [evaluate_stage()]),
+    Family("register", "Register the finetuned models in the MLflow registry (champion/challenger).",
+           lambda c: [register_stage()]),
+)
+# {family: (help, selectors)}: the CLI's stage commands (bertpipe/cli.py makes them from this).
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {f.name: (f.help, f.selectors) for f in FAMILIES}
+
+
 def all_stages(cfg: Config) -> dict[str, Stage]:
-    """Every stage of the chain for this config, in an order that respects the dependencies."""
-    stages: dict[str, Stage] = {"tasks": tasks_stage(cfg), "prepare": prepare_stage()}
-    if base_is_scratch(cfg):
-        stages["base"] = base_stage()
-    stages["start"] = start_stage()
-    stages["vocab"] = vocab_stage()
-    stages["pretrain"] = pretrain_stage()
-    for t, e in finetune_pairs(cfg):
-        s = finetune_stage(t, e)
-        stages[s.name] = s
-    for t in distill_tasks(cfg):
-        s = distill_stage(t)
-        stages[s.name] = s
-    for k in export_targets(cfg):
-        s = export_stage(k)
-        stages[s.name] = s
-    stages["evaluate"] = evaluate_stage()
-    stages["register"] = register_stage()
-    return stages
+    """Every stage of the chain for this config, in FAMILIES order (which respects the dependencies)."""
+    return {st.name: st for f in FAMILIES for st in f.make(cfg)}
 
 
 def producers(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> dict[str, tuple[str, Path]]:
