@@ -137,6 +137,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
             log.append(f"{stage}: {interrupt(killed, stage, sig, rng.uniform(0.0, window))}")
         run(["bertpipe", stage], killed)
         if stage == "prepare":
+            run(["bertpipe", "start"], killed)  # where pretraining starts: vocab reads its start.json
             run(["bertpipe", "vocab"], killed)
     print("\n".join(log))
 
