@@ -230,10 +230,9 @@ def config_cmd(
 
 
 def _check_until(cfg, until: Optional[str]) -> None:
-    from bertpipe.pipeline import all_stages
-    from bertpipe.stage import stages_until
+    from bertpipe.pipeline import all_stages, until_targets
 
-    stages_until(list(all_stages(cfg)), until)
+    until_targets(list(all_stages(cfg)), until)  # the flow's own --until rule, checked before Prefect starts
 
 
 def _prefect_env(cfg, params: str) -> None:
@@ -253,11 +252,9 @@ def run_cmd(
     cfg = load(params, profile, set_)
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _prefect_env(cfg, params)
-    from bertpipe.pipeline import all_stages
-    from flows.domain_adaptation import domain_adaptation, targets  # the CLI is a front door; the library is not
+    from flows.domain_adaptation import domain_adaptation  # the CLI is a front door; the library is not
     from flows.summary import summary
 
-    targets(list(all_stages(cfg)), until)  # a wrong --until is a one-line error before Prefect starts
     results = domain_adaptation(params, profile, list(set_ or []), until)
     typer.echo(summary(results, cfg))
 
@@ -281,9 +278,9 @@ def retrain_cmd(
     typer.echo(summary(out["results"], load(params, profile, out["overrides"])))
 
 
-@app.command("serve", help="Serve a scheduled Prefect deployment of domain_adaptation (cron from flow.cron).")
+@app.command("schedule", help="Serve a scheduled Prefect deployment of domain_adaptation (cron from flow.cron).")
 @user_errors
-def serve_cmd(
+def schedule_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
     name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
@@ -298,6 +295,11 @@ def serve_cmd(
     from flows.serve import serve
 
     serve(params, profile, list(set_ or []), until, name)
+
+
+# `serve` was this command's name, which also meant the HTTP model server (`bertpipe models serve`): kept as an alias
+# for a release, hidden from the command list.
+app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
 @app.command("dvc-yaml", help="Write dvc.yaml from the stage graph and params (or --check that it is current).")

@@ -1,12 +1,15 @@
-"""The code identity of a stage: which source files build its output, their digest, and the library versions.
+"""The code identity of a stage: which source files compute its output, their digest, and the library versions.
 
 The rule (one, so it can be explained and checked): a stage's code is every module of its package(s) (e.g.
 ``bertpipe/vocab/*.py``) plus every ``bertpipe`` module those import, transitively — static ``import`` statements
-anywhere in a file, lazy ones inside functions included. Two modules are counted but not followed:
-``bertpipe/pipeline.py`` (the graph) and ``bertpipe/config.py`` (the params loader); what they contribute to a
-stage, its inputs and params values, is already in the fingerprint, and following them would make every stage
-depend on every other stage's code. Nothing needs listing by hand, so a new helper a stage starts to import is
-covered the moment it is imported.
+anywhere in a file, lazy ones inside functions included — except the *infrastructure* modules in ``INFRASTRUCTURE``,
+which are neither counted nor followed. Infrastructure decides where, when and how a stage runs and what is
+recorded about it (the graph, the runner and its locks/atomic renames, tracking, config loading, the CLI, the doors,
+error types); it never decides what an output holds, and what it contributes to a stage (input paths, params values)
+is already in the fingerprint. Counting it made a one-line change to ``tracking.py`` re-pretrain every model.
+Everything else under ``bertpipe/`` is domain logic (data, training, metrics, model facts) and counts for the
+stages that import it; nothing else needs listing by hand, so a new helper a stage starts to import is covered the
+moment it is imported. ``docs/architecture.md`` lists which modules count for which stage.
 
 Each file is hashed as its syntax tree (``ast.dump``), not its bytes: editing a comment or re-wrapping a line does
 not retrain a model, while any change to what the code does (a docstring included) does. The libraries are each
@@ -26,7 +29,15 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent  # .../bertpipe
 ORIGIN = PACKAGE.parent  # code paths are relative to this
-NOT_FOLLOWED = {"bertpipe/pipeline.py", "bertpipe/config.py"}
+# Never part of a stage's code (see the module docstring). tasks/ and flows/ (the Prefect door) are outside the
+# package and never followed either.
+INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
+    "__init__",  # the package version: recorded in each manifest's "versions", not a computation
+    "cli", "codeid", "config", "dvcfile", "errors", "freshness", "incoming", "orphans", "outputs",
+    "pipeline", "samples", "stage", "tracking", "versioning",
+    "layout",  # where the base model and corpora live: paths, which are fingerprinted as inputs
+    "pretrain/run",  # the torchrun launcher: which rank calls run_stage; pretrain/train.py does the training
+))
 MODEL_LIBS = ("torch", "transformers", "tokenizers")
 
 
@@ -42,11 +53,15 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
 def _parsed(rel: str) -> tuple[str, tuple[str, ...]]:
-    """(digest of the syntax tree, the bertpipe modules the file imports). Code does not change within a run."""
-    path = ORIGIN / rel
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    """(digest of the syntax tree, the bertpipe modules the file imports)."""
+    return _parse(rel, (ORIGIN / rel).read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(rel: str, text: str) -> tuple[str, tuple[str, ...]]:
+    # keyed by the text: parsing is the cost, and an edited file is parsed again
+    tree = ast.parse(text, filename=rel)
     pkg = rel[:-3].split("/")[:-1] if not rel.endswith("__init__.py") else rel.split("/")[:-1]
     names: list[str] = []
     for node in ast.walk(tree):
@@ -70,11 +85,9 @@ def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
     seen: set[str] = set()
     while todo:
         rel = _rel(todo.pop())
-        if rel in seen:
+        if rel in seen or rel in INFRASTRUCTURE:
             continue
         seen.add(rel)
-        if rel in NOT_FOLLOWED:
-            continue
         for mod in _parsed(rel)[1]:
             f = _module_file(mod)
             if f is not None:

@@ -162,7 +162,7 @@ class Config:
         """``section_dict`` fit to print, log or store: credentials in the tracking URI are dropped."""
         value = self.section_dict(name)
         if name == "tracking" and isinstance(value, dict) and value.get("uri"):
-            from bertpipe.tracking import display_uri
+            from bertpipe.redact import mask_uri as display_uri
 
             value = {**value, "uri": display_uri(value["uri"])}
         return value

@@ -82,6 +82,7 @@ def dvc_yaml(cfg: Config) -> dict:
             "deps": deps,
             **({"params": params} if params else {}),
             "outs": [{out: {"persist": True}}],
+            **({"always_changed": True} if st.external is not None else {}),  # the registry: asked every repro
         }
     return {"stages": stages, **_metrics_and_plots(cfg)}
 

@@ -1,8 +1,10 @@
-"""Where domain pretraining starts: decided once, in the library's graph, so every front door agrees.
+"""Where domain pretraining starts: the rule the ``start`` stage applies, so every front door agrees.
 
-`bertpipe run`, `bertpipe retrain`, the scheduled deployment (`bertpipe serve`) and `dvc repro` all build the same
-graph (``bertpipe.pipeline``); its vocab stage extends the encoder ``resolve(cfg)`` names and pretraining continues
-from the vocab stage's model. No door passes its own starting point, so none can undo another's work.
+`bertpipe run`, `bertpipe retrain`, the scheduled deployment and `dvc repro` all build the same graph
+(``bertpipe.pipeline``); its ``start`` stage asks the registry once per run (``resolve``) and writes the answer to
+``work/start/start.json`` (``bertpipe.start``), which the vocab stage's inputs read; pretraining continues from the
+vocab stage's model. No door passes its own starting point, so none can undo another's work, and no graph walk
+queries MLflow. A registry that cannot be reached is an error, never "start from the base".
 
 The rule (``flow.retrain_from: champion``):
 
@@ -27,8 +29,7 @@ from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-
-KEY = "bertpipe_lineage"
+from bertpipe.start import KEY  # noqa: F401 (the model config key; imported from here by older callers)
 
 
 @dataclass(frozen=True)
@@ -56,25 +57,13 @@ class Start:
 
 
 def base_start(cfg: Config) -> Start:
-    from bertpipe.pipeline import base_model, base_tokenizer
+    from bertpipe.layout import base_model, base_tokenizer
 
     return Start("base", base_model(cfg), base_tokenizer(cfg))
 
 
 def encoder_name(cfg: Config) -> str:
     return f"{cfg.params.register.prefix}-encoder"
-
-
-def corpus_id(cfg: Config) -> str | None:
-    """The prepare stage's fingerprint: the identity of the corpora pretraining sees (None while not computable,
-    e.g. before an upstream stage it hashes exists)."""
-    from bertpipe.pipeline import prepare_stage
-    from bertpipe.stage import fingerprint
-
-    try:
-        return fingerprint(prepare_stage(), cfg)[0]
-    except BertpipeError:
-        return None
 
 
 def read_lineage(model_dir: Path | str) -> dict | None:
@@ -84,11 +73,6 @@ def read_lineage(model_dir: Path | str) -> dict | None:
         return None
     rec = data.get(KEY)
     return rec if isinstance(rec, dict) else None
-
-
-def lineage_record(cfg: Config, start: Start) -> dict:
-    """What the vocab stage stamps into its model's config (pretraining keeps it; MLflow logging keeps it)."""
-    return {"corpus": corpus_id(cfg), "start": start.record()}
 
 
 def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[str, Path] | None:
@@ -103,10 +87,22 @@ def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[
     try:
         c = client(cfg)
         mv = c.get_model_version(name, version) if version else c.get_model_version_by_alias(name, CHAMPION)
-    except Exception:  # no such model/alias/version, or no registry: there is nothing to continue from
-        return None
+    except Exception as e:
+        if getattr(e, "error_code", "") in NOT_THERE:
+            return None  # no such model, alias or version: nothing to continue from
+        from bertpipe.tracking import display_uri
+
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise BertpipeError(
+            f"tracking.uri {display_uri(uri)}: the model registry cannot be read, so where pretraining starts "
+            f"cannot be decided ({reason}); start the tracking server, fix tracking.uri, or set "
+            "flow.retrain_from: base") from None
     dest = export_model(cfg, name, version=str(mv.version))
     return (str(mv.version), dest) if dest is not None else None
+
+
+# MLflow's answers for "no such registered model / alias / version" (a REST server passes them through).
+NOT_THERE = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
 
 
 def _from_record(cfg: Config, rec: dict) -> Start | None:
@@ -122,8 +118,9 @@ def _from_record(cfg: Config, rec: dict) -> Start | None:
     return None
 
 
-def resolve(cfg: Config) -> Start:
-    """The encoder the vocab stage extends and pretraining continues from (see the module docstring)."""
+def resolve(cfg: Config, corpus: str | None) -> Start:
+    """The encoder the vocab stage extends and pretraining continues from (see the module docstring). ``corpus``:
+    the current corpus identity, the prepare stage's fingerprint (None: unknown, so never "the same corpus")."""
     explicit = cfg.params.model.continue_from.strip()
     if explicit:
         p = cfg.path(explicit)
@@ -136,7 +133,7 @@ def resolve(cfg: Config) -> Start:
         return base_start(cfg)
     version, model_dir = champ
     rec = read_lineage(model_dir)
-    if rec and rec.get("corpus") and rec.get("corpus") == corpus_id(cfg):
+    if rec and rec.get("corpus") and rec.get("corpus") == corpus:
         again = _from_record(cfg, rec.get("start") or {})
         if again is not None:
             return again

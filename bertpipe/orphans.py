@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from bertpipe.config import Config
 
@@ -64,9 +65,11 @@ def mark_closed(cfg: Config, run_id: str) -> None:
         (_markers(cfg) / f"{run_id}.json").unlink()
 
 
-def close_orphans(cfg: Config) -> list[str]:
+def close_orphans(cfg: Config, connect: Callable[[], Any]) -> list[str]:
     """Mark KILLED the MLflow runs whose process died without closing them (SIGKILL, OOM killer, power loss).
-    Called by every stage run, fresh or not, so a project is never left showing RUNNING runs of dead processes."""
+    Called by every stage run, fresh or not, so a project is never left showing RUNNING runs of dead processes.
+    ``connect()`` gives the MLflow client (``bertpipe.tracking`` passes its own: this module sits below it), called
+    only when a dead process's marker is found."""
     try:
         markers = sorted(_markers(cfg).glob("*.json"))
     except OSError:
@@ -83,9 +86,7 @@ def close_orphans(cfg: Config) -> list[str]:
             dead.append((m, owner))
     if not dead:
         return []
-    from bertpipe.tracking import client
-
-    c = client(cfg)
+    c = connect()
     closed = []
     for m, owner in dead:
         run_id = m.stem

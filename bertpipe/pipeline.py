@@ -1,6 +1,7 @@
 """The stage graph: which stage's output feeds which input. The CLI, the Prefect flow and dvc.yaml all follow it.
 
     tasks ─(dev/test)─> prepare ─┬─(general)─> base* ─┐
+      │                          ├─> start ───────────┤   (start.json: the base, or the champion to continue from)
       │                          └─(domain)───────────┴─> vocab ─> pretrain ─┐
       └─(task dir)──────────────────────────────────────────────────────────┴─> finetune/<task>/<encoder> ─> ...
     ... ─> evaluate ─> register
@@ -15,58 +16,20 @@ pretrained Chinese weights can be downloaded here. Otherwise the base encoder is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
+from bertpipe.layout import base_is_scratch, base_model, base_tokenizer, corpus_dir  # noqa: F401 (old home)
 from bertpipe.stage import Stage
+from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
 
-# One `bertpipe <family>` command per stage family (bertpipe/cli.py makes them from this): its help, and for a
-# fanned-out family the Stage identity fields its options select by (--task, --encoder, --model).
-COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tasks": ("Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).", ()),
-    "prepare": ("Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test texts "
-                "excluded).", ()),
-    "base": ("Pretrain a small general-domain base from scratch (when model.base: scratch).", ()),
-    "vocab": ("Mine domain words, extend the tokenizer and initialise the new embeddings.", ()),
-    "pretrain": ("Continued MLM pretraining on the domain corpus (torchrun-compatible).", ()),
-    "finetune": ("Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
-                 ("task", "encoder")),
-    "distill": ("Distill each finetuned task into a smaller student (or one with --task).", ("task",)),
-    "export": ("Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
-               ("model",)),
-    "evaluate": ("Evaluate finetuned models; base vs adapted report.", ()),
-    "register": ("Register the finetuned models in the MLflow registry (champion/challenger).", ()),
-}
 SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
                  "model": "<task>, <task>-student or encoder."}
-
-
-def base_is_scratch(cfg: Config) -> bool:
-    return cfg.params.model.base.strip().lower() == "scratch"
-
-
-def base_model(cfg: Config) -> Path | str:
-    """The base encoder: the bootstrapped one, a local save_pretrained dir, or a hub id (kept as a string)."""
-    if base_is_scratch(cfg):
-        return cfg.work / "base" / "model"
-    p = cfg.path(cfg.params.model.base)
-    return p if p.exists() else cfg.params.model.base
-
-
-def base_tokenizer(cfg: Config) -> Path | str:
-    tok = cfg.params.model.tokenizer.strip()
-    if not tok:
-        return base_model(cfg)
-    p = cfg.path(tok)
-    return p if p.exists() else tok
-
-
-def corpus_dir(cfg: Config, name: str) -> Path:
-    """A prepared corpus: ``work/prepare/<name>/{train,valid,test}/part-NNNNN.parquet`` (read it with
-    ``bertpipe.corpusio``)."""
-    return cfg.work / "prepare" / name
 
 
 def adapted_model(cfg: Config) -> Path:
@@ -131,19 +94,22 @@ def base_stage() -> Stage:
                  launcher=_ranked)
 
 
+def start_stage() -> Stage:
+    return _start(None)[0]
+
+
 def vocab_stage() -> Stage:
     from bertpipe.vocab import stage as m
 
     def inputs(cfg: Config) -> dict:
-        # The encoder to extend: the base, or the champion when new data arrived (bertpipe.lineage decides, for
-        # every front door alike).
-        from bertpipe.lineage import resolve
-
-        start = resolve(cfg)
+        # The encoder to extend: the base, or the champion when new data arrived, as the start stage wrote it
+        # (a file: walking the graph asks nothing of the registry).
+        model, tokenizer = encoder_paths(read_start(start_file(cfg)), base_model(cfg), base_tokenizer(cfg))
         return {
             "corpus": corpus_dir(cfg, "domain"),
-            "model": start.model,
-            "tokenizer": start.tokenizer,
+            "start": start_file(cfg),
+            "model": model,
+            "tokenizer": tokenizer,
             **m.own_inputs(cfg),
         }
 
@@ -166,8 +132,7 @@ def pretrain_stage() -> Stage:
 
 def finetune_stage(task: str, encoder: str) -> Stage:
     from bertpipe.finetune import stage as m
-    from bertpipe.taskdata import task_dir
-    from bertpipe.taskdata.stage import task_params
+    from bertpipe.taskdata import task_dir, task_params
 
     def inputs(cfg: Config) -> dict:
         task_params(cfg, task)  # an unknown task name is a one-line error
@@ -204,8 +169,6 @@ def distill_tasks(cfg: Config) -> list[str]:
         return []
     unknown = [t for t in dp.tasks if t not in ft.tasks]
     if unknown:
-        from bertpipe.errors import BertpipeError
-
         raise BertpipeError(f"distill.tasks: {unknown} are not finetune tasks (have {sorted(ft.tasks)})")
     return [t for t in ft.tasks if not dp.tasks or t in dp.tasks]
 
@@ -218,8 +181,10 @@ def distill_stage(task: str) -> Stage:
     from bertpipe.distill import stage as m
 
     def inputs(cfg: Config) -> dict:
-        # The teacher's fingerprint covers the task data and params it was trained on.
-        return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder)}
+        from bertpipe.taskdata import task_dir
+
+        # The student trains on the task's splits (bertpipe.distill.data) with the teacher's soft targets.
+        return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder), "task": task_dir(cfg, task)}
 
     return Stage(f"distill/{task}", m.VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
                  lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill",
@@ -252,8 +217,12 @@ def export_stage(key: str) -> Stage:
     task = None if key == "encoder" else key.removesuffix("-student")
 
     def inputs(cfg: Config) -> dict:
+        from bertpipe.taskdata import task_dir
+
         src = export_targets(cfg)[key][1]
-        return {"model": src} if task else {"model": src, "corpus": corpus_dir(cfg, "domain")}
+        # a task model is checked on its test split, the encoder on domain texts
+        return {"model": src, "task": task_dir(cfg, task)} if task else {"model": src,
+                                                                         "corpus": corpus_dir(cfg, "domain")}
 
     sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
     return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
@@ -294,31 +263,68 @@ def register_stage() -> Stage:
         ins: dict = {k: st.output(cfg) for k, st in sources(cfg).items()}
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
+        # Read too: the encoder gate scores on the domain test split against the base (evaluate.fair_mlm), the
+        # lineage tags name the vocab output, and each task's test split is re-scored and identified.
+        ins["vocab"] = cfg.work / "vocab"
+        ins["corpus"] = corpus_dir(cfg, "domain")
+        ins["base"] = base_model(cfg)
+        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
         return ins
 
     return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,
                  code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources=sources)
 
 
+@dataclass(frozen=True)
+class Family:
+    """One entry of the graph: a stage family, its `bertpipe <name>` command (help; for a fanned-out family the
+    Stage identity fields its options select by: --task, --encoder, --model) and its stages in a config."""
+
+    name: str
+    help: str
+    make: Callable[[Config], list[Stage]]  # this family's stages for the config (none: not in this pipeline)
+    selectors: tuple[str, ...] = ()
+
+
+def _start(_cfg) -> list[Stage]:
+    from bertpipe.start import stage as m
+
+    return [Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
+                  code=("start",), external=m.decide)]
+
+
+# The one list: adding a stage is its package plus an entry here, in an order that respects the dependencies. The
+# CLI's commands, the flow's tasks and edges (from each Stage's inputs), dvc.yaml and `bertpipe stages` follow.
+FAMILIES: tuple[Family, ...] = (
+    Family("tasks", "Materialise every finetune task's train/dev/test splits into work/tasks (caps applied).",
+           lambda c: [tasks_stage(c)]),
+    Family("prepare", "Ingest, clean, deduplicate and split the raw corpora into work/prepare (tasks' dev/test "
+           "texts excluded).", lambda c: [prepare_stage()]),
+    Family("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).",
+           lambda c: [base_stage()] if base_is_scratch(c) else []),
+    Family("start", "Decide where domain pretraining starts (the base, or the registry's champion encoder) into "
+           "work/start/start.json.", _start),
+    Family("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.",
+           lambda c: [vocab_stage()]),
+    Family("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).",
+           lambda c: [pretrain_stage()]),
+    Family("finetune", "Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
+           lambda c: [finetune_stage(t, e) for t, e in finetune_pairs(c)], ("task", "encoder")),
+    Family("distill", "Distill each finetuned task into a smaller student (or one with --task).",
+           lambda c: [distill_stage(t) for t in distill_tasks(c)], ("task",)),
+    Family("export", "Export models register will log to ONNX + int8, checked against torch (or --model KEY).",
+           lambda c: [export_stage(k) for k in export_targets(c)], ("model",)),
+    Family("evaluate", "Evaluate finetuned models; base vs adapted report.", lambda c: [evaluate_stage()]),
+    Family("register", "Register the finetuned models in the MLflow registry (champion/challenger).",
+           lambda c: [register_stage()]),
+)
+# {family: (help, selectors)}: the CLI's stage commands (bertpipe/cli.py makes them from this).
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {f.name: (f.help, f.selectors) for f in FAMILIES}
+
+
 def all_stages(cfg: Config) -> dict[str, Stage]:
-    """Every stage of the chain for this config, in an order that respects the dependencies."""
-    stages: dict[str, Stage] = {"tasks": tasks_stage(cfg), "prepare": prepare_stage()}
-    if base_is_scratch(cfg):
-        stages["base"] = base_stage()
-    stages["vocab"] = vocab_stage()
-    stages["pretrain"] = pretrain_stage()
-    for t, e in finetune_pairs(cfg):
-        s = finetune_stage(t, e)
-        stages[s.name] = s
-    for t in distill_tasks(cfg):
-        s = distill_stage(t)
-        stages[s.name] = s
-    for k in export_targets(cfg):
-        s = export_stage(k)
-        stages[s.name] = s
-    stages["evaluate"] = evaluate_stage()
-    stages["register"] = register_stage()
-    return stages
+    """Every stage of the chain for this config, in FAMILIES order (which respects the dependencies)."""
+    return {st.name: st for f in FAMILIES for st in f.make(cfg)}
 
 
 def producers(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> dict[str, tuple[str, Path]]:
@@ -344,3 +350,16 @@ def upstream(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> 
     stages = stages if stages is not None else all_stages(cfg)
     found = {o for o, _ in producers(name, cfg, stages).values()}
     return [o for o in stages if o in found]
+
+
+def until_targets(names: list[str], until: str | None) -> list[str] | None:
+    """``--until X`` (every door: `bertpipe run`, `schedule`, the flow): stage X, or every ``X/...`` (e.g.
+    ``finetune``); the flow then runs those and, through the graph, what they need (``tasks.parallel.select``).
+    None: no limit. An unknown name is a one-line error."""
+    if until is None:
+        return None
+    matches = [n for n in names if n == until or n.startswith(until + "/")]
+    if not matches:
+        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
+        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
+    return matches

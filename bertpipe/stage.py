@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
@@ -55,6 +55,7 @@ class StageContext:
     # The upstream Stage behind an input key, for stages that read fanned-out outputs (evaluate, register): its
     # family/task/encoder/model say what the input is, so no stage parses names.
     sources: dict[str, "Stage"] = field(default_factory=dict)
+    external: Any = None  # Stage.external's answer for this run
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         if self.tracker is not None:
@@ -93,6 +94,10 @@ class Stage:
     model: str | None = None
     # For stages that read fanned-out outputs: {input key: the upstream Stage} (see StageContext.sources).
     sources: Callable[[Config], dict[str, "Stage"]] | None = None
+    # What the output also depends on that no file holds (the start stage: the registry's champion). Asked by
+    # run_stage on every run, never by the graph (inputs/output stay functions of config and files); a fresh
+    # output whose recorded answer (manifest "external") differs is rebuilt. Doors never cache such a stage.
+    external: Callable[[Config], Any] | None = None
 
     def __post_init__(self) -> None:
         self.family = self.family or self.name.split("/")[0]
@@ -251,15 +256,21 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
 
         close_orphans(cfg)  # runs a SIGKILL left RUNNING are closed even when this stage turns out fresh
     fp, digests = fingerprint(stage, cfg)
+    external = stage.external(cfg) if stage.external is not None else None
+
+    def current(m: dict | None) -> bool:
+        return (not force and m is not None and m.get("fingerprint") == fp
+                and (stage.external is None or m.get("external") == external))
+
     m = read_manifest(out)
-    if not force and m is not None and m.get("fingerprint") == fp:
+    if current(m):
         print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 
     with output_lock(out, cfg.state / "locks"), sigterm_raises():
         remove_stale(out, log=lambda msg: print(f"[{stage.name}] {msg}", file=sys.stderr, flush=True))
         m = read_manifest(out)  # another process may have built it while we waited (or it was just restored)
-        if not force and m is not None and m.get("fingerprint") == fp:
+        if current(m):
             print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
         check_replaceable(out)  # before the work, not after it
@@ -275,7 +286,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             tmp.mkdir(parents=True)
             with tracker_factory(stage, cfg, fp) as tracker:
                 ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker,
-                                   sources=stage.sources(cfg) if stage.sources else {})
+                                   sources=stage.sources(cfg) if stage.sources else {}, external=external)
                 print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
                 metrics = stage.build(ctx) or {}
                 manifest = {
@@ -292,6 +303,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "code": stage.code_identity(),
                     "mlflow_run_id": getattr(tracker, "run_id", None),
                     "files": written_files(tmp),
+                    **({"external": external} if stage.external is not None else {}),
                 }
                 write_json(tmp / MANIFEST, manifest)
                 if tracker is not None:
@@ -312,24 +324,3 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
-
-
-def stages_until(names: list[str], until: str | None) -> list[str]:
-    """The stages to run for ``--until``: everything up to and including ``until`` (a stage name, or a prefix such
-    as ``finetune`` for all of ``finetune/*``)."""
-    if until is None:
-        return list(names)
-    matches = [i for i, n in enumerate(names) if n == until or n.startswith(until + "/")]
-    if not matches:
-        tops = list(dict.fromkeys(n.split("/")[0] for n in names))
-        raise BertpipeError(f"--until {until!r}: not a stage of this pipeline (one of {', '.join(tops)})")
-    return list(names[: max(matches) + 1])
-
-
-def flatten(d: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            yield from flatten(v, key + ".")
-        else:
-            yield key, v

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bertpipe.config import Config
-from bertpipe.orphans import close_orphans, mark_closed, mark_open, owner_tags
+from bertpipe.orphans import close_orphans as _close_orphans
+from bertpipe.orphans import mark_closed, mark_open, owner_tags
 from bertpipe.redact import mask_text, mask_uri
 
 PARENT_ENV = "BERTPIPE_MLFLOW_PARENT_RUN_ID"
@@ -173,11 +174,24 @@ class StageRun:
         self.client.set_tag(self.run_id, "bertpipe.output", str(out))
 
 
+def close_orphans(cfg: Config) -> list[str]:
+    """``bertpipe.orphans.close_orphans`` with this project's client."""
+    return _close_orphans(cfg, lambda: client(cfg))
+
+
+def flatten(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Nested params as dotted keys (``pretrain.mask.prob``), the way MLflow params are logged."""
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from flatten(v, key + ".")
+        else:
+            yield key, v
+
+
 @contextlib.contextmanager
 def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     """One MLflow run per stage execution, nested under the flow's parent run when there is one."""
-    from bertpipe.stage import flatten
-
     c = client(cfg)
     exp = experiment_id(cfg, c)
     tags = {

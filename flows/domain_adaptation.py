@@ -20,8 +20,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from bertpipe.config import Config, load_config
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import all_stages, upstream
+from bertpipe.pipeline import all_stages, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from flows import artifacts
@@ -35,14 +34,7 @@ def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
     return {name: upstream(name, cfg, stages) for name in stages}
 
 
-def targets(names: list[str], until: str | None) -> list[str] | None:
-    """``--until X``: stage X (or every ``X/...``, e.g. ``finetune``) and, through the graph, what it needs."""
-    if until is None:
-        return None
-    matches = [n for n in names if n == until or n.startswith(until + "/")]
-    if not matches:
-        raise BertpipeError(f"--until {until}: not a stage of this pipeline (have {', '.join(names)})")
-    return matches
+targets = until_targets  # one --until for every door (bertpipe.pipeline); the old name stays importable
 
 
 def _outcome(fut) -> tuple[str, dict | None]:

@@ -43,12 +43,16 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
 
             if dvc_yaml.read_text(encoding="utf-8").startswith(HEADER):
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
-    from bertpipe.lineage import resolve
-
-    # Only reported here: the vocab and pretrain stages resolve it themselves, as they do for every other door.
-    start = resolve(load_config(params, profile, overrides))
-    print(("adapting " if start.kind == "base" else "continuing pretraining from ") + start.describe())
     results = domain_adaptation(params, profile, overrides)
+    from bertpipe.layout import base_model
+    from bertpipe.start import describe, read_start, start_file
+
+    # What the start stage decided in this run (it asked the registry; this door asks nothing itself).
+    cfg = load_config(params, profile, overrides)
+    rec = read_start(start_file(cfg))
+    if rec is not None:
+        print(("adapting " if rec["kind"] == "base" else "continuing pretraining from ")
+              + describe(rec, rec["model"] or base_model(cfg)))
     return {"added": [str(p) for p in added], "results": results, "overrides": overrides}
 
 

@@ -9,7 +9,6 @@ Imports neither Prefect nor torch, so the per-stage CLI commands use it too.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 STATUSES = ("built", "cached", "skipped")
@@ -27,25 +26,11 @@ def stage_line(name: str, status: str, out: Any) -> str:
 
 
 def registry_lines(cfg) -> list[str]:
-    """What the register stage did. ``bertpipe.register.summary_lines(registry_json)`` says it when the register
-    package offers it; otherwise read registry.json here."""
-    registry = cfg.work / "register" / "registry.json"
-    try:
-        from bertpipe.register import summary_lines
-    except ImportError:
-        summary_lines = None
-    if summary_lines is not None:
-        return list(summary_lines(registry)) if registry.exists() else []
-    if not registry.exists():
-        return []
-    lines = []
-    for m in json.loads(registry.read_text(encoding="utf-8")).get("models", []):
-        if not m.get("registered", True):
-            lines.append(f"not registered: {m['name']} ({m.get('reason', '')})")
-            continue
-        aliases = ",".join(m.get("aliases", [])) or "-"
-        lines.append(f"registered: {m['name']} version {m['version']} aliases [{aliases}]")
-    return lines
+    """What the register stage did, decision included (new champion, below the floor, not promoted and why): the
+    register stage's own lines (``bertpipe.register.decision.summary_lines``), so the two never drift."""
+    from bertpipe.register.decision import summary_lines
+
+    return summary_lines(cfg.work / "register" / "registry.json")
 
 
 def summary(results: dict[str, dict], cfg) -> str:

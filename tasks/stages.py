@@ -46,6 +46,8 @@ class FreshOutput(CachePolicy):
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
         cfg = _config(inputs["params"], inputs.get("profile"), list(inputs.get("overrides") or []))
         stage = _stage(inputs["stage_name"], cfg)
+        if stage.external is not None:
+            return None  # what it reads outside the files (the registry) is asked on every run
         fresh, fp = is_fresh(stage, cfg)
         return cache_key(stage, fp) if fresh else None
 

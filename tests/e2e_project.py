@@ -107,7 +107,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 @contextlib.contextmanager
 def prefect_server(root: Path, env: dict):
     """A real Prefect server on a free 127.0.0.1 port for the project at ``root``; sets ``env["PREFECT_API_URL"]``
-    and stops the server on exit (stop any `bertpipe serve` first: it would hang on its API calls)."""
+    and stops the server on exit (stop any `bertpipe schedule` first: it would hang on its API calls)."""
     port = free_port()
     env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",

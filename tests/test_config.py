@@ -43,7 +43,7 @@ def test_bad_params_are_one_line_errors(tmp_path, text, overrides, expected):
     with pytest.raises(BertpipeError) as e:
         load_config(p, overrides=overrides)
     msg = str(e.value)
-    assert expected in msg and "\n" not in msg and "params.yaml" in msg or "--set" in msg
+    assert expected in msg and "\n" not in msg and ("params.yaml" in msg or "--set" in msg), msg
 
 
 def test_missing_params_file_is_an_error(tmp_path):

@@ -23,7 +23,8 @@ def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
     assert g["tasks"] == []
     assert g["prepare"] == ["tasks"]  # the dev/test texts it keeps out of the pretraining corpora
     assert g["base"] == ["prepare"]
-    assert g["vocab"] == ["prepare", "base"]
+    assert g["start"] == ["prepare"]  # the start decision: the corpus identity, nothing else on disk
+    assert g["vocab"] == ["prepare", "base", "start"]
     assert g["pretrain"] == ["prepare", "vocab"]
     assert sorted(g["finetune/sentiment/base"]) == ["base", "tasks"]
     assert sorted(g["finetune/sentiment/adapted"]) == ["pretrain", "tasks"]
@@ -38,13 +39,16 @@ def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
 def test_what_may_overlap_and_until(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
     side = parallel.overlapping(g)
-    # tasks, prepare, base and register are each before or after every other stage: they run alone. (evaluate may
-    # run beside the distill/export stages, which also hang off the finetunes.)
-    assert not side & {"tasks", "prepare", "base", "register"}
+    # tasks, prepare and register are each before or after every other stage: they run alone; base only beside
+    # the (light) start decision. (evaluate may run beside the distill/export stages, which also hang off the
+    # finetunes.)
+    assert not side & {"tasks", "prepare", "register"}
+    assert {"base", "start"} <= side
     assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted", "evaluate",
             "distill/sentiment"} <= side
     upto = parallel.select(g, ["pretrain"])
-    assert list(upto) == ["tasks", "prepare", "base", "vocab", "pretrain"] and not parallel.overlapping(upto)
+    assert list(upto) == ["tasks", "prepare", "base", "start", "vocab", "pretrain"]
+    assert parallel.overlapping(upto) == {"base", "start"}  # the start decision needs only prepare
     prio = parallel.remaining(g)
     assert prio["pretrain"] > prio["finetune/sentiment/base"]  # the critical path goes first
 

@@ -38,16 +38,17 @@ print("STATES=" + json.dumps(out))
 """
 
 
-def test_prefect_flow_twice_reports_prepare_cached(tmp_path, sample_raw):
+def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path, sample_raw):
     import sys
 
     write_project(tmp_path, sample_raw)
-    proc = run([sys.executable, "-c", FLOW_TWICE], tmp_path)
+    # One run, then (below) one after deleting prepare's output: the untouched tasks stage reads Cached there, so
+    # a second identical run would prove nothing more (the whole chain's cached rerun: test_pipeline_e2e).
+    proc = run([sys.executable, "-c", FLOW_TWICE.replace("range(2)", "range(1)")], tmp_path)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1]
-    first, second = json.loads(line[len("STATES="):])
+    (first,) = json.loads(line[len("STATES="):])
     # prepare needs the tasks stage's dev/test splits (to keep them out of pretraining), so it runs first
     assert first == {"tasks": "Completed", "prepare": "Completed"}, first
-    assert second == {"tasks": "Cached", "prepare": "Cached"}, second
     manifest = json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text())
     # The flow's parent run and the stage run are in the embedded MLflow store, nested.
     from mlflow.tracking import MlflowClient

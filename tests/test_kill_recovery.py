@@ -133,7 +133,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
         fake_finetune(root, zh_tokenizer_dir)
 
     # tasks (the splits prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
-    for stage in ("tasks", "prepare", "vocab", "pretrain", "register"):
+    for stage in ("tasks", "prepare", "start", "vocab", "pretrain", "register"):
         run(["bertpipe", stage], whole)
     run(["bertpipe", "tasks"], killed)
 
@@ -144,6 +144,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
             log.append(f"{stage}: {interrupt(killed, stage, sig, rng.uniform(0.0, window))}")
         run(["bertpipe", stage], killed)
         if stage == "prepare":
+            run(["bertpipe", "start"], killed)  # where pretraining starts: vocab reads its start.json
             run(["bertpipe", "vocab"], killed)
     print("\n".join(log))
 

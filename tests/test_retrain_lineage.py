@@ -49,52 +49,74 @@ def _register(cfg, lineage_rec: dict | None) -> str:
     return str(mv.version)
 
 
+def corpus_id(cfg) -> str:
+    """The prepare stage's fingerprint, as the start stage reads it from prepare's manifest once prepare ran."""
+    from bertpipe.pipeline import prepare_stage
+    from bertpipe.stage import fingerprint
+
+    return fingerprint(prepare_stage(), cfg)[0]
+
+
+def resolve(cfg):
+    return lineage.resolve(cfg, corpus_id(cfg))
+
+
+def _decided(cfg):
+    """The start stage's decision written where the graph reads it (its build, without a stage run)."""
+    from bertpipe.start import start_file
+    from bertpipe.start.stage import decide
+
+    start_file(cfg).parent.mkdir(parents=True, exist_ok=True)
+    start_file(cfg).write_text(json.dumps(decide(cfg, corpus_id(cfg))), encoding="utf-8")
+    return cfg
+
+
 def test_no_registry_means_the_base_and_creates_no_store(project):
     cfg = load_config(project)
-    start = lineage.resolve(cfg)
+    start = resolve(cfg)
     assert start.kind == "base" and start.model == cfg.work / "base" / "model"
     assert not (cfg.state / "mlflow.db").exists()
 
 
 def test_champion_lineage_rules(project):
     cfg = load_config(project)
-    corpus = lineage.corpus_id(cfg)
-    assert corpus and corpus == lineage.corpus_id(load_config(project))
+    corpus = corpus_id(cfg)
+    assert corpus and corpus == corpus_id(load_config(project))
 
     # v1 was trained from the base on exactly this corpus: a rerun starts where v1 started (the base).
     v1 = _register(cfg, {"corpus": corpus, "start": {"kind": "base"}})
-    assert lineage.resolve(cfg).kind == "base"
-    # ... the vocab stage's inputs say so for every door (they all build this graph).
-    assert all_stages(cfg)["vocab"].inputs(cfg)["model"] == cfg.work / "base" / "model"
+    assert resolve(cfg).kind == "base"
+    # ... the vocab stage's inputs say so for every door (they all build this graph), once the start stage wrote it.
+    assert all_stages(cfg)["vocab"].inputs(_decided(cfg))["model"] == cfg.work / "base" / "model"
 
     # New data in the drop dir: the corpus changed, so pretraining continues from the champion.
     drop = project.parent / "data" / "incoming"
     drop.mkdir(parents=True)
     (drop / "new.jsonl").write_text(json.dumps({"id": "n1", "text": "新的法律条文。"}, ensure_ascii=False) + "\n")
     grown = load_config(project)
-    assert lineage.corpus_id(grown) != corpus
-    start = lineage.resolve(grown)
+    assert corpus_id(grown) != corpus
+    start = resolve(grown)
     assert (start.kind, start.version) == ("champion", v1)
-    assert all_stages(grown)["vocab"].inputs(grown)["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
+    assert all_stages(grown)["vocab"].inputs(_decided(grown))["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
     assert all_stages(grown)["pretrain"].inputs(grown)["model"] == grown.work / "vocab" / "model"
 
     # v2, trained from v1 on the grown corpus, becomes champion: a scheduled run on that corpus starts from v1
     # again (the same inputs as the retrain that made v2, so nothing is rebuilt) ...
-    v2 = _register(grown, {"corpus": lineage.corpus_id(grown), "start": {"kind": "champion", "name": NAME,
+    v2 = _register(grown, {"corpus": corpus_id(grown), "start": {"kind": "champion", "name": NAME,
                                                                          "version": v1}})
-    again = lineage.resolve(grown)
+    again = resolve(grown)
     assert (again.kind, again.version, again.model) == ("champion", v1, start.model)
     # ... and the next new data continues from v2.
     (drop / "newer.jsonl").write_text(json.dumps({"id": "n2", "text": "更新的法律条文。"}, ensure_ascii=False) + "\n")
-    assert lineage.resolve(load_config(project)).version == v2
+    assert resolve(load_config(project)).version == v2
 
     # retrain_from: base always adapts the base; an explicit continue_from always wins.
-    assert lineage.resolve(load_config(project, overrides=["flow.retrain_from=base"])).kind == "base"
-    explicit = lineage.resolve(load_config(project, overrides=[f"model.continue_from={start.model}"]))
+    assert resolve(load_config(project, overrides=["flow.retrain_from=base"])).kind == "base"
+    explicit = resolve(load_config(project, overrides=[f"model.continue_from={start.model}"]))
     assert (explicit.kind, explicit.model) == ("path", Path(start.model))
 
 
 def test_a_champion_without_lineage_is_continued_from(project):
     cfg = load_config(project)
     v = _register(cfg, None)
-    assert (lineage.resolve(cfg).kind, lineage.resolve(cfg).version) == ("champion", v)
+    assert (resolve(cfg).kind, resolve(cfg).version) == ("champion", v)

@@ -1,6 +1,6 @@
 """Two retrain rounds on laws split at two cutoffs, every door against one real Prefect server: the first run
 (`bertpipe run`), `bertpipe retrain --add` twice, and between them a triggered run of the scheduled deployment
-(`bertpipe serve`). Token ids never move, round two adds new words, the scheduled run rebuilds and registers
+(`bertpipe schedule`). Token ids never move, round two adds new words, the scheduled run rebuilds and registers
 nothing, tasks the new data does not touch are not finetuned again, and every decision is recorded.
 
 Tiny settings throughout (one task, a 1-layer model, a few hundred articles): this is the most expensive test of
@@ -103,7 +103,7 @@ def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def _scheduled_run(root: Path, env: dict) -> str:
-    serve = subprocess.Popen(["bertpipe", "serve"], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
+    serve = subprocess.Popen(["bertpipe", "schedule"], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")

@@ -15,7 +15,7 @@ from bertpipe.pipeline import vocab_stage
 from bertpipe.stage import run_stage
 from bertpipe.vocab.embeddings import extend_model, load_mlm, mlm_loss, output_bias, piece_ids
 from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer
-from tests.test_vocab_helpers import tiny_zh_model, write_corpus
+from tests.test_vocab_helpers import decided, tiny_zh_model, write_corpus
 
 DATA = Path(__file__).parent / "data" / "vocab"
 WORDS = ["合同法", "违约金", "人民法院", "plaintiff", "subrogation"]
@@ -121,7 +121,7 @@ def test_real_checkpoint_mean_init_beats_random(tmp_path, minilm_dir):
         encoding="utf-8",
     )
     cfg = load_config(params)
-    res = run_stage(vocab_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+    res = run_stage(vocab_stage(), decided(cfg), tracker_factory=lambda *a: contextlib.nullcontext())
     m = res.metrics
     print(f"real checkpoint: mlm_loss mean={m['mlm_loss_mean']:.4f} random={m['mlm_loss_random']:.4f}")
     assert m["added_tokens"] >= 20

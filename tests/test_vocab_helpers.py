@@ -48,3 +48,14 @@ def tiny_zh_model(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def decided(cfg):
+    """``cfg`` after the start stage wrote where pretraining starts (the vocab stage's ``start`` input)."""
+    import contextlib
+
+    from bertpipe.pipeline import start_stage
+    from bertpipe.stage import run_stage
+
+    run_stage(start_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+    return cfg

@@ -17,7 +17,7 @@ from bertpipe.stage import run_stage
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer, moved_ids, tokenizer_stats, unk_counts
 from bertpipe.vocab.mining import unk_forms
-from tests.test_vocab_helpers import legal_texts, tiny_zh_model, write_corpus
+from tests.test_vocab_helpers import decided, legal_texts, tiny_zh_model, write_corpus
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -110,7 +110,7 @@ def test_vocab_stage_extends_the_starting_encoder_and_only_its_new_rows(tmp_path
     valid = legal_texts(sample_raw, 40, offset=5000) + MIXED
     write_corpus(root / "work" / "prepare" / "domain", old, valid)
     cfg = load_config(_params(root, zh_tokenizer_dir))
-    r1 = run_stage(vocab_stage(), cfg, tracker_factory=NO_TRACKING)
+    r1 = run_stage(vocab_stage(), decided(cfg), tracker_factory=NO_TRACKING)
     champion = root / "champion"
     shutil.copytree(r1.out / "model", champion)
 
@@ -118,7 +118,7 @@ def test_vocab_stage_extends_the_starting_encoder_and_only_its_new_rows(tmp_path
     write_corpus(root / "work" / "prepare" / "domain", old + legal_texts(sample_raw, 300, offset=2500) + MIXED * 4,
                  valid)
     cfg2 = load_config(_params(root, zh_tokenizer_dir, ", continue_from: champion"))
-    r2 = run_stage(vocab_stage(), cfg2, tracker_factory=NO_TRACKING)
+    r2 = run_stage(vocab_stage(), decided(cfg2), tracker_factory=NO_TRACKING)
     tok1, tok2 = AutoTokenizer.from_pretrained(champion), AutoTokenizer.from_pretrained(r2.out / "model")
     assert moved_ids(tok1, tok2) == [] and len(tok2) > len(tok1)
     with open(r2.out / "added_tokens.tsv", encoding="utf-8") as fh:
@@ -153,6 +153,6 @@ def test_eval_length_beyond_the_model_positions_is_clamped(tmp_path, sample_raw,
     assert max(len(t) for t in texts) > 64  # longer than the 32 positions: unclamped, the loss would crash
     write_corpus(tmp_path / "work" / "prepare" / "domain", texts, texts[:20])
     cfg = load_config(_params(tmp_path, zh_tokenizer_dir), overrides=["vocab.eval_max_length=512"])
-    res = run_stage(vocab_stage(), cfg, tracker_factory=NO_TRACKING)
+    res = run_stage(vocab_stage(), decided(cfg), tracker_factory=NO_TRACKING)
     assert res.metrics["init"] in INITS and res.metrics["added_tokens"] > 0
     assert "vocab.eval_max_length=512 exceeds the model's 32 positions" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from tests.test_vocab_helpers import legal_texts, tiny_zh_model, write_corpus
+from tests.test_vocab_helpers import decided, legal_texts, tiny_zh_model, write_corpus
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from bertpipe.config import load_config
@@ -49,7 +49,7 @@ def setup(tmp_path_factory, sample_raw, zh_tokenizer_dir):
 
 def _run(params, overrides=(), **kw):
     cfg = load_config(params, overrides=list(overrides))
-    return cfg, run_stage(vocab_stage(), cfg, tracker_factory=NO_TRACKING, **kw)
+    return cfg, run_stage(vocab_stage(), decided(cfg), tracker_factory=NO_TRACKING, **kw)
 
 
 @pytest.fixture(scope="module")

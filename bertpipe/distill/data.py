@@ -13,10 +13,10 @@ def task_params(cfg, task: str, model=None, log=None):
     """(TaskParams, TrainParams) of a finetune task, overrides applied; with ``model`` (a dir), max_seq_len is cut to
     its position table as the finetune stage cut it, so a student, an export check or a prediction never feeds a
     longer sequence than the model has positions."""
+    from bertpipe.taskdata import task_params as lookup
+
     fp = cfg.params.finetune
-    if task not in fp.tasks:
-        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(fp.tasks)})")
-    p = fp.tasks[task]
+    p = lookup(cfg, task)
     tp = p.train_params(fp.train)
     if model is not None:
         from bertpipe.modelinfo import clamp_seq_len

@@ -210,7 +210,7 @@ def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
     """(metric name, value) the register stage gates the encoder on; higher is better: minus the NLL per masked
     character on the domain test split. The window length also respects the base encoder's positions, so challenger
     and champion scored with one config read the same text."""
-    from bertpipe.pipeline import base_model, corpus_dir
+    from bertpipe.layout import base_model, corpus_dir
 
     e = cfg.params.evaluate
     texts = test_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts, e.mlm_seed)

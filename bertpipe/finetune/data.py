@@ -10,7 +10,6 @@ import hashlib
 import json
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -18,22 +17,9 @@ from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.finetune import tagging
 from bertpipe.finetune.params import TaskParams
 from bertpipe.sqlite_io import reading
+from bertpipe.taskdata import Example  # noqa: F401 (defined with the split files it is read from)
 
 SPLITS = ("train", "dev", "test")
-
-
-@dataclass
-class Example:
-    id: str
-    text: str  # the sentence, document, or (QA) the context
-    where: str = ""  # file:line of the source record
-    text_pair: str | None = None
-    label: str | None = None
-    group: str | None = None
-    spans: list[tuple[int, int, str]] = field(default_factory=list)  # NER gold: character spans, end exclusive
-    units: list[tuple[int, int]] = field(default_factory=list)  # NER: token character ranges seqeval scores on
-    question: str | None = None
-    answers: list[tuple[str, int]] = field(default_factory=list)  # QA: (text, char start in context)
 
 
 def _h(*parts: Any) -> str:

@@ -123,7 +123,7 @@ def encoder_floor(cfg, floor: str) -> Floor:
     """The adapted encoder must beat the base encoder it was adapted from on the same gate score."""
     if floor == "none":
         return Floor("none", None, "no floor (register.floor: none)")
-    from bertpipe.pipeline import base_model
+    from bertpipe.layout import base_model
 
     base = base_model(cfg)
     if not isinstance(base, Path) or not base.exists():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -24,6 +24,29 @@ from bertpipe.errors import BertpipeError
 
 SPLITS = ("train", "dev", "test")
 SPLITS_JSON = "splits.json"
+
+
+@dataclass
+class Example:
+    id: str
+    text: str  # the sentence, document, or (QA) the context
+    where: str = ""  # file:line of the source record
+    text_pair: str | None = None
+    label: str | None = None
+    group: str | None = None
+    spans: list[tuple[int, int, str]] = field(default_factory=list)  # NER gold: character spans, end exclusive
+    units: list[tuple[int, int]] = field(default_factory=list)  # NER: token character ranges seqeval scores on
+    question: str | None = None
+    answers: list[tuple[str, int]] = field(default_factory=list)  # QA: (text, char start in context)
+
+
+def task_params(cfg, task: str):
+    """A finetune task's params (``finetune.tasks.<task>``); an unknown name is a one-line error. The one lookup:
+    every stage that reads a task goes through it."""
+    p = cfg.params.finetune.tasks.get(task)
+    if p is None:
+        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
+    return p
 
 
 def task_dir(cfg, task: str) -> Path:
@@ -44,8 +67,6 @@ def write_split(path: Path, examples: Iterable) -> dict:
 
 
 def _example(rec: dict):
-    from bertpipe.finetune.data import Example
-
     names = {f.name for f in fields(Example)}
     ex = Example(**{k: v for k, v in rec.items() if k in names})
     ex.spans = [tuple(s) for s in ex.spans]

@@ -18,7 +18,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.finetune import data as D
 from bertpipe.finetune.params import FinetuneParams, TaskParams
 from bertpipe.stage import write_json
-from bertpipe.taskdata import SPLITS, SPLITS_JSON, write_split
+from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split  # noqa: F401 (task_params: old home)
 from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
 
 VERSION = "1"
@@ -28,13 +28,6 @@ def sections(cfg) -> tuple[str, ...]:
     """The params the splits depend on: each task's definition, the caps, and the near-duplicate settings."""
     tasks = tuple(f"finetune.tasks.{t}" for t in cfg.params.finetune.tasks)
     return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
-
-
-def task_params(cfg, task: str) -> TaskParams:
-    p = cfg.params.finetune.tasks.get(task)
-    if p is None:
-        raise BertpipeError(f"finetune.tasks: no task named {task!r} (have {sorted(cfg.params.finetune.tasks)})")
-    return p
 
 
 def task_files(cfg, task: str) -> dict[str, Path]:

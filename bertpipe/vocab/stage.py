@@ -35,17 +35,17 @@ def _glossaries(ctx) -> list[mining.GlossaryTerm]:
 
 
 def build(ctx) -> dict:
-    from bertpipe import lineage
+    from bertpipe import start as S
     from bertpipe.modelinfo import clamp_seq_len
 
     p = ctx.params
     language = ctx.cfg.params.model.language
     torch.manual_seed(p.seed)
-    start = lineage.resolve(ctx.cfg)
-    if str(start.model) != str(ctx.inputs["model"]):
-        raise BertpipeError(f"vocab: the starting encoder changed while this run started ({ctx.inputs['model']} -> "
-                            f"{start.model}; a model was registered or promoted meanwhile): run again")
-    ctx.log(f"extending {start.describe()}")
+    start = S.read_start(ctx.inputs["start"])  # the start stage's decision (the model/tokenizer inputs follow it)
+    if start is None:
+        raise BertpipeError(f"{ctx.inputs['start']}: not a start decision (run `bertpipe start` first)")
+    described = S.describe(start, ctx.inputs["model"])
+    ctx.log(f"extending {described}")
     glossary = _glossaries(ctx)
     corpus = ctx.inputs["corpus"]
     train = read_texts(corpus, "train", limit=HEAD_TEXTS)
@@ -69,7 +69,7 @@ def build(ctx) -> dict:
     new_ids = extend.new_token_ids(base_tok, ext_tok)
     moved = extend.moved_ids(base_tok, ext_tok)
     if moved:  # a model finetuned on the starting encoder would read other ids for these: never ship that
-        raise BertpipeError(f"vocab: extending {start.describe()} moved {len(moved)} existing ids (e.g. {moved[0]!r})")
+        raise BertpipeError(f"vocab: extending {described} moved {len(moved)} existing ids (e.g. {moved[0]!r})")
     ctx.log(f"added {len(new_ids)} ids ({len(mined.candidates)} words, {len(forms)} [UNK]-character forms)")
 
     model, head_missing = embeddings.load_mlm(ctx.inputs["model"], log=ctx.log)
@@ -95,7 +95,7 @@ def build(ctx) -> dict:
     chosen, why = embeddings.choose_init(p.init, scored)
     ctx.log(f"init of the {len(new_ids)} new rows: {chosen} ({why})")
     init_stats = embeddings.extend_model(model, base_tok, ext_tok, chosen, seed=p.seed)
-    model.config.update({lineage.KEY: lineage.lineage_record(ctx.cfg, start)})
+    model.config.update({S.KEY: S.lineage_record(start)})
 
     out = Path(ctx.out)
     ext_tok.save_pretrained(out / "tokenizer")
@@ -119,7 +119,7 @@ def build(ctx) -> dict:
         language=language,
         base_src=str(ctx.inputs["tokenizer"]),
         model_src=str(ctx.inputs["model"]),
-        start=start.describe(),
+        start=described,
         mining=mined,
         rows=rows,
         before=before,
@@ -170,7 +170,7 @@ def build(ctx) -> dict:
         f"UNK chars/char {before['unk_rate']:.2e} -> {after['unk_rate']:.2e}, speed {metrics['speed_ratio']:.2f}x"
     )
     # Strings go to the manifest only (MLflow metrics are numbers).
-    return {**metrics, "init": chosen, "init_reason": why, "start": start.describe()}
+    return {**metrics, "init": chosen, "init_reason": why, "start": described}
 
 
 def _text_bytes(corpus, split: str) -> int:

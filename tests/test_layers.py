@@ -1,0 +1,68 @@
+"""Layers with one direction, checked the way CI runs it: `lint-imports` with the contracts in pyproject.toml, and no
+import cycle between any two modules of bertpipe/, tasks/ and flows/ (lazy imports inside functions count).
+Quick: static analysis only, nothing is imported."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The only edges the contracts ignore, each with its reason in pyproject.toml.
+IGNORED = {("bertpipe.pretrain.run", "bertpipe.pipeline"), ("bertpipe.config", "bertpipe.tracking")}
+
+
+def test_lint_imports_keeps_every_contract():
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    proc = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout and " kept" in proc.stdout, proc.stdout
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_between_modules():
+    import grimp
+
+    g = grimp.build_graph("bertpipe", "tasks", "flows", cache_dir=None, exclude_type_checking_imports=True)
+    mods = set(g.modules)
+    edges = {m: {d for d in g.find_modules_directly_imported_by(m) if d in mods and (m, d) not in IGNORED}
+             for m in mods}
+    assert cycles(edges) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]  # the check can fail
