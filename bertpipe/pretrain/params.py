@@ -76,7 +76,9 @@ class PretrainParams(BaseModel):
     warmup_ratio: float = Field(0.06, ge=0.0, le=0.5)
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     max_grad_norm: float = Field(1.0, ge=0.0)  # 0: no clipping
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast where the hardware has bf16
+    # auto: bf16 where the device has bf16 units (CUDA cc >= 8.0, CPU AVX512-BF16/AMX), fp16 + GradScaler on older
+    # GPUs, fp32 elsewhere (bertpipe/device.py); the choice and its reason are in the manifest
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     bucket: bool = True  # length-bucketed batches (less padding)
 
     # ---- evaluation, checkpoints
