@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -91,6 +91,9 @@ class PretrainParams(BaseModel):
 
     seed: int = 42
     threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0: torch's default
+    # processes (torchrun, one per device): auto = one per visible GPU (1 with none or one); a number: that many
+    # (CPU: gloo). `bertpipe run`, the flow and `dvc repro` all start them (bertpipe/pretrain/run.py)
+    nproc: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _segments_fit_positions(self) -> "PretrainParams":
