@@ -117,8 +117,10 @@ def run_plain(args, tok) -> dict:
         t = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - t
-    return {"tokens": seen["tokens"], "seconds": seconds, "loss_at_end": score(model, heldout(args, tok)),
-            "loss_same_tokens": None}
+    # Grouped blocks have no padding: the steps trained x batch x seq (the collator also runs for batches the
+    # dataloader fetched ahead, so counting there overstates the tokens)
+    return {"tokens": args.steps * args.batch * args.seq, "collated_tokens": seen["tokens"], "seconds": seconds,
+            "loss_at_end": score(model, heldout(args, tok)), "loss_same_tokens": None}
 
 
 def run_bertpipe(args, tok) -> dict:
@@ -150,6 +152,44 @@ def run_bertpipe(args, tok) -> dict:
     tokens_at = {h["step"]: h["tokens"] for h in res.history if "loss" in h}
     return {"tokens": res.tokens, "seconds": res.train_seconds, "loss_at_end": res.final_eval["eval_loss"],
             "loss_same_tokens": same.get("loss"), "tokens_at_match": tokens_at.get(args.match_step)}
+
+
+def profile_steps(args, tok) -> None:
+    """``--profile N``: N of bertpipe's optimizer steps under torch.profiler (after 2 warm-up steps), the ops by self
+    CPU time: where a step goes (attention's bmm/softmax, layer norms, the optimizer, the masked-token head)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import BertForMaskedLM
+
+    from bertpipe.pretrain.data import build_examples, collate
+    from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+    from bertpipe.pretrain.model import PretrainModel
+    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.pretrain.train import Batches, Dist, backward_step, make_optimizer
+
+    p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, seed=0)
+    ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
+    torch.manual_seed(0)
+    pm = PretrainModel(BertForMaskedLM(model_config(args, len(tok))), pair=False)
+    opt, d, spec, replace = make_optimizer(pm, p), Dist(), MaskSpec.from_params(p), normal_token_ids(tok)
+    batches = Batches(ex, p, d, tok.pad_token_id)
+
+    def step(k: int) -> None:
+        b = collate(batches.get(k), tok.pad_token_id)
+        b["input_ids"], b["labels"] = mask_batch(b["input_ids"], b["word_ids"], spec, tok.mask_token_id, replace,
+                                                 seeded(0, k, 0, 0))
+        backward_step(pm, [b], d)
+        torch.nn.utils.clip_grad_norm_(pm.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for k in range(2):
+        step(k)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for k in range(2, 2 + args.profile):
+            step(k)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(f"load avg (1 min) {os.getloadavg()[0]:.2f}")
 
 
 def child(args) -> None:
@@ -186,12 +226,20 @@ def main() -> None:
                          "the same tokens per step")
     ap.add_argument("--plain-result", default="", help="reuse the JSON of an earlier plain run (same settings)")
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
+    ap.add_argument("--profile", type=int, default=0, help="profile N of bertpipe's steps (torch.profiler) and exit")
     ap.add_argument("--which", choices=("plain", "bertpipe"), help=argparse.SUPPRESS)
     ap.add_argument("--match-step", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.bf16 = args.precision == "bf16"
     if args.which:
         return child(args)
+    if args.profile:
+        import torch
+        from transformers import AutoTokenizer
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return profile_steps(args, AutoTokenizer.from_pretrained(args.raw + "/bert-base-chinese"))
 
     import torch
     from transformers import AutoTokenizer
@@ -239,7 +287,7 @@ def main() -> None:
     print(f"precision (both sides): {prec.words()}")
     print(f"mean non-padding tokens per example: plain {plain_len:.1f}, bertpipe (packed) {packed_len:.1f}")
     print(f"{'':10s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
-          f"{'peak MB':>8s} {'MFU':>6s} {'MFU fp32':>9s} {'MFU bf16':>9s}")
+          f"{'peak MB':>8s} {'MFU':>6s} {'MFU fp32':>9s}" + (f" {'MFU bf16':>9s}" if prec.bf16 else ""))
     for which, r in results.items():
         tps = r["tokens"] / r["seconds"]
         r["tokens_per_s"] = tps
@@ -247,7 +295,7 @@ def main() -> None:
         print(f"{which:10s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
               f"{same if same is not None else math.nan:17.3f} {r['peak_rss_mb']:8.0f} "
               f"{tps * flops_per_token / peak:6.1%} "
-              f"{tps * flops_per_token / peak32:9.1%} {tps * flops_per_token / peak16:9.1%}")
+              f"{tps * flops_per_token / peak32:9.1%}" + (f" {tps * flops_per_token / peak16:9.1%}" if prec.bf16 else ""))
     ratio = results["bertpipe"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
     print(f"speed ratio (non-padding tokens/s): {ratio:.2f}x; bertpipe's loss after the plain run's "
           f"{results['plain']['tokens']:.0f} tokens is taken at step {match} "
