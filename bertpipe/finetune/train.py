@@ -235,11 +235,11 @@ def train(
             step += 1
             bar.update(1)
             rate = micro * tp.batch_size / (time.time() - started)
-            bar.set_postfix(loss=f"{running / running_n:.3f}", ex_s=f"{rate:.1f}")
+            bar.set_postfix(loss=f"{running / max(running_n, 1):.3f}", ex_s=f"{rate:.1f}")
             if step % max(1, total // 50) == 0 or step == total:
-                res.losses.append((step, running / running_n))
+                res.losses.append((step, running / max(running_n, 1)))
                 if log_metrics:
-                    log_metrics({"train_loss": running / running_n, "lr": sched.get_last_lr()[0]}, step)
+                    log_metrics({"train_loss": running / max(running_n, 1), "lr": sched.get_last_lr()[0]}, step)
                 running, running_n = 0.0, 0
             if step % eval_every == 0 or step == total:
                 if do_eval():
