@@ -1,10 +1,11 @@
 """Benchmark: bertpipe's pretrain loop vs the plain transformers recipe, same corpus/model/sequence length/batch/steps.
 
-    .venv/bin/python bench/bench_pretrain.py [--steps 60] [--batch 32] [--seq 128] [--layers 2] [--hidden 128] ...
+    .venv/bin/python bench/bench_pretrain.py [--steps 30] [--batch 16] [--seq 128] [--layers 6] [--hidden 384] [--raw DIR] ...
 
-The plain recipe: each article tokenized, truncated and padded to --seq, `DataCollatorForLanguageModeling` (token
-masking, 15%, 80/10/10), `Trainer` with full-vocabulary logits in fp32. bertpipe: packed segments, length buckets,
-whole-word dynamic masking, MLM head at the chosen positions only, bf16 autocast where the CPU has bf16.
+The plain recipe is HF's run_mlm.py: texts tokenized and grouped into --seq blocks (no padding),
+`DataCollatorForLanguageModeling` (token masking, 15%, 80/10/10), `Trainer` with full-vocabulary logits, in the same
+precision as bertpipe (bf16 where the CPU has bf16 units, else fp32). bertpipe: packed segments, length buckets,
+whole-word dynamic masking, MLM head at the chosen positions only.
 Each side runs in its own process (so peak RSS is its own); both are scored on the same held-out segments with the
 same fixed token-level masks. Prints non-padding tokens/s, the ratio, held-out loss after the same number of
 tokens, peak memory and model-FLOPs utilisation against a matmul peak measured in this run.
@@ -71,18 +72,30 @@ def score(mlm, batches) -> float:
     from bertpipe.pretrain.model import PretrainModel
     from bertpipe.pretrain.train import Dist, evaluate
 
-    return evaluate(PretrainModel(mlm, pair=False), batches, Dist(), bf16=False)["eval_loss"]
+    return evaluate(PretrainModel(mlm, pair=False), batches, Dist())["eval_loss"]
+
+
+def group_texts(examples: dict, block: int) -> dict:
+    """run_mlm.py's ``group_texts``: concatenate every tokenized text and cut it into blocks of ``block`` tokens
+    (the remainder is dropped), so no batch cell is padding."""
+    from itertools import chain
+
+    joined = {k: list(chain(*examples[k])) for k in examples}
+    total = (len(joined["input_ids"]) // block) * block
+    return {k: [t[i : i + block] for i in range(0, total, block)] for k, t in joined.items()}
 
 
 def run_plain(args, tok) -> dict:
+    """The HF run_mlm recipe: tokenize with special tokens, group texts into --seq blocks,
+    DataCollatorForLanguageModeling (15%, 80/10/10), Trainer (full-vocabulary logits), same precision as bertpipe."""
     import torch
     from datasets import Dataset
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
     texts = law_texts(Path(args.raw), args.docs, 0)
     ds = Dataset.from_dict({"text": texts}).map(
-        lambda b: tok(b["text"], truncation=True, max_length=args.seq, padding="max_length"),
-        batched=True, remove_columns=["text"])
+        lambda b: tok(b["text"], return_special_tokens_mask=True), batched=True, remove_columns=["text"])
+    ds = ds.map(lambda b: group_texts(b, args.seq), batched=True)
     base = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.15)
     seen = {"tokens": 0}
 
@@ -98,14 +111,16 @@ def run_plain(args, tok) -> dict:
             output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=args.lr,
             warmup_steps=max(1, args.steps // 10), lr_scheduler_type="linear", weight_decay=0.01, logging_strategy="no",
             save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
-            disable_tqdm=True,
+            disable_tqdm=True, bf16=args.bf16,
         )
         trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collate)
         t = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - t
-    return {"tokens": seen["tokens"], "seconds": seconds, "loss_at_end": score(model, heldout(args, tok)),
-            "loss_same_tokens": None}
+    # Grouped blocks have no padding: the steps trained x batch x seq (the collator also runs for batches the
+    # dataloader fetched ahead, so counting there overstates the tokens)
+    return {"tokens": args.steps * args.batch * args.seq, "collated_tokens": seen["tokens"], "seconds": seconds,
+            "loss_at_end": score(model, heldout(args, tok)), "loss_same_tokens": None}
 
 
 def run_bertpipe(args, tok) -> dict:
@@ -139,6 +154,44 @@ def run_bertpipe(args, tok) -> dict:
             "loss_same_tokens": same.get("loss"), "tokens_at_match": tokens_at.get(args.match_step)}
 
 
+def profile_steps(args, tok) -> None:
+    """``--profile N``: N of bertpipe's optimizer steps under torch.profiler (after 2 warm-up steps), the ops by self
+    CPU time: where a step goes (attention's bmm/softmax, layer norms, the optimizer, the masked-token head)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import BertForMaskedLM
+
+    from bertpipe.pretrain.data import build_examples, collate
+    from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+    from bertpipe.pretrain.model import PretrainModel
+    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.pretrain.train import Batches, Dist, backward_step, make_optimizer
+
+    p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, seed=0)
+    ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
+    torch.manual_seed(0)
+    pm = PretrainModel(BertForMaskedLM(model_config(args, len(tok))), pair=False)
+    opt, d, spec, replace = make_optimizer(pm, p), Dist(), MaskSpec.from_params(p), normal_token_ids(tok)
+    batches = Batches(ex, p, d, tok.pad_token_id)
+
+    def step(k: int) -> None:
+        b = collate(batches.get(k), tok.pad_token_id)
+        b["input_ids"], b["labels"] = mask_batch(b["input_ids"], b["word_ids"], spec, tok.mask_token_id, replace,
+                                                 seeded(0, k, 0, 0))
+        backward_step(pm, [b], d)
+        torch.nn.utils.clip_grad_norm_(pm.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for k in range(2):
+        step(k)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for k in range(2, 2 + args.profile):
+            step(k)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(f"load avg (1 min) {os.getloadavg()[0]:.2f}")
+
+
 def child(args) -> None:
     import torch
     from transformers import AutoTokenizer
@@ -153,17 +206,18 @@ def child(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--intermediate", type=int, default=1536)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--docs", type=int, default=3000, help="law articles to train on")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                    help="both sides run in it; auto: bertpipe's policy for this CPU (bertpipe/device.py)")
     ap.add_argument("--token-masking", action="store_true", help="bertpipe with token (not whole-word) masking")
     ap.add_argument("--bertpipe-steps", type=int, default=0,
                     help="bertpipe's schedule length (default --steps); e.g. the step where it matches plain's tokens")
@@ -172,11 +226,20 @@ def main() -> None:
                          "the same tokens per step")
     ap.add_argument("--plain-result", default="", help="reuse the JSON of an earlier plain run (same settings)")
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
+    ap.add_argument("--profile", type=int, default=0, help="profile N of bertpipe's steps (torch.profiler) and exit")
     ap.add_argument("--which", choices=("plain", "bertpipe"), help=argparse.SUPPRESS)
     ap.add_argument("--match-step", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.bf16 = args.precision == "bf16"
     if args.which:
         return child(args)
+    if args.profile:
+        import torch
+        from transformers import AutoTokenizer
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return profile_steps(args, AutoTokenizer.from_pretrained(args.raw + "/bert-base-chinese"))
 
     import torch
     from transformers import AutoTokenizer
@@ -188,15 +251,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(args.raw + "/bert-base-chinese")
     texts = law_texts(Path(args.raw), args.docs, 0)
-    plain_len = sum(min(len(ids) + 2, args.seq) for ids in tok(texts, add_special_tokens=False)["input_ids"]) / len(texts)
+    plain_len = float(args.seq)  # grouped texts: every block is full
     packed = build_examples(texts, tok, "zh", PretrainParams(max_seq_len=args.seq))
     packed_len = sum(len(e) for e in packed) / len(packed)
     match = max(1, round(args.steps * plain_len / packed_len))
-    from bertpipe.pretrain.model import bf16_ok
+    from bertpipe.device import precision_for
 
-    has_bf16 = bf16_ok(torch.device("cpu"))
+    prec = precision_for(args.precision, torch.device("cpu"))
     peak32 = matmul_peak(torch.float32)
-    peak16 = matmul_peak(torch.bfloat16) if has_bf16 else float("nan")  # no bf16 units: autocast stays off
+    peak16 = matmul_peak(torch.bfloat16)  # emulated (slow) where the CPU has no bf16 units
+    peak = peak16 if prec.bf16 else peak32
     cfg = model_config(args, len(tok))
     h, v = cfg.hidden_size, cfg.vocab_size
     per_layer = 4 * h * h + 2 * h * cfg.intermediate_size
@@ -207,7 +271,8 @@ def main() -> None:
     if args.plain_result:
         results["plain"] = json.loads(Path(args.plain_result).read_text())["plain"]
     for which in [w for w in ("plain", "bertpipe") if w not in results]:
-        cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:]
+        cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:] + [
+            "--precision", prec.dtype]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
@@ -219,21 +284,26 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}")
     print(f"model: {cfg.num_hidden_layers} layers, hidden {h}, vocab {v}; seq {args.seq}, batch {args.batch}, "
           f"{args.steps} steps; matmul peak fp32 {peak32 / 1e9:.1f} GFLOP/s, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+    print(f"precision (both sides): {prec.words()}")
     print(f"mean non-padding tokens per example: plain {plain_len:.1f}, bertpipe (packed) {packed_len:.1f}")
     print(f"{'':10s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
-          f"{'peak MB':>8s} {'MFU fp32':>9s} {'MFU bf16':>9s}")
+          f"{'peak MB':>8s} {'MFU':>6s} {'MFU fp32':>9s}" + (f" {'MFU bf16':>9s}" if prec.bf16 else ""))
     for which, r in results.items():
         tps = r["tokens"] / r["seconds"]
         r["tokens_per_s"] = tps
         same = r["loss_at_end"] if which == "plain" else r["loss_same_tokens"]
         print(f"{which:10s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
               f"{same if same is not None else math.nan:17.3f} {r['peak_rss_mb']:8.0f} "
-              f"{tps * flops_per_token / peak32:9.1%} {tps * flops_per_token / peak16:9.1%}")
+              f"{tps * flops_per_token / peak:6.1%} "
+              f"{tps * flops_per_token / peak32:9.1%}" + (f" {tps * flops_per_token / peak16:9.1%}" if prec.bf16 else ""))
     ratio = results["bertpipe"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
     print(f"speed ratio (non-padding tokens/s): {ratio:.2f}x; bertpipe's loss after the plain run's "
           f"{results['plain']['tokens']:.0f} tokens is taken at step {match} "
           f"({results['bertpipe'].get('tokens_at_match') or 0:.0f} tokens)")
-    print("JSON " + json.dumps({"ratio": ratio, **results}))
+    print(f"MFU against the {prec.dtype} matmul peak measured in this run: bertpipe "
+          f"{results['bertpipe']['tokens_per_s'] * flops_per_token / peak:.1%}, HF "
+          f"{results['plain']['tokens_per_s'] * flops_per_token / peak:.1%}; load avg after {os.getloadavg()[0]:.2f}")
+    print("JSON " + json.dumps({"ratio": ratio, "precision": prec.dtype, "load": load, **results}))
 
 
 if __name__ == "__main__":

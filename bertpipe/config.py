@@ -308,7 +308,10 @@ def load_config(
     for item in overrides or []:
         _apply_override(data, item)
     params = _with_incoming(_validate(data, str(src)), root, str(src))
-    return Config(params, root, src.resolve() if src.exists() else None)
+    cfg = Config(params, root, src.resolve() if src.exists() else None)
+    # how to load it again in another process (bertpipe.pretrain.run relaunches base/pretrain under torchrun)
+    cfg.launch_args = (str(src.resolve()) if src.exists() else None, profile, list(overrides or []))
+    return cfg
 
 
 def _with_incoming(params: Params, root: Path, source: str) -> Params:

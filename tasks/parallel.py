@@ -9,6 +9,11 @@ another (prepare, evaluate, ...) runs in the flow's own process on every core.
 Why a slot pool rather than only the task runner's ``max_workers``: a submitted task waits for its upstream futures
 *inside* a runner thread, so a bounded thread pool fills with waiting tasks while cores idle. Every stage gets a
 thread; a stage takes one of ``workers`` slots only once its inputs exist, longest remaining path first.
+
+GPUs: each slot owns a set of the visible GPUs (``device_sets``), disjoint while there are at least as many GPUs as
+slots, and a stage's child process sees only its slot's (``CUDA_VISIBLE_DEVICES``), so concurrent finetunes land on
+different GPUs instead of all on ``cuda:0``, and base/pretrain (``nproc: auto``) start one process per GPU of their
+slot. With no GPU nothing is set.
 """
 
 from __future__ import annotations
@@ -100,6 +105,39 @@ def remaining(graph: Graph) -> dict[str, int]:
     return out
 
 
+def visible_devices() -> list[str]:
+    """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set, else 0..count-1;
+    none without CUDA."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    except ImportError:
+        return []
+
+
+def device_sets(n_slots: int, devices: list[str]) -> list[list[str]]:
+    """The GPUs of each of ``n_slots`` slots. With at least as many GPUs as slots the sets are disjoint and cover
+    every GPU (contiguous, sizes differing by at most one: 5 GPUs, 2 slots -> 3 + 2). With fewer GPUs than slots no
+    disjoint cover exists; each slot gets one GPU, round robin, so no GPU serves more than ceil(slots / GPUs) stages.
+    No GPUs: every set is empty (nothing changes)."""
+    m = len(devices)
+    if m == 0:
+        return [[] for _ in range(n_slots)]
+    if n_slots <= m:
+        base, extra = divmod(m, n_slots)
+        out, at = [], 0
+        for i in range(n_slots):
+            k = base + (1 if i < extra else 0)
+            out.append(devices[at : at + k])
+            at += k
+        return out
+    return [[devices[i % m]] for i in range(n_slots)]
+
+
 class Slots:
     """A counting semaphore that admits the highest-priority waiter first (FIFO among equals).
 
@@ -113,8 +151,10 @@ class Slots:
     """
 
     def __init__(self, n: int, graph: Graph | None = None, priority: dict[str, int] | None = None,
-                 grace_s: float = 3.0):
+                 grace_s: float = 3.0, devices: list[str] | None = None):
         self.free = n
+        self._ids = list(range(n))  # free slot ids, lowest first; slot i owns devices[i]
+        self.devices = device_sets(n, devices or [])
         self._cond = threading.Condition()
         self._queue: list[tuple[int, int]] = []
         self._seq = itertools.count()
@@ -138,7 +178,8 @@ class Slots:
         return count, until
 
     @contextlib.contextmanager
-    def hold(self, priority: int = 0, name: str = "") -> Iterator[None]:
+    def hold(self, priority: int = 0, name: str = "") -> Iterator[list[str]]:
+        """Wait for a slot; yields the GPUs it owns (empty without GPUs)."""
         with self._cond:
             if name:
                 self._arrived.add(name)
@@ -154,12 +195,15 @@ class Slots:
                     self._cond.wait()
             heapq.heappop(self._queue)
             self.free -= 1
+            sid = self._ids.pop(0)
             self._cond.notify_all()
         try:
-            yield
+            yield self.devices[sid]
         finally:
             with self._cond:
                 self.free += 1
+                self._ids.append(sid)
+                self._ids.sort()
                 if name:
                     self._finished[name] = time.monotonic()
                 self._cond.notify_all()
@@ -168,30 +212,44 @@ class Slots:
 _POOLS: dict[str, Slots] = {}
 
 
-def open_pool(key: str, n: int, graph: Graph | None = None) -> None:
+def open_pool(key: str, n: int, graph: Graph | None = None, devices: list[str] | None = None) -> None:
     """The flow run's pool of ``n`` slots; with its ``graph`` the pool keeps slots for critical stages about to
-    arrive (see Slots)."""
-    _POOLS[key] = Slots(n, graph)
+    arrive (see Slots). ``devices``: the GPUs the slots share out (default: the visible ones)."""
+    _POOLS[key] = Slots(n, graph, devices=visible_devices() if devices is None else devices)
 
 
 def close_pool(key: str) -> None:
     _POOLS.pop(key, None)
 
 
+# The GPUs of the slot this thread holds: child_env, called by the same task thread inside ``slot``, gives them to
+# the stage's process (a thread-local, so the task code between the two needs no new argument).
+_held = threading.local()
+
+
 @contextlib.contextmanager
-def slot(key: str, priority: int, name: str = "") -> Iterator[None]:
-    """Hold a slot of the flow run's pool as stage ``name``; without a pool (a task called on its own) run at once."""
+def slot(key: str, priority: int, name: str = "") -> Iterator[list[str]]:
+    """Hold a slot of the flow run's pool as stage ``name``; without a pool (a task called on its own) run at once.
+    Yields the slot's GPUs (empty: no GPU, or no pool)."""
     pool = _POOLS.get(key)
     if pool is None:
-        yield
+        yield []
         return
-    with pool.hold(priority, name):
-        yield
+    with pool.hold(priority, name) as devices:
+        _held.devices = devices
+        try:
+            yield devices
+        finally:
+            _held.devices = None
 
 
-def child_env(threads: int) -> dict[str, str]:
-    """The environment of a stage's child process: its share of the cores, set before torch starts its pools."""
+def child_env(threads: int, devices: list[str] | None = None) -> dict[str, str]:
+    """The environment of a stage's child process: its share of the cores, set before torch starts its pools, and
+    its slot's GPUs (``devices``, default: those of the slot this thread holds; none held: unchanged)."""
     env = dict(os.environ)
+    devices = devices if devices is not None else getattr(_held, "devices", None)
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

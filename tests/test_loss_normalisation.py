@@ -62,9 +62,9 @@ def test_mlm_accumulated_micro_batches_match_one_big_batch():
     torch.nn.functional.cross_entropy(logits[sel], batch["labels"][sel]).backward()
     ref = _grads(mlm)
 
-    pretrain_step(pm, [batch], Dist(), bf16=False)
+    pretrain_step(pm, [batch], Dist())
     assert torch.allclose(_grads(pm), ref, atol=1e-6)
-    pretrain_step(pm, _cut(batch, 2), Dist(), bf16=False)
+    pretrain_step(pm, _cut(batch, 2), Dist())
     assert torch.allclose(_grads(pm), ref, atol=1e-6)
     # The old way (each micro-batch's mean, averaged) weighs the 2 tokens of the first micro-batch like the 11 of the
     # second: a different gradient, so the comparison above can fail.
@@ -81,7 +81,7 @@ def test_ner_accumulated_micro_batches_match_one_big_batch():
     batch = _batch(ROWS, 5, -100)
     model(**batch).loss.backward()  # transformers' own loss on the whole batch: mean over labelled tokens
     ref = _grads(model)
-    losses = finetune_step(model, _cut(batch, 2), torch.device("cpu"), bf16=False)
+    losses = finetune_step(model, _cut(batch, 2), torch.device("cpu"))
     assert torch.allclose(_grads(model), ref, atol=1e-6)
     assert len(losses) == 2 and all(x > 0 for x in losses)
     for b in _cut(batch, 2):
@@ -102,7 +102,7 @@ def _ddp_rank(rank: int, world: int, init: str, out: str) -> None:
     batch = _batch(ROWS, 50, IGNORE)
     batch["pair_labels"] = torch.zeros(len(ROWS), dtype=torch.long)
     mine = {k: v[2 * rank : 2 * rank + 2] for k, v in batch.items()}  # rank 0: 2 masked tokens, rank 1: 11
-    pretrain_step(ddp, _cut(mine, 1), Dist(rank, world), bf16=False)
+    pretrain_step(ddp, _cut(mine, 1), Dist(rank, world))
     if rank == 0:
         torch.save(_grads(pm), out)
     # Free DDP's reducer while the process group is alive (as pretrain.stage does): destroyed after it, the reducer

@@ -29,3 +29,29 @@ def test_no_profile_sets_a_wall_clock_budget():
 
     profiles = yaml.safe_load(PARAMS.read_text())["profiles"]
     assert [k for k in keys(profiles) if k.endswith(".max_time_s")] == []
+
+
+def test_no_profile_key_is_shadowed_by_the_top_level():
+    """The file's own top-level keys win over the chosen profile (so `dvc exp run -S` takes effect): a key a profile
+    sets that the top level sets too would be dead in that profile (the full profile's 512-token pretraining was, once)."""
+    def leaves(node, path=()):
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                yield from leaves(v, (*path, k))
+        else:
+            yield path
+
+    doc = yaml.safe_load(PARAMS.read_text())
+    top = {k: v for k, v in doc.items() if k != "profiles"}
+
+    def at_top(path):
+        node = top
+        for k in path:
+            if not isinstance(node, dict) or k not in node:
+                return False
+            node = node[k]
+        return True
+
+    shadowed = [f"profiles.{name}.{'.'.join(p)}" for name, prof in doc["profiles"].items()
+                for p in leaves(prof) if at_top(p)]
+    assert shadowed == []

@@ -62,7 +62,7 @@ def build(ctx, task: str) -> dict:
     from bertpipe.finetune import heads as H
     from bertpipe.finetune.params import with_overrides
     from bertpipe.finetune.stage import pipeline_task
-    from bertpipe.finetune.train import bf16_ok, pick_device, train
+    from bertpipe.finetune.train import legacy_request, pick_device, precision_for, train
     from bertpipe.stage import write_json
 
     dp = ctx.params
@@ -81,7 +81,10 @@ def build(ctx, task: str) -> dict:
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
     splits = {s: H.featurize(tok, data[s], p, stp, label2id, counts, s) for s in ("train", "dev", "test")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    bf16 = stp.bf16 and bf16_ok(device)
+    prec = precision_for(legacy_request(stp.precision, stp.bf16), device)
+    bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
+    ctx.counts.update(prec.record())
+    ctx.log(f"{ctx.name}: precision {prec.words()}")
     primary = PRIMARY[p.type]
     seed = stp.seeds[0]
 

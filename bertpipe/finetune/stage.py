@@ -18,7 +18,7 @@ from bertpipe.evaluate.metrics import PRIMARY
 from bertpipe.finetune import data as D
 from bertpipe.finetune import heads as H
 from bertpipe.finetune.params import FinetuneParams
-from bertpipe.finetune.train import bf16_ok, pick_device, set_seed, train
+from bertpipe.finetune.train import legacy_request, pick_device, precision_for, set_seed, train
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
 
@@ -92,7 +92,10 @@ def build(ctx, task: str, encoder: str) -> dict:
     ctx.log(f"{task}/{encoder}: {sizes}")
     primary = PRIMARY[p.type]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    bf16 = tp.bf16 and bf16_ok(device)
+    prec = precision_for(legacy_request(tp.precision, tp.bf16), device)
+    bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
+    ctx.counts.update(prec.record())
+    ctx.log(f"{ctx.name}: precision {prec.words()}")
 
     per_seed: dict = {}
     runs: dict = {}

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bertpipe.device import bf16_ok, pick_device, weight_decay_groups  # noqa: F401 (stages import them from here)
+from bertpipe.device import (  # noqa: F401 (stages import them from here)
+    Precision, autocast, bf16_ok, grad_scaler, legacy_request, pick_device, precision_for, weight_decay_groups)
 from bertpipe.finetune.params import TrainParams
 
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
@@ -105,29 +106,35 @@ def batches(feats: Sequence[dict], batch_size: int, gen: random.Random, bucket: 
     return out
 
 
-def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.device, bf16: bool) -> list[float]:
+FP32 = Precision("fp32", "default")
+
+
+def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.device, prec: Precision = FP32,
+                  scaler=None) -> list[float]:
     """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's mean loss.
 
-    Token-level labels (NER) are normalised by the labelled tokens of the whole step (as transformers does with
-    ``num_items_in_batch``), so micro-batches with unequal token counts give the gradient of one big batch.
-    Example-level losses (classification, QA) are per-micro-batch means, averaged over the step's micro-batches.
+    The loss is always the model's own (``model(**batch).loss``, labels included), so a wrapper such as the
+    distiller adds its terms for every task type: popping NER's labels and scoring the logits here left a student
+    learning from the hard labels only. Token-level labels (NER) are normalised by the labelled tokens of the whole
+    step (as transformers does with ``num_items_in_batch``): the model's mean over a micro-batch's n labelled tokens,
+    times n / (labelled tokens of the step), so micro-batches with unequal token counts give the gradient of one
+    big batch. Example-level losses (classification, QA) are per-micro-batch means, averaged over the step's
+    micro-batches. Under fp16 ``scaler`` (a GradScaler) scales the loss.
     """
     token_level = "labels" in group[0] and group[0]["labels"].dim() == 2
     n_step = sum(int((b["labels"] != -100).sum()) for b in group) if token_level else 0
     out = []
     for b in group:
+        n = int((b["labels"] != -100).sum()) if token_level else 0
+        if token_level and n == 0:  # nothing scored (a mean over no tokens is NaN): no gradient, no loss
+            continue
         b = {k: v.to(device) for k, v in b.items()}
-        labels = b.pop("labels") if token_level else None
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        with autocast(device, prec):
             res = model(**b)
-        if labels is not None:
-            total = torch.nn.functional.cross_entropy(res.logits.float().flatten(0, 1), labels.flatten(),
-                                                      ignore_index=-100, reduction="sum")
-            (total / max(n_step, 1)).backward()
-            out.append(total.item() / max(int((labels != -100).sum()), 1))
-        else:
-            (res.loss.float() / len(group)).backward()
-            out.append(res.loss.item())
+        loss = res.loss.float()
+        share = loss * (n / max(n_step, 1)) if token_level else loss / len(group)
+        (scaler.scale(share) if scaler is not None else share).backward()
+        out.append(loss.item())
     return out
 
 
@@ -141,6 +148,7 @@ class TrainResult:
     stopped_early: bool = False
     seconds: float = 0.0
     bf16: bool = False
+    precision: Precision = FP32
 
 
 def train(
@@ -159,8 +167,9 @@ def train(
 
     set_seed(seed)
     device = next(model.parameters()).device
-    use_bf16 = tp.bf16 and bf16_ok(device)
-    res = TrainResult(bf16=use_bf16)
+    prec = precision_for(legacy_request(tp.precision, tp.bf16), device)
+    scaler = grad_scaler(device, prec)
+    res = TrainResult(bf16=prec.bf16, precision=prec)
     layers = n_layers(model)
     per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
     total = max(1, math.ceil(tp.epochs * per_epoch))
@@ -179,7 +188,7 @@ def train(
     bad_evals, phase, step, micro = 0, -1, 0, 0
     running, running_n = 0.0, 0
     started = time.time()
-    bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False)
+    bar = tqdm(total=total, desc=f"{desc} {prec.dtype}", unit="step", file=sys.stderr, leave=False)
 
     def set_phase(i: int) -> None:
         for name, p in model.named_parameters():
@@ -212,23 +221,25 @@ def train(
                 phase = want
                 set_phase(phase)
             group = [collate([feats[i] for i in idx], pad_id) for idx in epoch[g : g + tp.grad_accum]]
-            for loss in backward_step(model, group, device, use_bf16):
+            for loss in backward_step(model, group, device, prec, scaler):
                 running += loss
                 running_n += 1
                 micro += 1
+            scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
             if tp.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tp.max_grad_norm)
-            opt.step()
+            scaler.step(opt)  # fp16: skipped when the scaled gradients overflowed
+            scaler.update()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
             bar.update(1)
             rate = micro * tp.batch_size / (time.time() - started)
-            bar.set_postfix(loss=f"{running / running_n:.3f}", ex_s=f"{rate:.1f}")
+            bar.set_postfix(loss=f"{running / max(running_n, 1):.3f}", ex_s=f"{rate:.1f}")
             if step % max(1, total // 50) == 0 or step == total:
-                res.losses.append((step, running / running_n))
+                res.losses.append((step, running / max(running_n, 1)))
                 if log_metrics:
-                    log_metrics({"train_loss": running / running_n, "lr": sched.get_last_lr()[0]}, step)
+                    log_metrics({"train_loss": running / max(running_n, 1), "lr": sched.get_last_lr()[0]}, step)
                 running, running_n = 0.0, 0
             if step % eval_every == 0 or step == total:
                 if do_eval():

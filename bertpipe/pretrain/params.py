@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,7 +76,9 @@ class PretrainParams(BaseModel):
     warmup_ratio: float = Field(0.06, ge=0.0, le=0.5)
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     max_grad_norm: float = Field(1.0, ge=0.0)  # 0: no clipping
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast where the hardware has bf16
+    # auto: bf16 where the device has bf16 units (CUDA cc >= 8.0, CPU AVX512-BF16/AMX), fp16 + GradScaler on older
+    # GPUs, fp32 elsewhere (bertpipe/device.py); the choice and its reason are in the manifest
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     bucket: bool = True  # length-bucketed batches (less padding)
 
     # ---- evaluation, checkpoints
@@ -89,6 +91,9 @@ class PretrainParams(BaseModel):
 
     seed: int = 42
     threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0: torch's default
+    # processes (torchrun, one per device): auto = one per visible GPU (1 with none or one); a number: that many
+    # (CPU: gloo). `bertpipe run`, the flow and `dvc repro` all start them (bertpipe/pretrain/run.py)
+    nproc: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _segments_fit_positions(self) -> "PretrainParams":

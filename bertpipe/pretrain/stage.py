@@ -131,7 +131,7 @@ def _build(ctx, d) -> dict:
             metrics[k] = float(res.final_eval[k])
     ctx.counts.update(
         train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
-        processes=d.world, steps=res.step, stopped=res.stopped,
+        processes=d.world, steps=res.step, stopped=res.stopped, **res.precision.record(),
     )
     if not d.main:
         return metrics
@@ -157,6 +157,7 @@ def _build(ctx, d) -> dict:
                   f"{int(lengths.sum())} tokens; {len(valid_ex)} held-out)",
         "objective": objective_words(p),
         "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from})",
+        "precision": res.precision.words(),
         "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
         "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",
         f"held-out {p.objective.upper()} loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "

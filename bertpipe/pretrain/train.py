@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from bertpipe.device import Precision, autocast, grad_scaler, precision_for
 from bertpipe.errors import BertpipeError
 from bertpipe.pretrain.data import Example, collate, epoch_batches
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
@@ -137,9 +138,17 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel over all parameters) on the CPU and CUDA: the per-parameter loop was ~12% of a
+    6L/384H step on the CPU (torch.profiler; bench/bench_pretrain.py --profile), and HF's Trainer uses the fused one."""
     from bertpipe.device import weight_decay_groups
 
-    return torch.optim.AdamW(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
+    params = [q for q in model.parameters() if q.requires_grad]
+    fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.is_floating_point() for q in params)
+    return torch.optim.AdamW(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6,
+                             fused=fused or None)
+
+
+FP32 = Precision("fp32", "default")
 
 
 # ---------------------------------------------------------------- batches on device
@@ -203,7 +212,7 @@ def eval_batches(examples: list[Example], p, spec: MaskSpec, mask_id: int, repla
 
 
 @torch.no_grad()
-def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> dict:
+def evaluate(model: PretrainModel, batches: list[dict], d: Dist, prec: Precision = FP32) -> dict:
     """Held-out losses. ``eval_loss`` is the objective trained (MLM; RTD: generator MLM + weight x discriminator),
     what ``output: best`` and early stopping compare; ``eval_ppl`` is the MLM's (RTD: the generator's)."""
     was = model.training
@@ -212,7 +221,7 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> 
     weight = 0.0
     for b in batches[d.rank :: d.world]:
         b = to_device(b, d.device)
-        with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+        with autocast(d.device, prec):
             out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
         sums[0] += float(out["mlm_sum"])
         sums[1] += float(out["n_masked"])
@@ -240,7 +249,7 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, bf16: bool) -> 
 # ---------------------------------------------------------------- one optimizer step's gradients
 
 
-def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list[dict]:
+def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = FP32, scaler=None) -> list[dict]:
     """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's outputs.
 
     The MLM loss is normalised by the masked tokens of the whole step, summed over micro-batches and processes (as
@@ -248,7 +257,7 @@ def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list
     micro-batches with unequal masked counts give the gradient of one big batch. DDP averages gradients over
     processes, hence the factor ``world``. The pair (NSP/SOP) loss is per example: a mean per micro-batch, averaged.
     RTD's discriminator loss (``disc_sum``, over every non-padding token) is normalised the same way, by the step's
-    non-padding tokens, and weighted by ``disc_weight``.
+    non-padding tokens, and weighted by ``disc_weight``. Under fp16 ``scaler`` (a GradScaler) scales the loss.
     """
     n_step, tok_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches)),
                                 float(sum(int(b["attention_mask"].sum()) for b in micro_batches))], d)
@@ -259,14 +268,14 @@ def backward_step(model, micro_batches: list[dict], d: Dist, bf16: bool) -> list
         last = k == len(micro_batches) - 1
         sync = model.no_sync() if (d.world > 1 and not last) else contextlib.nullcontext()
         with sync:
-            with torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16):
+            with autocast(d.device, prec):
                 out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
             loss = out["mlm_sum"] * scale
             if "disc_sum" in out:
                 loss = loss + out["disc_weight"] * out["disc_sum"] * (d.world / max(tok_step, 1.0))
             if "pair_loss" in out:
                 loss = loss + out["pair_loss"] / len(micro_batches)
-            loss.backward()
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         outs.append(out)
     return outs
 
@@ -284,6 +293,7 @@ class TrainResult:
     train_seconds: float  # this process's training time (excluding evals)
     stopped: str  # max_steps | max_time_s | early_stop
     resumed_from: int
+    precision: Precision = FP32  # what it ran in, and why
 
 
 def train(
@@ -299,7 +309,10 @@ def train(
     on_log: Callable[[dict, int], None] = lambda m, s: None,
     extra_eval_steps: set[int] = frozenset(),
 ) -> TrainResult:
-    bf16 = p.precision == "bf16" or (p.precision == "auto" and _bf16_ok(d.device))
+    prec = precision_for(p.precision, d.device)
+    if d.main:
+        print(f"[pretrain] precision {prec.words()}", file=sys.stderr, flush=True)
+    scaler = grad_scaler(d.device, prec)
     pm.to(d.device)
     opt = make_optimizer(pm, p)
     warmup = int(math.ceil(p.warmup_ratio * p.max_steps))
@@ -311,6 +324,8 @@ def train(
         pm.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         sched.load_state_dict(ck["sched"])
+        if ck.get("scaler"):
+            scaler.load_state_dict(ck["scaler"])
         state = ck["state"]
         if d.main:
             print(f"[pretrain] resuming from checkpoint at step {state['step']}", file=sys.stderr, flush=True)
@@ -324,12 +339,12 @@ def train(
         if p.masking == "static" else None
     )
     if not state["history"]:  # the starting point, so the curve shows how far the loss fell
-        state["history"].append({"step": 0, "tokens": 0.0, **evaluate(pm, eval_set, d, bf16)})
+        state["history"].append({"step": 0, "tokens": 0.0, **evaluate(pm, eval_set, d, prec)})
         if d.main:
             on_log({k: v for k, v in state["history"][0].items() if k.startswith("eval")}, 0)
     pm.train()
     bar = tqdm(total=p.max_steps, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
-               desc="pretrain", unit="step")
+               desc=f"pretrain {prec.dtype}", unit="step")
     window = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens, disc loss sum
     t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
     final_eval: dict = {}
@@ -340,7 +355,7 @@ def train(
     def save(step: int) -> None:
         if d.main:
             atomic_save({"model": pm.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
-                         "state": state}, scratch / "last.pt")
+                         "scaler": scaler.state_dict(), "state": state}, scratch / "last.pt")
 
     while state["step"] < p.max_steps:
         step = state["step"]
@@ -359,15 +374,18 @@ def train(
                 ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
             b["input_ids"], b["labels"] = ids, labels
             micro_batches.append(b)
-        for out, b in zip(backward_step(model, micro_batches, d, bf16), micro_batches):
-            window[0] += float(out["mlm_loss"].detach())
-            window[1] += float(out["pair_loss"].detach()) if "pair_loss" in out else 0.0
+        # Losses stay device tensors until the log step: a float() per micro-batch is a host-device sync per step.
+        for out, b in zip(backward_step(model, micro_batches, d, prec, scaler), micro_batches):
+            window[0] += out["mlm_loss"].detach()
+            window[1] += out["pair_loss"].detach() if "pair_loss" in out else 0.0
             window[2] += 1
-            window[3] += float(b["attention_mask"].sum())
-            window[4] += float(out["disc_loss"].detach()) if "disc_loss" in out else 0.0
+            window[3] += float(b["attention_mask"].sum())  # a host tensor: no sync
+            window[4] += out["disc_loss"].detach() if "disc_loss" in out else 0.0
+        scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
         if p.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(pm.parameters(), p.max_grad_norm)
-        opt.step()
+        scaler.step(opt)  # fp16: skipped when the scaled gradients overflowed
+        scaler.update()
         sched.step()
         opt.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - t0
@@ -380,7 +398,7 @@ def train(
                 stop = "max_time_s"
 
         if step % p.log_every == 0 or step == p.max_steps or stop:
-            loss_s, pair_s, m, tok, disc_s = all_sum(window, d)
+            loss_s, pair_s, m, tok, disc_s = all_sum([float(w) for w in window], d)
             now = time.perf_counter()
             state["tokens"] += tok
             rec = {"step": step, "loss": loss_s / m, "lr": sched.get_last_lr()[0], "tokens": state["tokens"],
@@ -396,7 +414,7 @@ def train(
             window, t_window = [0.0] * 5, now
 
         if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps or stop:
-            ev = evaluate(pm, eval_set, d, bf16)
+            ev = evaluate(pm, eval_set, d, prec)
             final_eval = ev
             state["history"].append({"step": step, "tokens": state["tokens"], **ev})
             if d.main:
@@ -427,10 +445,5 @@ def train(
     if not final_eval:  # resumed at the very end: the history holds the last evaluation
         final_eval = next((h for h in reversed(state["history"]) if "eval_loss" in h), {})
     return TrainResult(state["step"], state["history"], state["best"], final_eval, state["tokens"], train_s, stopped,
-                       resumed_from)
+                       resumed_from, prec)
 
-
-def _bf16_ok(device: torch.device) -> bool:
-    from bertpipe.pretrain.model import bf16_ok
-
-    return bf16_ok(device)

@@ -1,0 +1,27 @@
+"""bench/gpu_check.sh runs end to end in its tiny --smoke mode on whatever device there is (here the CPU), so the
+check is known to work before it is carried to a GPU machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke(tmp_path):
+    out = tmp_path / "check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(REPO / "bench" / "gpu_check.sh"), "--smoke", "--json", str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["pretrain"]["bertpipe"]["tokens_per_s"] > 0 and res["pretrain"]["hf"]["tokens_per_s"] > 0
+    assert {k: v["precision"].split()[0] for k, v in res["finetune"].items()} == {"bf16": "bf16", "fp16": "fp16"}
+    assert res["inference"]["torch"]["examples_per_s"] > 0
+    assert "bertpipe / HF" in r.stdout and "precision policy" in r.stdout
