@@ -38,6 +38,16 @@ def _digest(path: Path) -> str:
     return "file" if p.exists() else "hub id"
 
 
+def _shown(cfg, v) -> str:
+    """A path as the card shows it: relative to the project when it lies inside (so the card, which downstream
+    stages hash with the model dir, is the same in every clone of a project), else as given (a hub id, a path
+    outside)."""
+    try:
+        return str(Path(v).resolve().relative_to(Path(cfg.root).resolve()))
+    except (ValueError, OSError, TypeError):
+        return str(v)
+
+
 def write(model_dir: Path, ctx, *, pipeline_tag: str, base_model: str, metrics: dict[str, float] | None = None,
           labels: list[str] | None = None, decision: str | None = None, notes: str = "") -> Path:
     """README.md for ``model_dir`` written by stage ``ctx`` (a bertpipe.stage.StageContext)."""
@@ -49,7 +59,9 @@ def write(model_dir: Path, ctx, *, pipeline_tag: str, base_model: str, metrics: 
                          tags=["bertpipe", ctx.name.split("/")[0]], base_model=base_model or None)
     if metrics:
         data.metrics = sorted(metrics)
-    inputs = "\n".join(f"- `{k}`: `{v}` ({_digest(Path(v)) if not isinstance(v, str) or '/' in v else 'hub id'})"
+    base_model = _shown(cfg, base_model) if base_model else base_model
+    inputs = "\n".join(f"- `{k}`: `{_shown(cfg, v)}` "
+                       f"({_digest(Path(v)) if not isinstance(v, str) or '/' in v else 'hub id'})"
                        for k, v in sorted(ctx.inputs.items()) if v is not None)
     results = "\n".join(f"| {k} | {v:.4f} |" for k, v in sorted(metrics.items()))
     body = [f"# {ctx.name}", "",

@@ -263,11 +263,14 @@ def register_stage() -> Stage:
         ins: dict = {k: st.output(cfg) for k, st in sources(cfg).items()}
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
-        # Read too: the encoder gate scores on the domain test split against the base (evaluate.fair_mlm), the
-        # lineage tags name the vocab output, and each task's test split is re-scored and identified.
-        ins["vocab"] = cfg.work / "vocab"
-        ins["corpus"] = corpus_dir(cfg, "domain")
-        ins["base"] = base_model(cfg)
+        # Read too: each task's test split is re-scored and identified; the encoder gate (when the encoder is
+        # registered) scores on the domain test split against the base (evaluate.fair_mlm); the lineage tags name
+        # the vocab output's fingerprint where there is one (task models can be registered over a given encoder).
+        if cfg.params.register.register_encoder:
+            ins["corpus"] = corpus_dir(cfg, "domain")
+            ins["base"] = base_model(cfg)
+        if cfg.params.register.register_encoder or (cfg.work / "vocab").exists():
+            ins["vocab"] = cfg.work / "vocab"
         ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
         return ins
 

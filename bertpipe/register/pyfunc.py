@@ -77,11 +77,10 @@ def flavor_long_text(task: str, model_dir: Path, export_dir: Path | None) -> tup
     from bertpipe.export.infer import meta_from_config
 
     meta_file = export_dir / "task.json" if export_dir is not None else None
-    if meta_file is not None and meta_file.is_file():
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    else:
-        meta = meta_from_config(model_dir)
-    return int(meta["max_seq_len"]), dict(_TRUNCATE.get(task, {"truncation": True}))
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file is not None and meta_file.is_file() else {}
+    # an export's task.json without a length (older exports): the model's own settings say it
+    max_len = meta.get("max_seq_len") or meta_from_config(model_dir)["max_seq_len"]
+    return int(max_len), dict(_TRUNCATE.get(task, {"truncation": True}))
 
 
 def log_pyfunc(mlflow, name: str, model_dir: Path, files_dir: Path, input_example, reqs: list[str]) -> str:
