@@ -271,7 +271,10 @@ def register_stage() -> Stage:
             ins["base"] = base_model(cfg)
         if cfg.params.register.register_encoder or (cfg.work / "vocab").exists():
             ins["vocab"] = cfg.work / "vocab"
-        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
+        # read where present (the split hashes identify the test set; a registry can be built from finetune
+        # outputs alone, as before the tasks stage existed)
+        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks
+                    if (cfg.work / "tasks" / t).exists()})
         return ins
 
     return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,

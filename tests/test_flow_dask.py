@@ -30,6 +30,8 @@ print("RESULTS=" + json.dumps({k: v["status"] for k, v in results.items()}))
 def make_project(root: Path, raw: Path, enc: Path, tok: Path) -> Path:
     write_project(root, raw, {
         "model": {"base": str(enc), "continue_from": str(enc), "tokenizer": str(tok)},
+        # batches of ~50 KB, so the domain corpus spans several and prepare's shards run on the cluster's workers
+        "prepare": {"batch_mb": 0.05},
         "vocab": {"top_k": 20, "min_freq": 3, "head_fit_steps": 0, "eval_texts": 8, "max_chars": 30000, "hmm": False},
         "pretrain": {"arch": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 128},
                      "max_steps": 8, "save_every": 4, "eval_every": 4, "log_every": 4, "max_seq_len": 64,

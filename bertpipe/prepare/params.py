@@ -165,6 +165,9 @@ class PrepareParams(_Model):
     split: SplitParams = Field(default_factory=SplitParams)
     exclude: ExcludeParams = Field(default_factory=ExcludeParams)
     preview_chars: int = Field(80, ge=10, le=2000)  # text preview length in dedup_clusters.jsonl
+    # MB of text per batch a worker cleans and sketches: a corpus smaller than one batch runs in one process. Part of
+    # the fingerprint because each batch becomes its own row group, so the output's bytes follow it.
+    batch_mb: float = Field(4.0, gt=0, le=1024)
 
     @model_validator(mode="before")
     @classmethod

@@ -159,7 +159,7 @@ def build(ctx) -> dict:
         try:
             res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
                                  keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards, out=ctx.out,
-                                 scratch=scratch)
+                                 scratch=scratch, batch_bytes=max(1, int(p.batch_mb * (1 << 20))))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         _check_splits(res)
