@@ -54,12 +54,12 @@ def write(model_dir: Path, ctx, *, pipeline_tag: str, base_model: str, metrics: 
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = ctx.cfg
+    base_model = _shown(cfg, base_model) if base_model else base_model
     metrics = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))}
     data = ModelCardData(language=cfg.params.model.language, library_name="transformers", pipeline_tag=pipeline_tag,
                          tags=["bertpipe", ctx.name.split("/")[0]], base_model=base_model or None)
     if metrics:
         data.metrics = sorted(metrics)
-    base_model = _shown(cfg, base_model) if base_model else base_model
     inputs = "\n".join(f"- `{k}`: `{_shown(cfg, v)}` "
                        f"({_digest(Path(v)) if not isinstance(v, str) or '/' in v else 'hub id'})"
                        for k, v in sorted(ctx.inputs.items()) if v is not None)
