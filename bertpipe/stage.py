@@ -188,6 +188,14 @@ def path_digest(p: Path | str, cache: _HashCache, name: str = "") -> str:
     return h.hexdigest()
 
 
+def content_digest(p: Path | str, cfg: Config) -> str:
+    """``path_digest`` of one path through the project's hash cache: unchanged big files are not read again."""
+    cache = _HashCache(_hash_cache_path(cfg))
+    digest = path_digest(p, cache)
+    cache.save()
+    return digest
+
+
 def fingerprint(stage: Stage, cfg: Config, known: Callable[[str, Path | str], str | None] | None = None,
                 ) -> tuple[str, dict[str, str]]:
     """(fingerprint, input digests). ``known(name, path)`` may supply an input's digest instead of reading it

@@ -9,7 +9,6 @@ the Prefect cache keys read only the file. An unreachable registry fails the run
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from bertpipe.start import START_JSON, describe
 
@@ -30,28 +29,17 @@ def _corpus(cfg) -> str | None:
         return None
 
 
-def _dir_digest(p: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(x for x in p.rglob("*") if x.is_file()):
-        h.update(str(f.relative_to(p)).encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:32]
-
-
 def decide(cfg, corpus: str | None = None) -> dict:
     """The start.json record for this config and the registry as it is now (queries MLflow when the rule needs
     it; a registered version is exported once, under paths.state/exported). ``corpus``: the prepare fingerprint,
     read from its manifest when not given."""
     from bertpipe.lineage import resolve
+    from bertpipe.stage import content_digest  # the hash cache: a 400 MB champion is read once, not every run
 
     corpus = corpus if corpus is not None else _corpus(cfg)
     s = resolve(cfg, corpus)
     rec = {"kind": s.kind, "model": None if s.kind == "base" else str(s.model), "name": s.name,
-           "version": s.version, "model_digest": _dir_digest(Path(s.model)) if s.kind == "champion" else None,
+           "version": s.version, "model_digest": content_digest(s.model, cfg)[:32] if s.kind == "champion" else None,
            "corpus": corpus, "start": s.record()}
     return rec
 
