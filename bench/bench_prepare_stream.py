@@ -24,7 +24,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.gen_prepare import generate, peak_rss  # noqa: E402
+from bertpipe.proctree import peak_rss  # noqa: E402
+from tests.gen_prepare import generate  # noqa: E402
 
 
 def run(code: Path, corpus: Path, workers: int, tmp: Path) -> dict:

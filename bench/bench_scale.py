@@ -40,14 +40,16 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scale_datatrove import datatrove_minhash  # noqa: E402
+
+from bertpipe.proctree import TreeMonitor  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SENT = re.compile(r"[^。！？；\n]+[。！？；]?")
@@ -156,9 +158,7 @@ class Run:
         t0 = time.perf_counter()
         self.proc = psutil.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-        done = threading.Event()
-        poller = threading.Thread(target=self._poll, args=(done,), daemon=True)
-        poller.start()
+        mon = TreeMonitor(self.proc.pid, every=0.2)
         with open(log, "ab") as fh:
             buf = b""
             for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
@@ -173,25 +173,9 @@ class Run:
                         watch(self, line, time.perf_counter() - t0)
         self.rc = self.proc.wait()
         self.wall = time.perf_counter() - t0
-        done.set()
-        poller.join()
+        self.peak = mon.stop().peak
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-
-    def _poll(self, done: threading.Event) -> None:
-        while not done.is_set():
-            try:
-                procs = [self.proc] + self.proc.children(recursive=True)
-                rss = 0
-                for p in procs:
-                    try:
-                        rss += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak = max(self.peak, rss)
-            except psutil.Error:
-                pass
-            done.wait(0.2)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)

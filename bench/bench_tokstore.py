@@ -90,32 +90,21 @@ def child(args) -> dict:
 
 
 def run_case(case: str, corpus: Path, state: Path, args) -> dict:
-    import psutil
+    from bertpipe.proctree import TreeMonitor
 
     cmd = [sys.executable, __file__, "--child", case, "--corpus", str(corpus), "--state", str(state),
            "--tokenizer", str(args.tokenizer), "--seq", str(args.seq)]
     out = tempfile.NamedTemporaryFile("r", suffix=".json", delete=False)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd + ["--result", out.name], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    ps = psutil.Process(proc.pid)
-    peak, cpu = 0, {}
-    while proc.poll() is None:
-        try:
-            tree = [ps] + ps.children(recursive=True)
-            rss = 0
-            for q in tree:
-                with_cpu = q.cpu_times()
-                cpu[q.pid] = with_cpu.user + with_cpu.system
-                rss += q.memory_info().rss
-            peak = max(peak, rss)
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
+    mon = TreeMonitor(proc.pid, every=0.05)
+    proc.wait()
     wall = time.perf_counter() - t0
+    mon.stop()
     if proc.returncode:
         raise SystemExit(f"case {case} failed ({proc.returncode})")
     res = json.loads(Path(out.name).read_text())
-    return {**res, "process_wall_s": wall, "cpu_s": sum(cpu.values()), "peak_rss_mb": peak / 2**20}
+    return {**res, "process_wall_s": wall, "cpu_s": mon.cpu_s, "peak_rss_mb": mon.peak / 2**20}
 
 
 def main() -> None:

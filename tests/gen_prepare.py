@@ -88,25 +88,6 @@ def generate(path: Path, mb: float, seed: int = 0, planted_each: int = 30) -> Pl
     return planted
 
 
-def peak_rss(proc, every: float = 0.05) -> int:
-    """Peak RSS in bytes of ``proc`` (a Popen) and all its descendants together, polled until it exits."""
-    import time
-
-    import psutil
-
-    ps, peak = psutil.Process(proc.pid), 0
-    while proc.poll() is None:
-        total = 0
-        for p in [ps, *ps.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        peak = max(peak, total)
-        time.sleep(every)
-    return peak
-
-
 if __name__ == "__main__":
     p = generate(Path(sys.argv[1]), float(sys.argv[2]))
     print(json.dumps({"exact": len(p.exact), "near": len(p.near), "leaks": len(p.leak_exact) + len(p.leak_contains)}))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gen_prepare import generate, peak_rss
+from bertpipe.proctree import peak_rss
+from tests.gen_prepare import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 45
