@@ -167,9 +167,42 @@ def store_key(parts: dict) -> str:
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer, language: str) -> None:
+class _Encoded:
+    """The parts of a transformers ``BatchEncoding`` that ``textseg.tokenize_with_words`` reads."""
+
+    def __init__(self, encodings):
+        self._encs = encodings
+
+    def __getitem__(self, key: str):
+        if key == "input_ids":
+            return [e.ids for e in self._encs]
+        if key == "offset_mapping":
+            return [e.offsets for e in self._encs]
+        raise KeyError(key)
+
+    def word_ids(self, b: int):
+        return self._encs[b].word_ids
+
+
+class BackendTokenizer:
+    """A transformers fast tokenizer's call, as ``tokenize_with_words`` makes it, on its Rust backend alone
+    (``tokenizers.Tokenizer``, which pickles small). A worker unpickling the transformers tokenizer imports
+    transformers, ~1 CPU-s per worker before its first document; this costs none. The call is the one transformers
+    makes (``encode_batch`` without truncation or padding), so the ids, offsets and words are the same."""
+
+    def __init__(self, backend):
+        backend.no_truncation()  # a backend copied after a truncating call keeps that setting; a plain call has none
+        backend.no_padding()
+        self.backend_tokenizer = backend
+
+    def __call__(self, texts, add_special_tokens: bool = False, return_offsets_mapping: bool = True,
+                 verbose: bool = False) -> _Encoded:
+        return _Encoded(self.backend_tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens))
+
+
+def _init_worker(backend, language: str) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
-    _WORKER.update(tokenizer=tokenizer, language=language)
+    _WORKER.update(tokenizer=BackendTokenizer(backend), language=language)
 
 
 def _flat(docs) -> tuple[np.ndarray, ...]:
@@ -209,8 +242,9 @@ def tokenized_chunks(corpus: Path, split: str, tokenizer, language: str, workers
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: the parent holds torch's thread pools (a forked child can deadlock on their locks)
+    backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(tokenizer, language))
+                               initargs=(backend, language))
     pending: deque = deque()
     try:
         for c in chunks:
