@@ -326,6 +326,26 @@ def dvc_yaml_cmd(
     typer.echo(f"wrote {target}")
 
 
+@app.command("gc", help="Remove token stores (paths.state/tokstore) that no stage output uses, keeping the most "
+             "recently used few.")
+@user_errors
+def gc_cmd(
+    params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
+    keep_recent: int = typer.Option(4, "--keep-recent", min=0, help="Unreferenced stores kept, most recent first."),
+    json_: bool = JsonOpt,
+):
+    from bertpipe import keyedstore
+
+    cfg = load(params, profile, set_)
+    root = keyedstore.root_of(cfg.state)
+    res = keyedstore.collect(root, keyedstore.referenced(cfg.work), keep_recent, log=lambda m: None)
+    if json_:
+        echo_json(res)
+        return
+    typer.echo(f"{root}: removed {len(res['removed'])} token store(s) ({res['bytes'] / 1e6:.1f} MB), kept "
+               f"{len(res['kept'])}" + (f", {len(res['in_use'])} in use by another process" if res["in_use"] else ""))
+
+
 @data_app.command("samples", help="Download (cached) and unpack the pinned sample corpora into paths.raw.")
 @user_errors
 def samples_cmd(

@@ -33,6 +33,11 @@ class TreeMonitor:
     def cpu_s(self) -> float:
         return sum(self._cpu.values())
 
+    @property
+    def descendants_cpu_s(self) -> float:
+        """The CPU seconds of every process but the root (a stage's worker processes, their start-up included)."""
+        return sum(v for (pid, _), v in self._cpu.items() if pid != self._root.pid)
+
     def poll(self) -> None:
         psutil = self._psutil
         try:

@@ -141,7 +141,7 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     pq.write_table(pa.table({"text": texts[12:]}), corpus / "valid.parquet")
     params = SimpleNamespace(evaluate=EvaluateParams(mlm_max_seq_len=64),
                              model=SimpleNamespace(base=str(encoders["a"])))
-    cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda p: tmp_path / p)
+    cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda p: tmp_path / p, state=tmp_path / "state")
     name, value = F.encoder_gate_score(encoders["b"], cfg)
     direct = F.compare_encoders({"b": encoders["b"]}, texts[:12], params.evaluate)
     # a limit samples texts from the whole split, fixed by the seed, kept in file order

@@ -11,7 +11,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from bertpipe.pretrain.tokstore import BackendTokenizer
 from bertpipe.textseg import tokenize_with_words
 
-ZH = ["中华人民共和国民法典第一条为了保护民事主体的合法权益。", "依照法律规定，2024年起施行，共计1260条。",
+ZH = ["中华人民共和国民法典第一条为了保护民事主体的合法权益。",
+      "依照法律规定，2024年起施行，共计1260条。",
       "被告人张三犯盗窃罪，判处有期徒刑三年。Court of Appeal 维持原判", ""]
 EN = ["The court of appeal upheld the judgment in 2024.", "Plaintiffs' counsel — re-filed; pre-trial motions",
       "unbelievably long-winded sentences, with commas", ""]

@@ -176,14 +176,17 @@ def summarize(scores: Sequence[tuple[float, int, int] | None], windows: Sequence
             "windows": len(kept)}
 
 
-def compare_encoders(models: dict[str, object], texts: Sequence[str], p, log: Callable[[str], None] | None = None,
-                     n_boot: int = 1000, boot_seed: int = 0) -> dict:
+def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
+                     log: Callable[[str], None] | None = None, n_boot: int = 1000, boot_seed: int = 0,
+                     choose: Callable[[int], list[Window]] | None = None) -> dict:
     """{name: summary} for every model on the same windows and spans (windows any model could not fit are dropped for
-    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows)."""
+    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows).
+    ``choose(max_chars)``: the windows (the evaluate stage reads them from ``windows.open_windows``'s store), else
+    they are chosen from ``texts``."""
     from bertpipe.evaluate.bootstrap import paired_bootstrap, ratio
 
     max_chars = window_chars(p.mlm_max_seq_len, list(models.values()), log)
-    windows = choose_windows(texts, max_chars, p.mlm_mask_prob, p.mlm_seed)
+    windows = choose(max_chars) if choose else choose_windows(texts, max_chars, p.mlm_mask_prob, p.mlm_seed)
     scores = {}
     for name, m in models.items():
         max_len = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
@@ -209,13 +212,14 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str], p, log: Ca
 def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
     """(metric name, value) the register stage gates the encoder on; higher is better: minus the NLL per masked
     character on the domain test split. The window length also respects the base encoder's positions, so challenger
-    and champion scored with one config read the same text."""
+    and champion scored with one config read the same text (and the same window store)."""
     from bertpipe.layout import base_model, corpus_dir
 
+    from bertpipe.evaluate.windows import open_windows
+
     e = cfg.params.evaluate
-    texts = test_texts(corpus_dir(cfg, "domain"), e.mlm_max_texts, e.mlm_seed)
-    windows = choose_windows(texts, window_chars(e.mlm_max_seq_len, [model_dir, base_model(cfg)]), e.mlm_mask_prob,
-                             e.mlm_seed)
+    max_chars = window_chars(e.mlm_max_seq_len, [model_dir, base_model(cfg)])
+    windows, _ = open_windows(corpus_dir(cfg, "domain"), e, max_chars, cfg.state)
     max_len = clamp_seq_len(e.mlm_max_seq_len, model_dir, "evaluate.mlm_max_seq_len")
     summary = summarize(score_windows(model_dir, windows, max_len, e.mlm_batch_size, device=_device(e)), windows)
     return "neg_nll_per_char", -float(summary["nll_per_char"])

@@ -176,17 +176,24 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
 
 
 def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
-    from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
+    from bertpipe.evaluate.fair_mlm import compare_encoders
+    from bertpipe.evaluate.windows import open_windows
 
     models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
+    store: dict = {}
+
+    def choose(max_chars: int) -> list:  # the test split's windows, from the store (built on first use)
+        windows, store["test"] = open_windows(Path(ctx.inputs["corpus"]), p, max_chars, ctx.cfg.state, ctx.log)
+        return windows
+
     try:
-        texts = test_texts(Path(ctx.inputs["corpus"]), p.mlm_max_texts, p.mlm_seed)
-        out = compare_encoders(models, texts, p, log=ctx.log, n_boot=p.bootstrap_samples,
-                               boot_seed=p.bootstrap_seed)
+        out = compare_encoders(models, None, p, log=ctx.log, n_boot=p.bootstrap_samples,
+                               boot_seed=p.bootstrap_seed, choose=choose)
     except (OSError, ValueError, BertpipeError) as e:  # no test text, a headless encoder, an unfetchable hub id
         ctx.log(f"encoder comparison skipped: {str(e).splitlines()[0][:200]}")
         return {"split": "test", "skipped": str(e).splitlines()[0][:200]}
-    out["texts"] = len(texts)
+    ctx.counts["window_store"] = store
+    out["texts"] = store["test"]["texts"]
     out["verdict"] = encoder_verdict(out)
     for e in models:
         ctx.log(f"encoder {e}: {out[e]['bits_per_char']:.4f} bits per masked character ({out[e]['masked_chars']} "

@@ -142,7 +142,7 @@ def prepare_corpus(
         scratch = out / f".scratch-{name}"
     batch_bytes = batch_bytes or BATCH_BYTES
     timings: dict[str, float] = {}
-    t = time.perf_counter()
+    t, cpu0, batch_cpu = time.perf_counter(), time.process_time(), 0.0
     workers = shard_count(shards)
     keep_out = keep_out or EvalTexts()
     ev_sketch = keep_out_sketch(keep_out, p)
@@ -165,6 +165,7 @@ def prepare_corpus(
                            columns)
 
     for r in run_batches(process_batch, jobs(), workers):
+        batch_cpu += r.cpu_s
         merge_counts(cleaner, r)
         excluded = merge_excluded(excluded, r.excluded)
         arrays = {"exact": r.exact.T, "lens": r.lens}
@@ -176,6 +177,11 @@ def prepare_corpus(
     bar.close()
     ingested = counters["ingested"]
     timings["ingest_clean_s"] = time.perf_counter() - t
+    # CPU seconds of that phase: this process's (reading, parsing, shipping batches, merging; with one worker the
+    # batches' work too) and the batches' work alone, wherever it ran. On n free cores the phase takes at least
+    # max(parent, (parent - in-process batches + batches) / n): bench/bench_prepare_stream.py prints that bound.
+    timings["ingest_clean_cpu_s"] = time.process_time() - cpu0
+    timings["batch_cpu_s"] = batch_cpu
     timings["batches"], timings["shards"] = counters["batches"], workers  # shards: the workers
     paths = ", ".join(s.path for s in cp.sources)
     if ingested == 0:

@@ -112,6 +112,7 @@ class BatchResult:
     exact: np.ndarray  # (kept, 16) uint8 exact-duplicate keys
     near: Sketch | None  # of the kept texts
     lens: np.ndarray  # (kept,) characters
+    cpu_s: float = 0.0  # CPU seconds of this batch's work where it ran (the parallel share of prepare)
 
 
 def _sketch(texts: list[str], p: PrepareParams) -> Sketch:
@@ -124,6 +125,9 @@ def keep_out_sketch(ev: EvalTexts, p: PrepareParams) -> Sketch | None:
 
 
 def process_batch(job: BatchJob) -> BatchResult:
+    import time
+
+    cpu0 = time.process_time()
     p = job.p
     cleaner = Cleaner(p.clean)
     docs = []
@@ -142,7 +146,7 @@ def process_batch(job: BatchJob) -> BatchResult:
     return BatchResult(
         job.index, len(docs), cleaner.removed, cleaner.removed_chars, cleaner.masked, excluded, keys,
         _sketch(texts, p) if p.dedup.near else None,
-        np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)),
+        np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), time.process_time() - cpu0,
     )
 
 

@@ -135,6 +135,7 @@ def _build(ctx, d) -> dict:
     )
     if not d.main:
         return metrics
+    _collect_stores(ctx)
 
     out = Path(ctx.out)
     pm.saved.save_pretrained(out / "model")
@@ -175,6 +176,15 @@ def _build(ctx, d) -> dict:
     for f in ("loss.png", "report.md"):
         ctx.log_artifact(out / f)
     return metrics
+
+
+def _collect_stores(ctx) -> None:
+    """Token stores no stage output references, beyond the few most recently used, are removed (each corpus,
+    tokenizer or packing change makes one; leased ones, in use by another process, stay)."""
+    from bertpipe import keyedstore
+
+    keep = {r["key"] for r in ctx.counts.get("token_store", {}).values()} | keyedstore.referenced(ctx.cfg.work)
+    keyedstore.collect(keyedstore.root_of(ctx.cfg.state), keep, log=ctx.log)
 
 
 def _examples(ctx, tok, language: str, p, corpus: Path):

@@ -12,8 +12,10 @@ The store lives at ``<paths.state>/tokstore/<key>/``; the key is a digest of eve
 corpus (its prepare fingerprint, else its bytes), the tokenizer (its full JSON), the language, the packing and pair
 params, the example limit, the code that builds examples and the library versions. Training params (steps, lr,
 masking, batch size, objective MLM or RTD) are not in it, so those runs share a store. A build writes into a temp
-dir renamed into place when complete, under a file lock: concurrent builders (torchrun ranks, two stages) build it
-once, the others wait and read it; a killed build leaves a temp dir that the next builder removes.
+dir renamed into place when complete, under a file lock (``bertpipe.keyedstore``): concurrent builders (torchrun
+ranks, two stages) build it once, the others wait and read it; a killed build leaves a temp dir that the next builder
+removes. Every process that opened a store holds a lease on it until it exits; the end of pretrain and ``bertpipe gc``
+remove the stores that no stage output references and that are not among the few most recently used.
 
 Only the tokenizing is parallel: packing is sequential by nature (segments run across documents, NSP draws its
 random partners with one generator), cheap next to tokenizing, and runs in the parent on chunks cut exactly as
@@ -24,20 +26,18 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
+from bertpipe import keyedstore
 from bertpipe.codeid import lib_versions
 from bertpipe.corpusio import iter_text_batches, split_files, split_rows
 from bertpipe.errors import BertpipeError
@@ -128,10 +128,11 @@ def corpus_digest(corpus: Path, split: str) -> str:
     return h.hexdigest()
 
 
-def _code_digest() -> str:
-    """Syntax trees, not bytes, as bertpipe.codeid does: a comment edit keeps the store."""
+def code_digest(files: tuple[str, ...] = CODE) -> str:
+    """Syntax trees of ``files`` (relative to the package), not bytes, as bertpipe.codeid does: a comment edit keeps
+    the store."""
     h = hashlib.sha256()
-    for rel in CODE:
+    for rel in files:
         path = PACKAGE / rel
         h.update(rel.encode())
         h.update(ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode())
@@ -153,7 +154,7 @@ def key_parts(corpus: Path, split: str, tokenizer, language: str, p, limit: int,
         "packing": {"max_seq_len": p.max_seq_len, "pair_objective": pair,
                     "cross_document": bool(p.cross_document and pair == "none"), "limit": int(limit),
                     "seed": int(seed) if pair != "none" else None, "doc_chunk": data.DOC_CHUNK},
-        "code": _code_digest(),
+        "code": code_digest(),
         "libs": lib_versions(LIBS),
     }
 
@@ -326,20 +327,6 @@ def _build(tmp: Path, corpus: Path, split: str, tokenizer, language: str, p, lim
             "tokens_per_s": round(w.tokens / max(wall, 1e-9), 1), "created": time.time()}
 
 
-@contextlib.contextmanager
-def _locked(path: Path, log: Callable[[str], None]):
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another process building {path.with_suffix('').name}")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def default_workers() -> int:
     """1 in a daemonic process; else BERTPIPE_DATA_WORKERS if set; under torchrun every usable core (the other
     ranks wait for the store); else the torch threads this process was given (a flow running stages side by side
@@ -367,28 +354,13 @@ def open_or_build(corpus: Path | str, split: str, tokenizer, language: str, p, l
     corpus = Path(corpus)
     parts = key_parts(corpus, split, tokenizer, language, p, limit, seed)
     key = store_key(parts)
-    root = Path(state) / "tokstore"
-    final = root / key
-    built = False
-    if not (final / "meta.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / f"{key}.lock", log):
-            if not (final / "meta.json").is_file():  # not built by another process while we waited
-                for stale in root.glob(f"{key}.tmp-*"):  # a build that was killed; we hold the lock, so no one owns it
-                    shutil.rmtree(stale, ignore_errors=True)
-                tmp = root / f"{key}.tmp-{uuid.uuid4().hex[:8]}"
-                tmp.mkdir()
-                try:
-                    n_workers = workers or default_workers()
-                    log(f"token store {split}: building {key} from {corpus} ({n_workers} worker(s))")
-                    meta = {"key": key, "parts": parts, **_build(tmp, corpus, split, tokenizer, language, p, limit,
-                                                                 seed, n_workers)}
-                    (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-                    os.rename(tmp, final)  # meta.json inside: a store that exists is complete
-                except BaseException:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise
-                built = True
+
+    def build(tmp: Path) -> dict:
+        n_workers = workers or default_workers()
+        log(f"token store {split}: building {key} from {corpus} ({n_workers} worker(s))")
+        return {"parts": parts, **_build(tmp, corpus, split, tokenizer, language, p, limit, seed, n_workers)}
+
+    final, built = keyedstore.open_or_build(keyedstore.root_of(state), key, build, log)
     store = ExampleStore(final)
     m = store.meta
     record = {"key": key, "built": built, "path": str(final), "bytes": store.nbytes, "examples": len(store),
