@@ -294,6 +294,7 @@ def main() -> int:
         steps = ["--set", f"pretrain.max_steps={args.steps}"]
         per = results.setdefault(mb, {})
         per["prepare"] = stage("prepare", root, env_for(top), shards + ["--force"], log)
+        stage("start", root, env_for(top), [], log)  # where pretraining starts (the base here): vocab reads it
         per["vocab"] = stage("vocab", root, env_for(top), ["--force"], log)
         st, watch = first_step_watcher()
         per["pretrain"] = stage("pretrain", root, env_for(top), steps + ["--force"], log, watch, state=st)

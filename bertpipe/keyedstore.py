@@ -158,21 +158,21 @@ def collect(root: Path, keep: set[str] | frozenset = frozenset(), recent: int = 
             os.close(fd)
         res["removed"].append(d.name)
         res["bytes"] += size
-    for f in list(root.iterdir()):
+    for f in sorted(root.iterdir(), key=lambda f: f.name.endswith(".lock")):  # temp dirs first, then lock files
         m = _TMP.fullmatch(f.name) or _LOCK.fullmatch(f.name)
-        if not m or f.is_symlink() or (root / m.group(1)).is_dir():
+        if not m or f.is_symlink() or (m.re is _TMP) != f.is_dir() or not f.exists():
             continue
-        if m.re is _TMP and not f.is_dir():
+        key = m.group(1)
+        if m.re is _LOCK and (root / key).is_dir():  # a store's lock stays with it
             continue
-        lock = root / f"{m.group(1)}.lock"
-        fd = _lock(lock, fcntl.LOCK_EX, None, "")
-        if fd is None:  # a build in progress
+        fd = _lock(root / f"{key}.lock", fcntl.LOCK_EX, None, "")
+        if fd is None:  # a build in progress, or the store is read
             continue
-        try:
+        try:  # no one builds: a temp dir is a killed build's or a killed collect's
             if m.re is _TMP:
                 shutil.rmtree(f, ignore_errors=True)
-            if not (root / m.group(1)).exists() and not any(root.glob(f"{m.group(1)}.tmp-*")):
-                lock.unlink(missing_ok=True)
+            if not (root / key).exists() and not any(root.glob(f"{key}.tmp-*")):
+                (root / f"{key}.lock").unlink(missing_ok=True)
         finally:
             os.close(fd)
     if res["removed"]:

@@ -73,6 +73,7 @@ def test_collect_keeps_referenced_recent_and_foreign_entries(tmp_path):
     (root / _key(7) / "data").write_text("mine too")
     (root / f"{_key(8)}.tmp-deadbeef").mkdir()  # a build killed before it finished
     (root / f"{_key(8)}.lock").touch()
+    (root / f"{_key(2)}.tmp-gc0a1b2c").mkdir()  # a collect killed mid-removal, the store built again since
 
     res = keyedstore.collect(root, keyedstore.referenced(tmp_path / "work"), recent=1, log=lambda m: None)
 
