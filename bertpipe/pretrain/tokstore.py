@@ -169,17 +169,15 @@ _WORKER: dict = {}
 
 
 class _Encoded:
-    """The parts of a transformers ``BatchEncoding`` that ``textseg.tokenize_with_words`` reads."""
+    """The parts of a transformers ``BatchEncoding`` that ``textseg.tokenize_with_words`` reads. The columns are
+    built once: the caller indexes them once per text."""
 
     def __init__(self, encodings):
         self._encs = encodings
+        self._cols = {"input_ids": [e.ids for e in encodings], "offset_mapping": [e.offsets for e in encodings]}
 
     def __getitem__(self, key: str):
-        if key == "input_ids":
-            return [e.ids for e in self._encs]
-        if key == "offset_mapping":
-            return [e.offsets for e in self._encs]
-        raise KeyError(key)
+        return self._cols[key]
 
     def word_ids(self, b: int):
         return self._encs[b].word_ids
@@ -188,8 +186,10 @@ class _Encoded:
 class BackendTokenizer:
     """A transformers fast tokenizer's call, as ``tokenize_with_words`` makes it, on its Rust backend alone
     (``tokenizers.Tokenizer``, which pickles small). A worker unpickling the transformers tokenizer imports
-    transformers, ~1 CPU-s per worker before its first document; this costs none. The call is the one transformers
-    makes (``encode_batch`` without truncation or padding), so the ids, offsets and words are the same."""
+    transformers, ~1 CPU-s per worker before its first document; this costs none, and skipping the BatchEncoding
+    wrapper saves ~20% of the tokenizing CPU (0.44 vs 0.57 CPU-s per 512 law articles). The call is the one
+    transformers makes (``encode_batch`` without truncation or padding), so the ids, offsets and words are the
+    same."""
 
     def __init__(self, backend):
         backend.no_truncation()  # a backend copied after a truncating call keeps that setting; a plain call has none
@@ -235,15 +235,18 @@ def tokenized_chunks(corpus: Path, split: str, tokenizer, language: str, workers
     ``workers`` > 1 the chunks are tokenized in that many processes, at most two chunks per worker in flight, so
     memory stays bounded however large the corpus."""
     chunks = data.doc_chunks(iter_text_batches(corpus, split))
-    if workers <= 1:
+    backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
+    if workers <= 1:  # the workers' code in this process, on a copy (its settings are changed)
+        from tokenizers import Tokenizer
+
+        fast = BackendTokenizer(Tokenizer.from_str(backend.to_str()))
         for c in chunks:
-            yield len(c), data._sentences(c, tokenizer, language)
+            yield len(c), data._sentences(c, fast, language)
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: the parent holds torch's thread pools (a forked child can deadlock on their locks)
-    backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                initargs=(backend, language))
     pending: deque = deque()
