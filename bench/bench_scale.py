@@ -181,7 +181,8 @@ class Run:
         os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-STEP = re.compile(r"pretrain:\s+\d+%\|.*?\|\s*(\d+)/(\d+)")
+# the training bar: "pretrain fp32:  40%|...| 8/20" (the precision joined its name; "pretrain:" before that)
+STEP = re.compile(r"pretrain(?: \w+)?:\s+\d+%\|.*?\|\s*(\d+)/(\d+)")
 
 
 def first_step_watcher(kill_after: int | None = None):
