@@ -8,8 +8,9 @@ module is what they share:
   renamed into place). A builder holds ``<key>.lock`` exclusively, so concurrent builders (torchrun ranks, stages
   side by side) build once; the others wait and read it. A killed build leaves ``<key>.tmp-*``, which the next
   builder (holding the lock) or ``collect`` removes.
-- a lease: every process that opened a store keeps a shared lock on ``<key>.lock`` until it exits (the memory maps
-  of the token store are read for a whole training run), so ``collect`` never removes a store in use.
+- a lease: every process that opened a store keeps a shared lock on ``<key>.lock`` until it calls ``release`` or
+  exits (the memory maps of the token store are read for a whole training run), so ``collect`` never removes a
+  store in use.
 - ``collect``: stores accumulate per key (each corpus, tokenizer, packing or window change makes one). It removes
   the stores neither kept by the caller (those the current outputs reference) nor among the ``recent`` most recently
   used, and only what this module wrote: directories named by a key holding a ``meta.json`` that names the same key,
@@ -106,6 +107,14 @@ def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log 
         finally:
             os.close(fd)
         # then the lease, as any reader takes it (a collect in between makes the next round build it again)
+
+
+def release(path: Path | str) -> None:
+    """Ends this process's lease on the store at ``path`` (once its reader is done: a long-lived process, such as a
+    scheduled flow running stages in-process, would otherwise keep every store it ever read from collection)."""
+    fd = _LEASES.pop(Path(path), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _meta(d: Path) -> dict | None:

@@ -121,3 +121,12 @@ def test_gc_command_keeps_what_the_outputs_reference(tmp_path):
     res = json.loads(out.stdout)
     assert res["removed"] == [_key(2)] and res["kept"] == [_key(1), _key(3)], (res, time.time() - t)
     assert sorted(p.name for p in (state / "tokstore").iterdir() if not p.name.endswith(".lock")) == [_key(1), _key(3)]
+
+
+def test_this_process_keeps_its_stores_until_it_releases_them(tmp_path):
+    root = tmp_path / "tokstore"
+    path, built = keyedstore.open_or_build(root, _key(1), lambda tmp: {"parts": {}}, log=lambda m: None)
+    assert built and keyedstore.open_or_build(root, _key(1), lambda tmp: {}, log=lambda m: None) == (path, False)
+    assert keyedstore.collect(root, recent=0, log=lambda m: None)["removed"] == [] and path.is_dir()
+    keyedstore.release(path)
+    assert keyedstore.collect(root, recent=0, log=lambda m: None)["removed"] == [_key(1)] and not path.exists()

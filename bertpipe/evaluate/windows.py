@@ -65,6 +65,8 @@ def open_windows(corpus: Path | str, p, max_chars: int, state: Path | str,
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise BertpipeError(f"{path}: not a complete window store ({type(e).__name__}: {e}); delete the directory "
                             "and rerun to rebuild it") from None
+    finally:
+        keyedstore.release(path)  # read whole into memory: nothing of it is used from disk any more
     log(f"fair MLM windows: {'built' if built else 'reused'} {key} ({len(windows)} windows of {meta['texts']} "
         f"test texts)")
     return windows, {"key": key, "built": built, "path": str(path), "texts": meta["texts"], "windows": len(windows)}

@@ -34,6 +34,10 @@ def build(ctx) -> dict:
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+        from bertpipe import keyedstore
+
+        for rec in ctx.counts.get("token_store", {}).values():  # training is over: the stores may be collected
+            keyedstore.release(rec["path"])
 
 
 def objective_model(mlm, p):
