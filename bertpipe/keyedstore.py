@@ -74,7 +74,7 @@ def _lock(path: Path, mode: int, log: Log | None, what: str) -> int | None:
 
 def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log = _stderr) -> tuple[Path, bool]:
     """``(root/key, built)``: the complete store, built by ``build(tmp_dir) -> meta`` (written as ``meta.json``,
-    with ``key``) unless it exists. This process then holds a lease on it until it exits."""
+    with ``key``) unless it exists. This process then holds a lease on it until ``release`` or its exit."""
     root.mkdir(parents=True, exist_ok=True)
     final, lock = root / key, root / f"{key}.lock"
     built = False
@@ -89,6 +89,7 @@ def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log 
                 os.close(old)
             return final, built
         os.close(fd)
+        release(final)  # a lease of ours on a store deleted by hand would block our own build
         fd = _lock(lock, fcntl.LOCK_EX, log, "using or building")
         try:
             if not (final / "meta.json").is_file():  # not built by another process while we waited

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bertpipe import keyedstore
@@ -130,3 +131,15 @@ def test_this_process_keeps_its_stores_until_it_releases_them(tmp_path):
     assert keyedstore.collect(root, recent=0, log=lambda m: None)["removed"] == [] and path.is_dir()
     keyedstore.release(path)
     assert keyedstore.collect(root, recent=0, log=lambda m: None)["removed"] == [_key(1)] and not path.exists()
+
+
+@pytest.mark.timeout(60)  # the bug this guards against is a process waiting on its own lease forever
+def test_a_store_deleted_by_hand_while_leased_is_built_again(tmp_path):
+    import shutil
+
+    root = tmp_path / "tokstore"
+    path, _ = keyedstore.open_or_build(root, _key(1), lambda tmp: {}, log=lambda m: None)
+    shutil.rmtree(path)
+    again, built = keyedstore.open_or_build(root, _key(1), lambda tmp: {}, log=lambda m: None)
+    assert built and again == path and (path / "meta.json").is_file()
+    keyedstore.release(path)
