@@ -134,7 +134,7 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
     res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
     if res is None:  # a torchrun rank > 0: rank 0 reports
         return
-    from flows.summary import stage_line
+    from bertpipe_prefect.flows.summary import stage_line
 
     typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
 
@@ -238,7 +238,7 @@ def _check_until(cfg, until: Optional[str]) -> None:
 def _prefect_env(cfg, params: str) -> None:
     """Prefect's home under paths.state, set before the flows (and Prefect) are imported."""
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from tasks.env import prefect_env
+    from bertpipe_prefect.tasks.env import prefect_env
 
     prefect_env(cfg)
 
@@ -252,8 +252,8 @@ def run_cmd(
     cfg = load(params, profile, set_)
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _prefect_env(cfg, params)
-    from flows.domain_adaptation import domain_adaptation  # the CLI is a front door; the library is not
-    from flows.summary import summary
+    from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
+    from bertpipe_prefect.flows.summary import summary
 
     results = domain_adaptation(params, profile, list(set_ or []), until)
     typer.echo(summary(results, cfg))
@@ -270,8 +270,8 @@ def retrain_cmd(
     cfg = load(params, profile, set_)
     plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
     _prefect_env(cfg, params)
-    from flows.retrain import retrain
-    from flows.summary import summary
+    from bertpipe_prefect.flows.retrain import retrain
+    from bertpipe_prefect.flows.summary import summary
 
     out = retrain(params, list(add), profile, list(set_ or []))
     typer.echo(f"added: {', '.join(out['added'])}")
@@ -292,7 +292,7 @@ def schedule_cmd(
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
                    err=True)
-    from flows.serve import serve
+    from bertpipe_prefect.flows.serve import serve
 
     serve(params, profile, list(set_ or []), until, name)
 

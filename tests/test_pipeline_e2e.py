@@ -47,7 +47,7 @@ FLOW_STATES = r"""
 import json, sys
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 overrides = json.loads(sys.argv[1])
 state = domain_adaptation("params.yaml", None, overrides, None, return_state=True)
 assert state.is_completed(), state
