@@ -25,6 +25,7 @@ from bertpipe.pipeline import all_stages, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from bertpipe_prefect.flows import artifacts
+from bertpipe_prefect.flows.knobs import Knobs
 # summary: flows.retrain and the CLI import it from here
 from bertpipe_prefect.flows.summary import stage_line, summary  # noqa: F401
 from bertpipe_prefect.tasks import cluster, parallel
@@ -52,9 +53,9 @@ def _outcome(fut) -> tuple[str, dict | None]:
 @flow(name="domain_adaptation", log_prints=True, task_runner=ThreadPoolTaskRunner())
 def domain_adaptation(
     params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
-    until: str | None = None,
+    until: str | None = None, knobs: Knobs | None = None,
 ) -> dict:
-    overrides = list(overrides or [])
+    overrides = list(overrides or []) + (knobs.overrides() if knobs else [])  # a knob is an override, last
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)
     stages = all_stages(cfg)

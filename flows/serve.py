@@ -63,7 +63,7 @@ def deployment(params: str = "params.yaml", profile: str | None = None, override
     trigger = DeploymentEventTrigger(name="new files in flow.drop_dir", expect={EVENT},
                                      match={"prefect.resource.id": drop_resource(cfg.path(fp.drop_dir))},
                                      parameters=parameters)
-    return domain_adaptation.to_deployment(
+    dep = domain_adaptation.to_deployment(
         name=name,
         schedules=[Cron(fp.cron, timezone=fp.timezone)],
         triggers=[trigger],
@@ -72,6 +72,11 @@ def deployment(params: str = "params.yaml", profile: str | None = None, override
         # relative to the cwd: the same in a checkout and an install, and a project's own flows/ cannot shadow it
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+    from bertpipe.pipeline import COMMANDS
+    from bertpipe_prefect.flows.knobs import typed_schema
+
+    typed_schema(dep._parameter_openapi_schema, list(COMMANDS), sorted(cfg.params.profiles))  # UI dropdowns
+    return dep
 
 
 def serve(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
