@@ -67,7 +67,11 @@ def render_effective(cfg: Config) -> str:
 
 
 def _params_stage(cfg: Config) -> dict:
+    from bertpipe.config import PROFILES_FILE
+
     src = [os.path.relpath(cfg.source, cfg.root)] if cfg.source else []
+    if cfg.source and cfg.source.with_name(PROFILES_FILE).exists():
+        src.append(os.path.relpath(cfg.source.with_name(PROFILES_FILE), cfg.root))
     return {"cmd": "bertpipe dvc-yaml --effective", "deps": src, "outs": [{EFFECTIVE: {"cache": False}}]}
 
 
