@@ -7,7 +7,7 @@ A temp project with a tiny encoder (2 layers, hidden 128: the demo's size) and t
 
 1. alone: `bertpipe finetune --task T --encoder base` for each task, one after another, torch's default threads
    (every core), as a user runs a single finetune;
-2. in the flow: `python -m flows.domain_adaptation --until finetune` with each ``flow.max_parallel`` asked for
+2. in the flow: `python -m bertpipe_prefect.flows.domain_adaptation --until finetune` with each ``flow.max_parallel`` asked for
    (the finetunes fan out under the flow's plan, temporary Prefect server and all).
 
 Prints per finetune the training-loop examples/s, and for the whole fan-out the examples per second of stage wall
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--alone-threads", nargs="+", default=["default"],
                     help="threads of the alone runs: default (torch's: every core) and/or a number")
     args = ap.parse_args()
-    from tasks.parallel import auto_workers, cores
+    from bertpipe_prefect.tasks.parallel import auto_workers, cores
 
     print(f"load average {os.getloadavg()[0]:.2f} on {cores()} usable cores (auto -> {auto_workers(cores())} "
           f"at once); {len(TASKS)} finetunes x {args.train} examples", flush=True)
@@ -125,7 +125,7 @@ def main() -> None:
             alone_s[threads] = sum(v["wall_s"] for v in alone.values())
             print(_line(f"alone ({threads} threads)", alone, alone_s[threads], {}), flush=True)
         for par in args.parallel:
-            _run([sys.executable, "-m", "flows.domain_adaptation", "--until", "finetune",
+            _run([sys.executable, "-m", "bertpipe_prefect.flows.domain_adaptation", "--until", "finetune",
                   "--set", f"flow.max_parallel={par}"], root)
             m = _measure(root)
             fanout = max(v["start"] + v["wall_s"] for v in m.values()) - min(v["start"] for v in m.values())

@@ -125,16 +125,17 @@ def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
 
 
 def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> None:
-    from bertpipe.pipeline import all_stages
+    from bertpipe.pipeline import all_stages, family_stages
 
     cfg = load(params, profile, overrides)
-    stages = all_stages(cfg)
+    stages = family_stages(cfg, stage_name)  # not all_stages: that imports every stage's module (torch: seconds)
     if stage_name not in stages:
+        stages = all_stages(cfg)  # for the message
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
     res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
     if res is None:  # a torchrun rank > 0: rank 0 reports
         return
-    from flows.summary import stage_line
+    from bertpipe_prefect.flows.summary import stage_line
 
     typer.echo(stage_line(res.name, "cached" if res.skipped else "built", res.out))
 
@@ -142,10 +143,10 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
 def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: Optional[str]) -> None:
     """Run every stage of ``family`` in this config's graph whose identity (Stage.task / .encoder / .model) matches
     the options given (None: any)."""
-    from bertpipe.pipeline import all_stages
+    from bertpipe.pipeline import family_stages
 
     cfg = load(params, profile, set_)
-    names = [n for n, st in all_stages(cfg).items() if st.family == family
+    names = [n for n, st in family_stages(cfg, family).items() if st.family == family
              and all(v is None or getattr(st, k) == v for k, v in wanted.items())]
     if not names:
         given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
@@ -238,7 +239,7 @@ def _check_until(cfg, until: Optional[str]) -> None:
 def _prefect_env(cfg, params: str) -> None:
     """Prefect's home under paths.state, set before the flows (and Prefect) are imported."""
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
-    from tasks.env import prefect_env
+    from bertpipe_prefect.tasks.env import prefect_env
 
     prefect_env(cfg)
 
@@ -252,8 +253,8 @@ def run_cmd(
     cfg = load(params, profile, set_)
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _prefect_env(cfg, params)
-    from flows.domain_adaptation import domain_adaptation  # the CLI is a front door; the library is not
-    from flows.summary import summary
+    from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
+    from bertpipe_prefect.flows.summary import summary
 
     results = domain_adaptation(params, profile, list(set_ or []), until)
     typer.echo(summary(results, cfg))
@@ -270,8 +271,8 @@ def retrain_cmd(
     cfg = load(params, profile, set_)
     plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
     _prefect_env(cfg, params)
-    from flows.retrain import retrain
-    from flows.summary import summary
+    from bertpipe_prefect.flows.retrain import retrain
+    from bertpipe_prefect.flows.summary import summary
 
     out = retrain(params, list(add), profile, list(set_ or []))
     typer.echo(f"added: {', '.join(out['added'])}")
@@ -292,7 +293,7 @@ def schedule_cmd(
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
                    err=True)
-    from flows.serve import serve
+    from bertpipe_prefect.flows.serve import serve
 
     serve(params, profile, list(set_ or []), until, name)
 
@@ -307,21 +308,28 @@ app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated
 def dvc_yaml_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     check: bool = typer.Option(False, "--check", help="Exit 1 if dvc.yaml differs from what would be written."),
+    effective: bool = typer.Option(False, "--effective", help="Write only params.effective.json, the resolved "
+                                   "params DVC tracks (dvc.yaml's first stage runs this when params.yaml changes)."),
 ):
-    from bertpipe.dvcfile import render
+    from bertpipe.dvcfile import EFFECTIVE, render, render_effective
+    from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
+    eff, eff_text = cfg.root / EFFECTIVE, render_effective(cfg)  # what dvc.yaml's params: entries name
+    if effective:
+        atomic_write_text(eff, eff_text)
+        typer.echo(f"wrote {eff}")
+        return
     text = render(cfg)
     target = cfg.root / "dvc.yaml"
     if check:
         current = target.read_text(encoding="utf-8") if target.exists() else ""
-        if current != text:
+        if current != text or not eff.exists() or eff.read_text(encoding="utf-8") != eff_text:
             typer.echo(f"{target} is out of date: run `bertpipe dvc-yaml`", err=True)
             raise typer.Exit(1)
         typer.echo(f"{target} is current")
         return
-    from bertpipe.outputs import atomic_write_text
-
+    atomic_write_text(eff, eff_text)
     atomic_write_text(target, text)
     typer.echo(f"wrote {target}")
 

@@ -33,6 +33,7 @@ from bertpipe.serve.params import ServeParams
 from bertpipe.vocab.params import VocabParams
 
 DEFAULT_PARAMS = "params.yaml"
+PROFILES_FILE = "profiles.yaml"  # optional, beside the params file: more entries of `profiles:`
 
 
 class Section(BaseModel):
@@ -297,6 +298,12 @@ def load_config(
     profiles = data.get("profiles") or {}
     if not isinstance(profiles, dict):
         raise BertpipeError(f"{src}: profiles: expected a mapping of profile name -> overrides")
+    shelf = src.with_name(PROFILES_FILE)  # profiles kept out of params.yaml: out of DVC's view (README, DVC)
+    if src.exists() and shelf.exists():
+        from bertpipe.yamlio import load_yaml_mapping
+
+        profiles = {**load_yaml_mapping(shelf, "a mapping of profile name -> overrides"), **profiles}
+        data["profiles"] = profiles  # a profile of the same name in params.yaml wins
     if chosen:
         if chosen not in profiles:
             raise BertpipeError(f"{src}: profile {chosen!r} is not defined under profiles: (have {sorted(profiles)})")

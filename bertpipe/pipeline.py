@@ -333,6 +333,13 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
     return {st.name: st for f in FAMILIES for st in f.make(cfg)}
 
 
+def family_stages(cfg: Config, family: str) -> dict[str, Stage]:
+    """The stages of one family (``finetune/sentiment/base`` is of ``finetune``). Making a Stage imports its
+    stage module, and some import torch: a one-stage command (`bertpipe start`, run by every `dvc repro`) makes
+    only its own."""
+    return {st.name: st for f in FAMILIES if f.name == family.split("/")[0] for st in f.make(cfg)}
+
+
 def producers(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> dict[str, tuple[str, Path]]:
     """{input key: (the stage whose output holds it, the path within that output)} for stage ``name``'s inputs
     that another stage makes (an input at or under that stage's output)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, \
     update_progress_artifact
 
-from flows.summary import status_of
+from bertpipe_prefect.flows.summary import status_of
 
 MAX_MD = 200_000  # keep one artifact within what the API stores comfortably
 

@@ -6,7 +6,8 @@ all finetunes together. ``flow.max_parallel`` bounds how many run at once and di
 (tasks.parallel); stages that never overlap another run in this process on every core. ``flow.runner: dask`` runs
 the stage tasks on a Dask cluster instead (tasks.cluster, docs/distributed.md).
 
-Run with `bertpipe run` or `python -m flows.domain_adaptation [--params params.yaml] [--until STAGE]`.
+Run with `bertpipe run` or
+`python -m bertpipe_prefect.flows.domain_adaptation [--params params.yaml] [--until STAGE]`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from bertpipe.config import Config, load_config
 from bertpipe.pipeline import all_stages, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
-from flows import artifacts
-from flows.summary import stage_line, summary  # noqa: F401  (summary: flows.retrain and the CLI import it here)
-from tasks import cluster, parallel
-from tasks.env import prefect_env
-from tasks.stages import task_for, terminate_children
+from bertpipe_prefect.flows import artifacts
+from bertpipe_prefect.flows.knobs import Knobs
+# summary: flows.retrain and the CLI import it from here
+from bertpipe_prefect.flows.summary import stage_line, summary  # noqa: F401
+from bertpipe_prefect.tasks import cluster, parallel
+from bertpipe_prefect.tasks.env import prefect_env
+from bertpipe_prefect.tasks.stages import task_for, terminate_children
 
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
@@ -50,9 +53,9 @@ def _outcome(fut) -> tuple[str, dict | None]:
 @flow(name="domain_adaptation", log_prints=True, task_runner=ThreadPoolTaskRunner())
 def domain_adaptation(
     params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
-    until: str | None = None,
+    until: str | None = None, knobs: Knobs | None = None,
 ) -> dict:
-    overrides = list(overrides or [])
+    overrides = list(overrides or []) + (knobs.overrides() if knobs else [])  # a knob is an override, last
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)
     stages = all_stages(cfg)

@@ -21,9 +21,9 @@ from prefect import flow
 
 from bertpipe.config import load_config
 from bertpipe.incoming import add_files, drop_dir
-from flows.domain_adaptation import domain_adaptation
-from flows.summary import summary
-from tasks.env import prefect_env
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.flows.summary import summary
+from bertpipe_prefect.tasks.env import prefect_env
 
 
 @flow(name="retrain", log_prints=True)

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 
 from bertpipe.config import load_config
-from flows.domain_adaptation import domain_adaptation
-from tasks.env import prefect_env
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.tasks.env import prefect_env
 
 DEPLOYMENT = "bertpipe-domain-adaptation"
 EVENT = "bertpipe.incoming.files"
@@ -49,31 +49,50 @@ def watch(drop: Path, glob: str, stop: threading.Event, every_s: float = 5.0) ->
         seen = now
 
 
-def serve(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
-          until: str | None = None, name: str = DEPLOYMENT, watch_every_s: float = 5.0) -> None:
+def deployment(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
+               until: str | None = None, name: str = DEPLOYMENT):
+    """The RunnerDeployment `bertpipe schedule` serves (built without contacting a server)."""
+    from prefect.deployments.runner import EntrypointType
     from prefect.events import DeploymentEventTrigger
     from prefect.schedules import Cron
 
     cfg = load_config(params, profile, overrides or [])
-    prefect_env(cfg)
     fp = cfg.params.flow
     parameters = {"params": str(Path(params).resolve()), "profile": profile, "overrides": list(overrides or []),
                   "until": until}
-    drop = cfg.path(fp.drop_dir)
     trigger = DeploymentEventTrigger(name="new files in flow.drop_dir", expect={EVENT},
-                                     match={"prefect.resource.id": drop_resource(drop)}, parameters=parameters)
+                                     match={"prefect.resource.id": drop_resource(cfg.path(fp.drop_dir))},
+                                     parameters=parameters)
+    dep = domain_adaptation.to_deployment(
+        name=name,
+        schedules=[Cron(fp.cron, timezone=fp.timezone)],
+        triggers=[trigger],
+        parameters=parameters,
+        # bertpipe_prefect.flows.domain_adaptation.domain_adaptation, imported by name rather than a file path
+        # relative to the cwd: the same in a checkout and an install, and a project's own flows/ cannot shadow it
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    from bertpipe.pipeline import COMMANDS
+    from bertpipe_prefect.flows.knobs import typed_schema
+
+    typed_schema(dep._parameter_openapi_schema, list(COMMANDS), sorted(cfg.params.profiles))  # UI dropdowns
+    return dep
+
+
+def serve(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
+          until: str | None = None, name: str = DEPLOYMENT, watch_every_s: float = 5.0) -> None:
+    from prefect import serve as prefect_serve
+
+    cfg = load_config(params, profile, overrides or [])
+    prefect_env(cfg)
+    fp = cfg.params.flow
+    dep = deployment(params, profile, overrides, until, name)
+    drop = cfg.path(fp.drop_dir)
     stop = threading.Event()
     watcher = threading.Thread(target=watch, args=(drop, fp.incoming_source.get("glob", "*"), stop, watch_every_s),
                                name="drop-dir-watcher", daemon=True)
     watcher.start()
     try:
-        domain_adaptation.serve(
-            name=name,
-            schedules=[Cron(fp.cron, timezone=fp.timezone)],
-            triggers=[trigger],
-            parameters=parameters,
-            pause_on_shutdown=False,
-            limit=1,  # one pipeline run at a time on this machine
-        )
+        prefect_serve(dep, pause_on_shutdown=False, limit=1)  # limit: one pipeline run at a time on this machine
     finally:
         stop.set()

@@ -19,8 +19,8 @@ from bertpipe.config import Config, load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 from bertpipe.prepare.shard import use_executor
-from tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
-from tasks.parallel import child_env, slot
+from bertpipe_prefect.tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
+from bertpipe_prefect.tasks.parallel import child_env, slot
 
 
 def _config(params: str, profile: str | None, overrides: list[str]) -> Config:

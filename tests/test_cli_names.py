@@ -24,7 +24,7 @@ def test_until_is_one_rule_for_every_door(tmp_path):
     res = CliRunner().invoke(app, ["schedule", "--params", str(tmp_path / "params.yaml"), "--until", "nosuch"])
     assert res.exit_code == 2 and "--until 'nosuch': not a stage of this pipeline" in res.output
     from bertpipe.pipeline import until_targets
-    from flows.domain_adaptation import targets
+    from bertpipe_prefect.flows.domain_adaptation import targets
 
     assert targets is until_targets
     assert until_targets(["prepare", "finetune/a/base", "finetune/a/adapted", "evaluate"], "finetune") == [

@@ -28,7 +28,7 @@ import json
 from bertpipe.config import load_config
 from bertpipe.freshness import expected
 from bertpipe.pipeline import all_stages
-from tasks.stages import cache_key
+from bertpipe_prefect.tasks.stages import cache_key
 cfg = load_config("params.yaml")
 stages = all_stages(cfg)
 print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cfg, stages).items()}))
@@ -38,6 +38,7 @@ print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cf
 def clone_code(root: Path) -> None:
     for d in ("bertpipe", "tasks", "flows"):
         shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REPO / "bertpipe_prefect", root / "bertpipe_prefect", symlinks=True)  # -> the copy's flows/, tasks/
 
 
 def sh(cmd: list[str], root: Path, timeout: int = 600) -> str:

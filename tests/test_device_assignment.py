@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from bertpipe.pretrain.run import resolve_nproc, torchrun_command
-from tasks import parallel
+from bertpipe_prefect.tasks import parallel
 
 
 @pytest.mark.parametrize("n, m", [(n, m) for n in range(1, 7) for m in range(0, 9)])

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 
 FLOW = r"""
 import json, sys
-from flows.domain_adaptation import domain_adaptation
-from tasks.env import prefect_env
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.tasks.env import prefect_env
 from bertpipe.config import load_config
 overrides = json.loads(sys.argv[1])
 prefect_env(load_config("params.yaml", None, overrides))

@@ -8,7 +8,7 @@ import time
 
 from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages, upstream
-from tasks import parallel
+from bertpipe_prefect.tasks import parallel
 from tests.e2e_project import write_project
 
 
@@ -98,7 +98,7 @@ def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
     import pytest
 
     from bertpipe.errors import BertpipeError
-    from tasks.stages import _isolated
+    from bertpipe_prefect.tasks.stages import _isolated
 
     params = write_project(tmp_path, sample_raw, {"finetune": {"tasks": {"mine": {
         "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})

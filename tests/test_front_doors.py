@@ -16,7 +16,7 @@ FLOW_TWICE = r"""
 import json, sys
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 
 def states(flow_run_id):
     import time

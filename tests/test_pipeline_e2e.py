@@ -47,7 +47,7 @@ FLOW_STATES = r"""
 import json, sys
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 overrides = json.loads(sys.argv[1])
 state = domain_adaptation("params.yaml", None, overrides, None, return_state=True)
 assert state.is_completed(), state
@@ -183,8 +183,8 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     said = [ln.split()[:2] for ln in first.stdout.splitlines() if ln.split()[1:2] in (["built"], ["cached"])]
     assert len(said) >= 6 and {s for _, s in said} == {"cached"}, first.stdout
     second = run(["dvc", "repro"], project)
-    # Only start runs again (always_changed: DVC asks the registry every repro); its answer and file did not change,
-    # so nothing below it runs.
+    # Only start runs again (always_changed: DVC asks the registry every repro, cheaply: bertpipe.start.stage); its
+    # answer and file did not change, so nothing below it runs.
     assert re.findall(r"Running stage '([^']+)'", second.stdout) == ["start"], second.stdout
     remote = tmp_path / "remote"
     run(["dvc", "remote", "add", "-d", "local", str(remote)], project)

@@ -24,9 +24,9 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
     FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages
-from flows import artifacts
-from flows.domain_adaptation import domain_adaptation
-from tasks.stages import task_for
+from bertpipe_prefect.flows import artifacts
+from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
+from bertpipe_prefect.tasks.stages import task_for
 
 out = {}
 state = domain_adaptation("params.yaml", None, [], "tasks", return_state=True)

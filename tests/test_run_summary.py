@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bertpipe.config import load_config
-from flows.summary import summary
+from bertpipe_prefect.flows.summary import summary
 
 
 def test_the_summary_says_what_register_decided(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tasks import parallel
+from bertpipe_prefect.tasks import parallel
 
 # root -> vocab -> pretrain -> adapted, and root -> two side stages: vocab is on the longest path.
 GRAPH: parallel.Graph = {"root": [], "vocab": ["root"], "side1": ["root"], "side2": ["root"],

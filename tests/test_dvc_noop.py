@@ -1,0 +1,76 @@
+"""A `dvc repro` with nothing to do runs no heavy command, and DVC tracks the effective params only.
+
+Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
+- a second `dvc repro start` runs only start (``always_changed``: the registry is its external input), and start's
+  command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
+- once the registry changes (a version and alias registered from outside), start asks MLflow again;
+- editing the active profile changes params.effective.json, and DVC reruns exactly the stages that read the
+  changed key (prepare and what is below it, not tasks); params.effective.json holds resolved values, no profiles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import yaml
+
+from tests.e2e_project import run, write_project
+
+pytestmark = pytest.mark.slow
+
+REGISTER = """
+from mlflow import MlflowClient
+c = MlflowClient(tracking_uri="sqlite:///.bertpipe/mlflow.db", registry_uri="sqlite:///.bertpipe/mlflow.db")
+c.create_registered_model("elsewhere")
+v = c.create_model_version("elsewhere", source="file:///nonexistent")
+c.set_registered_model_alias("elsewhere", "champion", v.version)
+"""
+HEAVY = ("mlflow", "torch", "prefect", "transformers")
+
+
+def start_cmd(root) -> tuple[set[str], str]:
+    """(the heavy top-level modules `bertpipe start` imports (python -X importtime), built / cached)."""
+    proc = run([sys.executable, "-X", "importtime", "-m", "bertpipe.cli", "start"], root)
+    mods = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert mods, proc.stderr[-2000:]
+    return mods & set(HEAVY), proc.stdout.split()[1]
+
+
+def ran(proc) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", proc.stdout)
+
+
+def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_path, sample_raw):
+    root = tmp_path
+    write_project(root, sample_raw, extra={"profile": "p", "profiles": {"p": {"prepare": {"split": {"valid": 0.05}}}}})
+    run(["git", "init", "-q"], root)
+    (root / ".gitignore").write_text("/.bertpipe/\n/data/\n")
+    run(["dvc", "init", "-q"], root)
+    run(["bertpipe", "dvc-yaml"], root)
+    dvc = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert dvc["prepare"]["params"] == [{"params.effective.json": ["prepare"]}], dvc["prepare"]
+
+    first = run(["dvc", "repro", "start"], root)
+    assert {"params", "tasks", "prepare", "start"} <= set(ran(first)), first.stdout
+    second = run(["dvc", "repro", "start"], root)
+    assert ran(second) == ["start"] and "cached" in second.stdout, second.stdout
+    for stage in ("params", "tasks", "prepare"):
+        assert f"Stage '{stage}' didn't change, skipping" in second.stdout, second.stdout
+    assert start_cmd(root) == (set(), "cached")  # the decision stands without asking MLflow
+
+    run([sys.executable, "-c", REGISTER], root)  # the registry changed: start must ask MLflow again
+    heavy, status = start_cmd(root)
+    assert "mlflow" in heavy and status == "built", (heavy, status)  # (the same decision: start.json's bytes stay)
+    assert start_cmd(root) == (set(), "cached")  # the new digest is recorded
+
+    eff = json.loads((root / "params.effective.json").read_text())
+    assert eff["prepare"]["split"]["valid"] == 0.05 and "profiles" not in eff and "profile" not in eff
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["profiles"]["p"]["prepare"]["split"]["valid"] = 0.1  # a profile edit, not a top-level key
+    (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
+    third = run(["dvc", "repro", "start"], root)
+    assert ran(third)[:2] == ["params", "prepare"] and "tasks" not in ran(third), third.stdout
+    assert json.loads((root / "params.effective.json").read_text())["prepare"]["split"]["valid"] == 0.1
