@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -142,6 +143,7 @@ def setup_project(project: Path, raw: Path) -> None:
     text = (REPO / "params.yaml").read_text()
     text = text.replace("raw: data/raw ", f"raw: {raw} ", 1)
     (project / "params.yaml").write_text(text)
+    shutil.copy(REPO / "profiles.yaml", project / "profiles.yaml")
 
 
 def _work(project: Path, build: str) -> Path:

@@ -32,10 +32,11 @@ finetune:
   tasks:
     cls: {type: classification, format: jsonl, train: data/cls.jsonl}
 evaluate: {encoder_comparison: false, bootstrap_samples: 50}
-profiles:
-  tiny:
-    finetune:
-      train: {epochs: 3, lr: 5.0e-2}   # lr loses to the top-level key; epochs applies
+"""
+# the profiles beside params.yaml (out of DVC's default params file, so `dvc exp show` has no profiles.* column)
+PROFILES = """tiny:
+  finetune:
+    train: {epochs: 3, lr: 5.0e-2}   # lr loses to the top-level key; epochs applies
 """
 STAGES = ("tasks", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
 
@@ -66,6 +67,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     (root / "data" / "corpus.txt").write_text(
         "\n".join("".join(rng.choice(S.FILLER) for _ in range(40)) for _ in range(200)) + "\n", encoding="utf-8")
     (root / "params.yaml").write_text(PARAMS, encoding="utf-8")
+    (root / "profiles.yaml").write_text(PROFILES, encoding="utf-8")
     (root / ".gitignore").write_text("/.bertpipe/\n", encoding="utf-8")
     sh(["git", "init", "-q"], root)
     sh(["git", "config", "user.email", "t@example.com"], root)
@@ -106,6 +108,8 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     cols = sh(["dvc", "exp", "show", "--csv", "--param-deps"], project).splitlines()[0].split(",")
     eff = {c.split(":", 1)[1] for c in cols if c.startswith("params.effective.json:")} | set(cols)
     assert {"finetune.train.lr", "finetune.train.epochs"} <= eff, cols
+    # no column shows a profile's values (the file itself is a dep column: "profiles.yaml", its hash)
+    assert [c for c in cols if "profiles" in c] == ["profiles.yaml"], cols
 
     html = project / "plots"
     sh(["dvc", "plots", "show", "-o", str(html)], project)

@@ -48,6 +48,7 @@ def demo(tmp_path, sample_raw):
     params = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
     params["paths"]["raw"] = str(sample_raw)
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
+    shutil.copy(REPO / "profiles.yaml", proj / "profiles.yaml")
     cfg = load_config(proj / "params.yaml")
     return cfg, all_stages(cfg)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -38,6 +39,7 @@ def project(tmp_path, sample_raw, uri: str | None = None):
     if uri:
         params["tracking"]["uri"] = uri
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
+    shutil.copy(REPO / "profiles.yaml", proj / "profiles.yaml")
     return proj, load_config(proj / "params.yaml")
 
 
