@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
@@ -92,3 +94,34 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0) if n in slow else (2, 0)
 
     items.sort(key=rank)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request, tmp_path_factory):
+    """Under xdist, a test marked `exclusive` (its assertions hold a wall-clock bound: a reply within seconds, a kill
+    half-way through a build timed on a reference run) has the machine to itself: it takes an exclusive flock that
+    every other test holds shared while it runs. The turnstile makes the other worker queue behind a waiting
+    exclusive test instead of starving it with back-to-back shared holds."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the run's dir, common to all workers
+    turnstile, machine = shared / "machine.turnstile", shared / "machine.lock"
+    if request.node.get_closest_marker("exclusive"):
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
+            yield
+    else:
+        with _flock(turnstile, fcntl.LOCK_EX):
+            pass
+        with _flock(machine, fcntl.LOCK_SH):
+            yield
