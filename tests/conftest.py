@@ -74,8 +74,10 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
 
 # The longest modules by measured duration (docs/testing.md), started first under xdist: whatever starts last sets
 # the suite's end, so the long ones must not be left for the end.
+# test_register and test_bad_inputs are the longest modules of the quick tier.
 LONGEST_FIRST = ("tests.test_retrain_rounds", "tests.test_pipeline_e2e", "tests.test_flow_dask",
-                 "tests.test_own_domain", "tests.test_kill_recovery", "tests.test_dvc_experiments")
+                 "tests.test_own_domain", "tests.test_kill_recovery", "tests.test_dvc_experiments",
+                 "tests.test_register", "tests.test_bad_inputs")
 
 
 def pytest_collection_modifyitems(config, items):
