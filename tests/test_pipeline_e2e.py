@@ -79,7 +79,8 @@ def summary(log: str) -> dict[str, str]:
 
 def stage_states(root: Path) -> dict[str, str]:
     """`bertpipe stages`: each stage's state as the CLI sees it (fresh, stale, waiting)."""
-    return {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages"], root).stdout.splitlines() if ln.strip()}
+    lines = run(["bertpipe", "stages"], root).stdout.splitlines()
+    return {ln.split()[0]: ln.split()[1] for ln in lines if ln.strip()}
 
 
 def registry_versions(root: Path) -> dict[str, list[tuple[str, tuple]]]:
