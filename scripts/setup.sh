@@ -7,7 +7,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-if ! python -c "import bertpipe, torch, transformers, prefect, mlflow, dvc, onnxruntime, litserve, sklearn, prefect_dask, psycopg2" 2>/dev/null; then
+if ! python -c "import bertpipe, torch, transformers, prefect, mlflow, dvc, onnxruntime, litserve, sklearn, prefect_dask, psycopg2, xdist, filelock" 2>/dev/null; then
   python -m pip install -q --upgrade pip
   # The CPU wheel first: any later requirement that admits it then installs nothing bigger.
   python -m pip install -q "torch==2.13.0" || python -m pip install -q "torch>=2.3,<3"

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Set up and run the tests. Default: quick (no slow end-to-end tests). --full: everything (what CI runs).
+# Set up and run the tests. Default: the quick tier (no slow end-to-end tests). --full: everything (what CI runs).
+# Tiers and what each proves: docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 MARK=(-m "not slow")
 if [ "${1:-}" = "--full" ]; then MARK=(); shift; fi
+# Two workers (pytest-xdist) on CI's two cores, whole files per worker (module fixtures built once, tests in file
+# order); BERTPIPE_TEST_WORKERS=0 runs in one process. More workers than cores only oversubscribe.
+WORKERS=${BERTPIPE_TEST_WORKERS:-$(python -c "import os; print(min(2, os.cpu_count() or 1))")}
+XDIST=()
+if [ "$WORKERS" != "0" ] && [ "$WORKERS" != "1" ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi
 set +e
-python -m pytest "${MARK[@]}" --durations=20 "$@"
+python -m pytest "${MARK[@]}" "${XDIST[@]}" --durations=30 "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": that is a failure for us, not a pass.

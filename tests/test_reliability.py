@@ -1,6 +1,7 @@
 """Faults a user meets on a real project (issue 23, "not yet tried"): the MLflow sqlite store held locked by another
-process during register, two `bertpipe run` at once in one project, a finetune killed half-way, the work dir
-filling up mid-stage. Real `bertpipe` processes, real signals, real sqlite locks, a real tmpfs."""
+process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes,
+real signals, real sqlite locks, a real tmpfs. (Two `bertpipe run` at once in one project, each stage built by one
+of them: tests/test_pipeline_e2e.py, on the whole chain.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_project import env_for
 from tests.test_credentials import bertpipe, project
 from tests.test_kill_recovery import watch
 
@@ -154,28 +154,6 @@ def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, 
     r = bertpipe(root, "finetune", "--task", "long")
     assert r.returncode == 0, r.stderr[-3000:]
     assert result(root) == reference["result"], "the rerun after a SIGKILL differs from the uninterrupted run"
-    assert leftovers(root) == [] and no_running_runs(root) == []
-
-
-def test_two_runs_at_once_in_one_project_build_once(reference, zh_tokenizer_dir):
-    """Two `bertpipe run --until finetune/long/base` started together: both succeed, the finetune is built by one
-    and found fresh by the other (it waited on the output lock), and the output equals a single run's."""
-    root = finetune_project(reference["base"] / "twice", zh_tokenizer_dir, reference["enc"])
-    procs = [subprocess.Popen(["bertpipe", "run", "--until", FT], cwd=root, env=env_for(root),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for _ in range(2)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=900))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            raise
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err[-4000:])
-    statuses = sorted(next(ln.split()[1] for ln in out.splitlines() if ln.startswith(FT)) for out, _ in outs)
-    assert statuses == ["built", "cached"], [o for o, _ in outs]
-    assert result(root) == reference["result"]
     assert leftovers(root) == [] and no_running_runs(root) == []
 
 

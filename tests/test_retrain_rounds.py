@@ -1,7 +1,9 @@
 """Two retrain rounds on laws split at two cutoffs, every door against one real Prefect server: the first run
 (`bertpipe run`), `bertpipe retrain --add` twice, and between them a triggered run of the scheduled deployment
-(`bertpipe schedule`). Token ids never move, round two adds new words, the scheduled run rebuilds and registers
-nothing, tasks the new data does not touch are not finetuned again, and every decision is recorded.
+(`bertpipe schedule`). The added file lands in the drop dir versioned by DVC, every earlier registry version
+survives with its tags and each retrained model gets one more, token ids never move, round two adds new words, the
+scheduled run rebuilds and registers nothing, tasks the new data does not touch are not finetuned again, and every
+decision is recorded. (The one test of the retrain path: test_pipeline_e2e no longer retrains.)
 
 Tiny settings throughout (one task, a 1-layer model, a few hundred articles): this is the most expensive test of
 the retrain path, so it is one test.
@@ -80,6 +82,10 @@ def project(tmp_path_factory, sample_raw):
     params["finetune"]["train"]["max_train_examples"] = 100
     params["vocab"]["top_k"] = 40
     params["flow"]["max_parallel"] = 1
+    # Students and ONNX exports are no part of what retraining decides (the full chain with them:
+    # test_pipeline_e2e); without them each of the four runs here is four stages shorter.
+    params["distill"]["enabled"] = False
+    params["export"]["enabled"] = False
     params["flow"]["cron"] = "17 4 * * 2"  # the deployment must carry the cron from params
     src = params["prepare"]["domain"]["sources"][0]
     src["where"] = f"publish_date < '{CUTOFFS[0]}' AND law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 20)"
@@ -92,6 +98,9 @@ def project(tmp_path_factory, sample_raw):
     assert export_laws_since(db, CUTOFFS[1], root.parent / "round2.jsonl", limit=150) > 50
 
     env = env_for(root)
+    # A DVC repo, so `retrain --add` versions the drop dir (data/incoming.dvc).
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=120)
     with prefect_server(root, env):
         yield root, env
 
@@ -127,8 +136,12 @@ def test_two_retrain_rounds_and_a_scheduled_run_between(project):
 
     # Round one: continue from the champion v1 with its tokenizer extended.
     before = _manifests(root)
+    versions0 = registry_versions(root)
     out = _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round1.jsonl")], root, env)
     assert "continuing pretraining from the champion encoder bertpipe-encoder v1" in out.stdout + out.stderr
+    # The file entered the drop dir unchanged and versioned; prepare read it (a new corpus fingerprint).
+    assert (root / "data" / "incoming" / "round1.jsonl").read_bytes() == (root.parent / "round1.jsonl").read_bytes()
+    assert (root / "data" / "incoming.dvc").exists()
     lin1, man1 = _vocab(root)
     assert lin1["start"] == {"kind": "champion", "name": "bertpipe-encoder", "version": "1"}
     tok1 = AutoTokenizer.from_pretrained(root / "work" / "pretrain" / "model")
@@ -138,12 +151,17 @@ def test_two_retrain_rounds_and_a_scheduled_run_between(project):
     assert after["base"] == before["base"] and after["finetune/sentiment/base"] == before["finetune/sentiment/base"]
     assert after["pretrain"] != before["pretrain"] and after["finetune/sentiment/adapted"] != before[
         "finetune/sentiment/adapted"]
+    assert after["prepare"] != before["prepare"]
     reg1 = json.loads((root / "work" / "register" / "registry.json").read_text())
     assert all(m.get("reason") for m in reg1["models"]), reg1
+    assert all("champion" in m["aliases"] for m in reg1["models"] if m.get("promoted")), reg1
+    versions = registry_versions(root)
+    for name, old in versions0.items():
+        # Every earlier version is still there with its tags untouched; one new version per retrained model.
+        assert set(old) <= set(versions[name]) and len(versions[name]) == len(old) + 1, (name, old, versions[name])
 
     # The scheduled deployment, on the same server and params, finds everything fresh: nothing rebuilt, nothing
     # registered (before the graph owned the lineage it re-pretrained from the vocab model and registered v3).
-    versions = registry_versions(root)
     assert _scheduled_run(root, env) == "Completed", (root / "serve.log").read_text()[-3000:]
     assert _manifests(root) == after
     assert registry_versions(root) == versions

@@ -216,6 +216,7 @@ def test_serves_batches_follows_alias_and_refuses_bad_input(registry):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # replies within seconds (5 s health probes, a 503 within 10 s of the kill)
 def test_overload_and_a_killed_worker_get_503_and_sigterm_finishes_in_flight(registry):
     # A long batch wait keeps requests queued, so the bound is reached; max_queue 4 admits four at a time.
     svc = Service(registry, "serve.max_queue=4", "serve.batch_wait_ms=1500", "serve.max_batch_size=64")
