@@ -193,7 +193,8 @@ def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
     """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
     reports), with a paired bootstrap interval over windows, and register's gate score for each."""
     from bertpipe.config import load_config
-    from bertpipe.evaluate.fair_mlm import compare_encoders, encoder_gate_score, test_texts
+    from bertpipe.evaluate.encoder_gate import encoder_gate_score
+    from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
     from bertpipe.pipeline import adapted_model, base_model, corpus_dir
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])

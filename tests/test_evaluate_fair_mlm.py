@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bertpipe.evaluate import fair_mlm as F
+from bertpipe.evaluate.encoder_gate import encoder_gate_score
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.finetune.synthetic import tiny_encoder
 from tests.corpus import law_texts
@@ -142,7 +143,7 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     params = SimpleNamespace(evaluate=EvaluateParams(mlm_max_seq_len=64),
                              model=SimpleNamespace(base=str(encoders["a"])))
     cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda p: tmp_path / p, state=tmp_path / "state")
-    name, value = F.encoder_gate_score(encoders["b"], cfg)
+    name, value = encoder_gate_score(encoders["b"], cfg)
     direct = F.compare_encoders({"b": encoders["b"]}, texts[:12], params.evaluate)
     # a limit samples texts from the whole split, fixed by the seed, kept in file order
     sample = F.test_texts(corpus, 5, seed=0)
@@ -153,10 +154,10 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
 
     pq.write_table(pa.table({"text": ["", "  "]}), corpus / "test.parquet")
     with pytest.raises(BertpipeError, match="test: no text"):
-        F.encoder_gate_score(encoders["b"], cfg)
+        encoder_gate_score(encoders["b"], cfg)
     (corpus / "test.parquet").unlink()
     with pytest.raises(BertpipeError, match="test.parquet"):
-        F.encoder_gate_score(encoders["b"], cfg)
+        encoder_gate_score(encoders["b"], cfg)
 
 
 def test_a_headless_encoder_is_refused_not_scored_with_a_random_head(zh_tokenizer_dir, tmp_path):

@@ -426,7 +426,7 @@ def prepared_domain(root: Path, texts: list[str], fingerprint: str) -> None:
 def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, sample_raw):
     import shutil
 
-    from bertpipe.evaluate.fair_mlm import encoder_gate_score
+    from bertpipe.evaluate.encoder_gate import encoder_gate_score
     from bertpipe.register.registry import current_champion
     from bertpipe.tracking import client
     from tests.corpus import law_texts

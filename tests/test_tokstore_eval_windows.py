@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bertpipe.evaluate import fair_mlm as F
+from bertpipe.evaluate.encoder_gate import encoder_gate_score
 from bertpipe.evaluate import stage as evaluate_stage
 from bertpipe.evaluate import windows as W
 from bertpipe.evaluate.params import EvaluateParams
@@ -92,9 +93,9 @@ def test_register_gate_scores_read_one_store(tmp_path, corpus, encoders, monkeyp
     params = SimpleNamespace(evaluate=EvaluateParams(mlm_max_seq_len=64, mlm_max_texts=10),
                              model=SimpleNamespace(base=str(encoders["base"])))
     cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda p: tmp_path / p, state=tmp_path / "st")
-    first = F.encoder_gate_score(encoders["adapted"], cfg)
+    first = encoder_gate_score(encoders["adapted"], cfg)
     with monkeypatch.context() as m:  # the champion, then the base, on the same windows
         _no_retokenizing(m)
-        assert F.encoder_gate_score(encoders["adapted"], cfg) == first
-        F.encoder_gate_score(encoders["base"], cfg)
+        assert encoder_gate_score(encoders["adapted"], cfg) == first
+        encoder_gate_score(encoders["base"], cfg)
     assert len([d for d in (tmp_path / "st" / "tokstore").iterdir() if d.is_dir()]) == 1

@@ -160,7 +160,7 @@ def has_mlm_head(model_dir) -> bool:
     return arch.endswith("ForMaskedLM") or (arch.endswith("ForPreTraining") and not arch.startswith("Electra"))
 
 
-def _device(p) -> str:
+def eval_device(p) -> str:
     from bertpipe.finetune.train import pick_device
 
     return str(pick_device(p.device))
@@ -190,7 +190,7 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
     scores = {}
     for name, m in models.items():
         max_len = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
-        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name, device=_device(p))
+        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name, device=eval_device(p))
     keep = [i for i in range(len(windows)) if all(s[i] is not None for s in scores.values())]
     out: dict = {"split": "test", "window_chars": max_chars, "dropped_windows": len(windows) - len(keep)}
     for name, s in scores.items():
@@ -207,19 +207,3 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
         out["delta"] = {"nll_per_char": d["mean"], "bits_per_char": d["mean"] / math.log(2), "ci95": d["ci95"],
                         "ci_method": how}
     return out
-
-
-def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
-    """(metric name, value) the register stage gates the encoder on; higher is better: minus the NLL per masked
-    character on the domain test split. The window length also respects the base encoder's positions, so challenger
-    and champion scored with one config read the same text (and the same window store)."""
-    from bertpipe.layout import base_model, corpus_dir
-
-    from bertpipe.evaluate.windows import open_windows
-
-    e = cfg.params.evaluate
-    max_chars = window_chars(e.mlm_max_seq_len, [model_dir, base_model(cfg)])
-    windows, _ = open_windows(corpus_dir(cfg, "domain"), e, max_chars, cfg.state)
-    max_len = clamp_seq_len(e.mlm_max_seq_len, model_dir, "evaluate.mlm_max_seq_len")
-    summary = summarize(score_windows(model_dir, windows, max_len, e.mlm_batch_size, device=_device(e)), windows)
-    return "neg_nll_per_char", -float(summary["nll_per_char"])

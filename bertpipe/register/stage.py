@@ -124,7 +124,7 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         if tags.get("bertpipe.test_hash") == c.identity and "bertpipe.primary_value" in tags:
             c.metric, c.value = tags["bertpipe.primary_metric"], float(tags["bertpipe.primary_value"])
         else:
-            from bertpipe.evaluate.fair_mlm import encoder_gate_score
+            from bertpipe.evaluate.encoder_gate import encoder_gate_score
 
             c.metric, c.value = encoder_gate_score(c.model_dir, ctx.cfg)
     if existing is not None:
@@ -220,7 +220,7 @@ def _champion_score(ctx: StageContext, client, c: Candidate, champ):
         if exported is None:
             return None, True, "its version no longer exists", None
         if c.ft_dir is None:
-            from bertpipe.evaluate.fair_mlm import encoder_gate_score
+            from bertpipe.evaluate.encoder_gate import encoder_gate_score
 
             return float(encoder_gate_score(exported, ctx.cfg)[1]), True, "re-scored", None
         value, preds = S.score_model_dir(ctx.cfg, exported, c.ft_dir, c.task)
