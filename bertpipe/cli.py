@@ -146,8 +146,8 @@ def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: 
     from bertpipe.pipeline import family_stages
 
     cfg = load(params, profile, set_)
-    names = [n for n, st in family_stages(cfg, family).items() if st.family == family
-             and all(v is None or getattr(st, k) == v for k, v in wanted.items())]
+    names = [n for n, st in family_stages(cfg, family).items()
+             if all(v is None or getattr(st, k) == v for k, v in wanted.items())]
     if not names:
         given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
         what = "task" if family == "finetune" else "stage"

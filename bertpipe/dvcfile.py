@@ -52,13 +52,13 @@ def effective_params(cfg: Config) -> dict:
     `dvc exp show` / `params diff` show the values the stages ran with (not the file's, not every profile's), and a
     profile edit reruns exactly the stages whose values it changes. Credentials in a tracking URI are dropped."""
     out: dict = {}
-    for st in all_stages(cfg).values():
-        for sec in st.sections:
-            *parents, last = sec.split(".")
-            node = out
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = cfg.section_shown(sec)
+    # a section is read by many stages (finetune by every task x encoder): resolve each once
+    for sec in dict.fromkeys(s for st in all_stages(cfg).values() for s in st.sections):
+        *parents, last = sec.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = cfg.section_shown(sec)
     return out
 
 
