@@ -98,6 +98,9 @@ class Stage:
     # run_stage on every run, never by the graph (inputs/output stay functions of config and files); a fresh
     # output whose recorded answer (manifest "external") differs is rebuilt. Doors never cache such a stage.
     external: Callable[[Config], Any] | None = None
+    # Keys of the external answer (a dict) that are memos of how it was reached, not part of it (the start stage's
+    # registry digest): when only they differ the output stands and its manifest records the new answer.
+    external_memo: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.family = self.family or self.name.split("/")[0]
@@ -247,8 +250,12 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+def _json_text(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n"
+
+
 def write_json(path: Path, obj: Any) -> None:
-    Path(path).write_text(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_default) + "\n", encoding="utf-8")
+    Path(path).write_text(_json_text(obj), encoding="utf-8")
 
 
 def scratch_dir(stage: Stage, cfg: Config, fp: str) -> Path:
@@ -266,12 +273,20 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
     fp, digests = fingerprint(stage, cfg)
     external = stage.external(cfg) if stage.external is not None else None
 
+    def answer(e: Any) -> Any:
+        return {k: v for k, v in e.items() if k not in stage.external_memo} if isinstance(e, dict) else e
+
     def current(m: dict | None) -> bool:
         return (not force and m is not None and m.get("fingerprint") == fp
-                and (stage.external is None or m.get("external") == external))
+                and (stage.external is None or answer(m.get("external")) == answer(external)))
 
     m = read_manifest(out)
     if current(m):
+        if m.get("external", external) != external:  # same answer, new memo: record it, rebuild nothing
+            with output_lock(out, cfg.state / "locks"):
+                m = read_manifest(out)
+                if current(m) and m.get("external") != external:
+                    atomic_write_text(out / MANIFEST, _json_text({**m, "external": external}))
         print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr, flush=True)
         return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
 

@@ -3,7 +3,8 @@
 - `bertpipe stages` on a finished project, with tracking pointed at a port nobody listens on, answers from files
   alone and never imports mlflow;
 - the start stage's run with that unreachable registry fails with one line (never "start from the base");
-- with a real (sqlite) registry: no champion -> base, a rerun skips, a newly registered champion rewrites
+- with a real (sqlite) registry: no champion -> base, a rerun skips, a registry that moved without changing the
+  answer rebuilds nothing (the manifest records the new registry digest), a newly registered champion rewrites
   start.json, which makes vocab stale (its inputs now name the champion's export) and nothing above it.
 """
 
@@ -24,7 +25,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.freshness import expected
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import read_manifest, run_stage
-from bertpipe.start import read_start, start_file
+from bertpipe.start import read_start, start_dir, start_file
 from tests.test_fingerprint_scope import REPO, finish
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -76,7 +77,7 @@ def test_an_unreachable_registry_is_an_error_not_the_base(tmp_path, sample_raw, 
 
 
 def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
-    from tests.test_retrain_lineage import NAME, _register
+    from tests.test_retrain_lineage import NAME, _client, _register
 
     _, cfg = project(tmp_path, sample_raw)
     stages = all_stages(cfg)
@@ -89,6 +90,19 @@ def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
     assert not (cfg.state / "mlflow.db").exists()  # no registry yet: none was created just to find it empty
     before = start_file(cfg).read_bytes()
     assert run_stage(stages["start"], cfg, tracker_factory=NO_TRACKING).skipped
+    # The registry moves without changing the answer (a task model's version, no encoder champion): start is not
+    # rebuilt (same build, same bytes); its manifest records the new registry digest, so the next run needn't ask.
+    built = read_manifest(start_dir(cfg))
+    c = _client(cfg)
+    c.create_registered_model("bertpipe-other")
+    (cfg.state / "sources" / "other").mkdir(parents=True)
+    c.create_model_version("bertpipe-other", source=(cfg.state / "sources" / "other").resolve().as_uri())
+    assert run_stage(stages["start"], cfg, tracker_factory=NO_TRACKING).skipped
+    moved = read_manifest(start_dir(cfg))
+    assert moved["started"] == built["started"] and start_file(cfg).read_bytes() == before
+    assert moved["external"]["registry"] != built["external"]["registry"]
+    assert {k: v for k, v in moved["external"].items() if k != "registry"} == {
+        k: v for k, v in built["external"].items() if k != "registry"}
     finish(cfg, stages)  # the rest of the chain built on this decision
     (cfg.work / "vocab" / "model").mkdir(parents=True, exist_ok=True)
 

@@ -9,7 +9,9 @@ DVC runs this stage on every `dvc repro` (``always_changed``: no file it could h
 of the repo). So that a repro with nothing to do stays cheap, the decision is kept with a digest of the registry
 (``_registry_stamp``: the embedded sqlite store's aliases and versions, read with the stdlib) and of the params it
 depends on; while both and the corpus are unchanged the recorded decision stands and MLflow (seconds to import) is
-not asked. With a tracking server there is no such shortcut: it is asked every run.
+not asked. With a tracking server there is no such shortcut: it is asked every run. When the registry moved but the
+answer did not (a task model got a version), the digest is a memo (``Stage.external_memo``): start is not rebuilt,
+its manifest records the new digest.
 """
 
 from __future__ import annotations
