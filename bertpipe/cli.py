@@ -244,19 +244,34 @@ def _prefect_env(cfg, params: str) -> None:
     prefect_env(cfg)
 
 
+def flow_overrides(set_: Optional[List[str]]) -> list[str]:
+    """``--set`` items as the flow's ``overrides`` parameter. Prefect stores a flow run's (and a deployment's)
+    parameters in its database and shows them in its UI, so an item carrying a credential is refused here, before
+    Prefect starts: it belongs in $MLFLOW_TRACKING_URI or params.yaml, which stay out of Prefect."""
+    from bertpipe.redact import mask_text
+
+    for item in set_ or []:
+        if mask_text(item) != item:
+            raise BertpipeError(f"--set {mask_text(item)}: this value carries a credential, and a --set is a Prefect "
+                                "flow parameter, stored in Prefect's database; give it in $MLFLOW_TRACKING_URI or "
+                                "params.yaml instead")
+    return list(set_ or [])
+
+
 @app.command("run", help="Run the domain_adaptation Prefect flow (every stage; cached stages are skipped).")
 @user_errors
 def run_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage (e.g. prepare, pretrain)."),
 ):
-    cfg = load(params, profile, set_)
+    overrides = flow_overrides(set_)
+    cfg = load(params, profile, overrides)
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _prefect_env(cfg, params)
     from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
     from bertpipe_prefect.flows.summary import summary
 
-    results = domain_adaptation(params, profile, list(set_ or []), until)
+    results = domain_adaptation(params, profile, overrides, until)
     typer.echo(summary(results, cfg))
 
 
@@ -268,13 +283,14 @@ def retrain_cmd(
 ):
     from bertpipe.incoming import plan
 
-    cfg = load(params, profile, set_)
+    overrides = flow_overrides(set_)
+    cfg = load(params, profile, overrides)
     plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
     _prefect_env(cfg, params)
     from bertpipe_prefect.flows.retrain import retrain
     from bertpipe_prefect.flows.summary import summary
 
-    out = retrain(params, list(add), profile, list(set_ or []))
+    out = retrain(params, list(add), profile, overrides)
     typer.echo(f"added: {', '.join(out['added'])}")
     typer.echo(summary(out["results"], load(params, profile, out["overrides"])))
 
@@ -286,7 +302,8 @@ def schedule_cmd(
     until: Optional[str] = typer.Option(None, "--until", help="Runs stop after this stage."),
     name: str = typer.Option("bertpipe-domain-adaptation", "--name", help="Deployment name."),
 ):
-    cfg = load(params, profile, set_)
+    overrides = flow_overrides(set_)
+    cfg = load(params, profile, overrides)
     _check_until(cfg, until)
     _prefect_env(cfg, params)
     if not os.environ.get("PREFECT_API_URL"):
@@ -295,7 +312,7 @@ def schedule_cmd(
                    err=True)
     from bertpipe_prefect.flows.serve import serve
 
-    serve(params, profile, list(set_ or []), until, name)
+    serve(params, profile, overrides, until, name)
 
 
 # `serve` was this command's name, which also meant the HTTP model server (`bertpipe models serve`): kept as an alias
