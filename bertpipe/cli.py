@@ -468,6 +468,9 @@ def models_serve(
                                          "when there is one)"),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
+    from bertpipe.extras import require
+
+    require("serve", "bertpipe models serve")
     from bertpipe.serve.app import exposure_warning, serve
     from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 
