@@ -16,16 +16,21 @@ its stand-in is a ~30 ms Python start where `bertpipe start` takes ~0.45 s. CPU 
 process tree. Usage: ``python bench/bench_dvc_noop.py [--rounds 3] [--raw data/raw]`` (needs the sample corpora:
 `bertpipe data samples`, or ``--raw`` at a copy of them).
 
-Figures (2-core machine shared with two other sessions; median of 3 alternating runs):
+Figures (2-core machine shared with two other sessions; median of 3 alternating runs; CPU-s of the process tree):
 
-This bench, load 1.3-2.1 (`uptime`): see the table it prints; last run: FIXME.
+This bench, load 2.7-2.8 (`uptime`), 04:48 UTC:
+  floor 0.80 s wall / 0.70 s CPU (dvc.lock 15 lines); before, pure-Python YAML 4.20 / 3.95 (3,309 lines); before,
+  libyaml 2.95 / 2.53; after, pure-Python YAML 2.74 / 2.17 (2,105 lines); after, libyaml 2.33 / 1.80.
+  CPU before/after 2.20x; after/floor 2.56x; the layout alone 1.82x; libyaml alone 1.56x.
 
-The finished demo project (`profiles.demo`, smaller budgets, 21 stages, dvc.lock 3,260 -> 2,100 lines), the same
-procedure with the real `bertpipe start`, load 2.7-2.9: before (old layout, pure-Python YAML) 4.86 s wall / 4.60 s
-CPU; libyaml alone 3.84 / 3.10; after (new layout + libyaml) 2.40 s wall / 2.34 s CPU (2.0x less CPU); DVC's floor
-0.79 s / 0.71 s. What is left of "after": the floor, `bertpipe start` (~0.45 s), and DVC rewriting dvc.lock after
-start runs (a round-trip ruamel parse + dump, pure Python even with libyaml: a third of DVC's profile), most of
-which is the stages' resolved params values (~1,160 lines of the lock), which `dvc exp show`/`params diff` need.
+The finished demo project (`profiles.demo` with smaller budgets, 21 stages; dvc.lock 3,260 -> 2,100 lines), the
+same procedure with the real `bertpipe start`, load 2.6-2.7, 04:49 UTC: before (old layout, pure-Python YAML) 4.94 s
+wall / 4.33 s CPU; libyaml alone 3.38 / 2.95; the layout alone 2.93 / 2.62; after (both) **2.17 s wall / 2.04 s
+CPU** (2.1x less CPU); DVC's floor (one stage, nothing to run) 0.65 / 0.61. What is left: the floor, `bertpipe
+start` (~0.45 s: the always_changed stage), and DVC rewriting dvc.lock after start runs (a round-trip ruamel parse
+and dump, pure Python even with libyaml: a third of DVC's profile), mostly the stages' resolved params values
+(~1,160 lines of the lock), which `dvc exp show`/`params diff` need. Tracking a digest per stage instead of its
+values measured only ~12% less CPU, so the values stay.
 """
 
 from __future__ import annotations
