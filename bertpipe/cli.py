@@ -325,10 +325,11 @@ app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated
 def dvc_yaml_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     check: bool = typer.Option(False, "--check", help="Exit 1 if dvc.yaml differs from what would be written."),
-    effective: bool = typer.Option(False, "--effective", help="Write only params.effective.json, the resolved "
-                                   "params DVC tracks (dvc.yaml's first stage runs this when params.yaml changes)."),
+    effective: bool = typer.Option(False, "--effective", help="Write only params_effective.json, the resolved "
+                                   "params and code digests DVC tracks (dvc.yaml's first stage runs this when "
+                                   "params.yaml or a source file changes)."),
 ):
-    from bertpipe.dvcfile import EFFECTIVE, render, render_effective
+    from bertpipe.dvcfile import EFFECTIVE, LEGACY_EFFECTIVE, render, render_effective
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -349,6 +350,8 @@ def dvc_yaml_cmd(
     atomic_write_text(eff, eff_text)
     atomic_write_text(target, text)
     typer.echo(f"wrote {target}")
+    if (cfg.root / LEGACY_EFFECTIVE).exists():  # the user's tracked file: said, not deleted
+        typer.echo(f"note: dvc.yaml no longer reads {LEGACY_EFFECTIVE} (now {EFFECTIVE}): `git rm {LEGACY_EFFECTIVE}`")
 
 
 @app.command("gc", help="Remove token stores (paths.state/tokstore) that no stage output uses, keeping the most "
@@ -482,6 +485,9 @@ def models_serve(
                                          "when there is one)"),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
+    from bertpipe.extras import require
+
+    require("serve", "bertpipe models serve")
     from bertpipe.serve.app import exposure_warning, serve
     from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 

@@ -39,6 +39,9 @@ def submitting(cfg: Config) -> Iterator[Submit | None]:
     if fp.runner == "local":
         yield None
         return
+    from bertpipe.extras import require
+
+    require("dask", "flow.runner: dask")
     from prefect_dask import DaskTaskRunner
 
     if fp.cluster_address:

@@ -7,8 +7,10 @@ a code line is appended to the copy's bertpipe/vocab/extend.py, which only the v
 - `bertpipe stages`: vocab and the built stages below it turn stale; the other built stages stay fresh;
 - the Prefect cache keys (the expected fingerprints) change for vocab and every stage below it in the graph, built
   or not, and for no other stage;
-- `dvc status` (real DVC, the generated dvc.yaml listing each stage's source files) reports vocab changed and no
-  other stage (DVC reruns what is below at `dvc repro` time, once vocab's output changes).
+- `dvc status` (real DVC; the generated dvc.yaml lists the source files once, as deps of the `params` stage, which
+  writes each stage's code digest into params_effective.json) reports `params` changed and no other stage; after
+  `dvc repro params` it reports vocab and no other stage (DVC reruns what is below at `dvc repro` time, once vocab's
+  output changes). A comment edit (the digest is of the syntax tree) leaves every stage but `params` unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e_project import REPO, env_for, write_project
 
@@ -53,8 +56,11 @@ def look(root: Path) -> tuple[dict, dict, set]:
     """(`bertpipe stages` states, Prefect cache keys, stages `dvc status` reports)."""
     states = {ln.split()[0]: ln.split()[1] for ln in sh(["bertpipe", "stages"], root).splitlines() if ln.strip()}
     keys = json.loads(sh(["python", "-c", KEYS], root).strip().splitlines()[-1])
-    dvc = json.loads(sh(["dvc", "status", "--json"], root) or "{}")
-    return states, keys, set(dvc)
+    return states, keys, dvc_status(root)
+
+
+def dvc_status(root: Path) -> set:
+    return set(json.loads(sh(["dvc", "status", "--json"], root) or "{}"))
 
 
 @pytest.mark.slow
@@ -85,8 +91,9 @@ def test_a_code_change_stales_its_stage_and_dependants_only(tmp_path, sample_raw
     sh(["git", "init", "-q"], root)
     sh(["dvc", "init", "-q"], root)
     sh(["bertpipe", "dvc-yaml"], root)
-    dvc_yaml = (root / "dvc.yaml").read_text()
-    assert f"- {PROBE}" in dvc_yaml, dvc_yaml
+    dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert PROBE in dvc_yaml["params"]["deps"] and PROBE not in dvc_yaml["vocab"]["deps"], dvc_yaml
+    assert "code.vocab" in dvc_yaml["vocab"]["params"][0]["params_effective.json"], dvc_yaml["vocab"]
     sh(["dvc", "repro", "pretrain", "finetune_sentiment_base"], root, timeout=900)
     built = {"tasks", "prepare", "start", "vocab", "pretrain", "finetune/sentiment/base"}
 
@@ -96,6 +103,12 @@ def test_a_code_change_stales_its_stage_and_dependants_only(tmp_path, sample_raw
     assert not dvc0 & {n.replace("/", "_") for n in built - {"start"}}, dvc0
     manifest = json.loads((root / "work" / "vocab" / "manifest.json").read_text())
     assert PROBE in manifest["code"]["files"] and "torch" in manifest["code"]["libs"]
+
+    with open(root / PROBE, "a", encoding="utf-8") as f:
+        f.write("\n# a comment moves no code digest\n")
+    assert dvc_status(root) - dvc0 == {"params"}
+    sh(["dvc", "repro", "params"], root)
+    assert dvc_status(root) - dvc0 == set()
 
     with open(root / PROBE, "a", encoding="utf-8") as f:
         f.write("\nCODE_STALENESS_PROBE = 1\n")
@@ -115,4 +128,7 @@ def test_a_code_change_stales_its_stage_and_dependants_only(tmp_path, sample_raw
     assert {n for n in built if states1[n] == "fresh"} == built - below
     assert set(keys0) == set(keys1) == set(stages)
     assert {n for n in stages if keys0[n] != keys1[n]} == below, (keys0, keys1)
-    assert dvc1 - dvc0 == {"vocab"}, (dvc0, dvc1)
+    # DVC learns which stages the edit touches when the params stage reruns (it writes the code digests)
+    assert dvc1 - dvc0 == {"params"}, (dvc0, dvc1)
+    sh(["dvc", "repro", "params"], root)
+    assert dvc_status(root) - dvc0 == {"vocab"}

@@ -98,15 +98,15 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "slow-lr"]
     assert exps, shown
     data = exps[0]["revs"][0]["data"]
-    effective = data["params"]["params.effective.json"]["data"]  # resolved: the profile's epochs, the file's lr
+    effective = data["params"]["params_effective.json"]["data"]  # resolved: the profile's epochs, the file's lr
     assert effective["finetune"]["train"]["lr"] == 1e-5 and effective["finetune"]["train"]["epochs"] == 3
     assert data["metrics"]["work/evaluate/scores.json"]["data"]["cls.base.macro_f1"] == scores1["cls.base.macro_f1"]
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
     assert "cls.base.macro_f1" in diff["work/evaluate/scores.json"], diff
-    # the stages' params are the effective values (params.effective.json): the profile's epochs is a column of its
+    # the stages' params are the effective values (params_effective.json): the profile's epochs is a column of its
     # own (DVC prefixes a key with its file where params.yaml, its default params file, has it too)
     cols = sh(["dvc", "exp", "show", "--csv", "--param-deps"], project).splitlines()[0].split(",")
-    eff = {c.split(":", 1)[1] for c in cols if c.startswith("params.effective.json:")} | set(cols)
+    eff = {c.split(":", 1)[1] for c in cols if c.startswith("params_effective.json:")} | set(cols)
     assert {"finetune.train.lr", "finetune.train.epochs"} <= eff, cols
     # no column shows a profile's values (the file itself is a dep column: "profiles.yaml", its hash)
     assert [c for c in cols if "profiles" in c] == ["profiles.yaml"], cols

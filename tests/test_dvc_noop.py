@@ -4,8 +4,8 @@ Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
 - a second `dvc repro start` runs only start (``always_changed``: the registry is its external input), and start's
   command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
 - once the registry changes (a version and alias registered from outside), start asks MLflow again;
-- editing the active profile changes params.effective.json, and DVC reruns exactly the stages that read the
-  changed key (prepare and what is below it, not tasks); params.effective.json holds resolved values, no profiles.
+- editing the active profile changes params_effective.json, and DVC reruns exactly the stages that read the
+  changed key (prepare and what is below it, not tasks); params_effective.json holds resolved values, no profiles.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     run(["dvc", "init", "-q"], root)
     run(["bertpipe", "dvc-yaml"], root)
     dvc = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    assert dvc["prepare"]["params"] == [{"params.effective.json": ["prepare"]}], dvc["prepare"]
+    assert dvc["prepare"]["params"] == [{"params_effective.json": ["prepare"]}], dvc["prepare"]
 
     first = run(["dvc", "repro", "start"], root)
     assert {"params", "tasks", "prepare", "start"} <= set(ran(first)), first.stdout
@@ -66,11 +66,11 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     assert "mlflow" in heavy and status == "built", (heavy, status)  # (the same decision: start.json's bytes stay)
     assert start_cmd(root) == (set(), "cached")  # the new digest is recorded
 
-    eff = json.loads((root / "params.effective.json").read_text())
+    eff = json.loads((root / "params_effective.json").read_text())
     assert eff["prepare"]["split"]["valid"] == 0.05 and "profiles" not in eff and "profile" not in eff
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["profiles"]["p"]["prepare"]["split"]["valid"] = 0.1  # a profile edit, not a top-level key
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
     third = run(["dvc", "repro", "start"], root)
     assert ran(third)[:2] == ["params", "prepare"] and "tasks" not in ran(third), third.stdout
-    assert json.loads((root / "params.effective.json").read_text())["prepare"]["split"]["valid"] == 0.1
+    assert json.loads((root / "params_effective.json").read_text())["prepare"]["split"]["valid"] == 0.1

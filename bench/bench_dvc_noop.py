@@ -1,0 +1,196 @@
+"""A `dvc repro` with nothing to do: DVC's floor, dvc.yaml's layout before and after, libyaml or not (ratios).
+
+Builds nothing heavy: three temp git+DVC projects whose dvc.yaml is the one `bertpipe dvc-yaml` generates for this
+repo's params.yaml (the demo's 21 stages, their real deps, params sections and values, and the real source files),
+each stage's command replaced by a stand-in that only creates its output paths:
+
+- ``floor``: one stage, one dep, one out (what any DVC project pays: import, repo, lock);
+- ``before``: each stage lists its own ~20 source files as deps and reads ``params.effective.json`` (the old layout);
+- ``after``: the source files once, as deps of the ``params`` stage; each stage reads ``code.<stage>`` and its
+  sections from ``params_effective.json`` (bertpipe.dvcfile).
+
+Each is built once (`dvc repro` runs the stand-ins), then timed no-op `dvc repro` runs alternate between them, with
+ruamel's libyaml parser (ruamel.yaml.clib) and without it (a shadow ``_ruamel_yaml`` module makes ruamel fall back to
+pure Python). As in the real project, one stage (start, ``always_changed``) runs every time, so DVC rewrites the lock;
+its stand-in is a ~30 ms Python start where `bertpipe start` takes ~0.45 s. CPU is user+sys of the `dvc repro`
+process tree. Usage: ``python bench/bench_dvc_noop.py [--rounds 3] [--raw data/raw]`` (needs the sample corpora:
+`bertpipe data samples`, or ``--raw`` at a copy of them).
+
+Figures (2-core machine shared with two other sessions; median of 3 alternating runs; CPU-s of the process tree):
+
+This bench, load 2.7-2.8 (`uptime`), 04:48 UTC:
+  floor 0.80 s wall / 0.70 s CPU (dvc.lock 15 lines); before, pure-Python YAML 4.20 / 3.95 (3,309 lines); before,
+  libyaml 2.95 / 2.53; after, pure-Python YAML 2.74 / 2.17 (2,105 lines); after, libyaml 2.33 / 1.80.
+  CPU before/after 2.20x; after/floor 2.56x; the layout alone 1.82x; libyaml alone 1.56x.
+
+The finished demo project (`profiles.demo` with smaller budgets, 21 stages; dvc.lock 3,260 -> 2,100 lines), the
+same procedure with the real `bertpipe start`, load 2.6-2.7, 04:49 UTC: before (old layout, pure-Python YAML) 4.94 s
+wall / 4.33 s CPU; libyaml alone 3.38 / 2.95; the layout alone 2.93 / 2.62; after (both) **2.17 s wall / 2.04 s
+CPU** (2.1x less CPU); DVC's floor (one stage, nothing to run) 0.65 / 0.61. What is left: the floor, `bertpipe
+start` (~0.45 s: the always_changed stage), and DVC rewriting dvc.lock after start runs (a round-trip ruamel parse
+and dump, pure Python even with libyaml: a third of DVC's profile), mostly the stages' resolved params values
+(~1,160 lines of the lock), which `dvc exp show`/`params diff` need. Tracking a digest per stage instead of its
+values measured only ~12% less CPU, so the values stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MK = """import sys, pathlib
+out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True); (out / ".made").write_text("x")
+for f in sys.argv[2:]:
+    p = pathlib.Path(f); p.parent.mkdir(parents=True, exist_ok=True); p.mkdir() if f.endswith("/") else p.write_text(f)
+"""
+
+
+def layouts(raw: Path) -> tuple[dict, dict, str, str]:
+    """(after dvc.yaml, before dvc.yaml, after params file text, before params file text), commands not replaced."""
+    import json
+
+    from bertpipe.config import load_config
+    from bertpipe.dvcfile import CODE, EFFECTIVE, LEGACY_EFFECTIVE, dvc_stage_name, dvc_yaml, render_effective
+    from bertpipe.pipeline import all_stages
+
+    cfg = load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])
+    after = dvc_yaml(cfg)
+    eff_text = render_effective(cfg)
+    before = yaml.safe_load(yaml.safe_dump(after))
+    before["stages"]["params"]["deps"] = [d for d in after["stages"]["params"]["deps"] if not d.startswith("bertpipe/")]
+    before["stages"]["params"]["outs"] = [{LEGACY_EFFECTIVE: {"cache": False}}]
+    for name, st in all_stages(cfg).items():
+        entry = before["stages"][dvc_stage_name(name)]
+        entry["deps"] += list(st.code_identity()["files"])
+        keys = [k for k in entry["params"][0][EFFECTIVE] if not k.startswith(f"{CODE}.")]
+        entry["params"] = [{LEGACY_EFFECTIVE: keys}]
+    old = json.loads(eff_text)
+    old.pop(CODE)
+    return after, before, eff_text, json.dumps(old, indent=1, sort_keys=True) + "\n"
+
+
+def build(root: Path, dvc: dict, params_file: str, params_text: str) -> int:
+    """A git+DVC project at ``root`` running stand-ins; built once. Returns dvc.lock's line count."""
+    stages = dvc["stages"]
+    outs = [next(iter(o)) for st in stages.values() for o in st.get("outs", []) if isinstance(o, dict)]
+    root.mkdir(parents=True)
+    (root / ".mk.py").write_text(MK)
+    (root / ".params.src").write_text(params_text)
+    for name, st in stages.items():
+        kept = []
+        for dep in st.get("deps", []):
+            if dep.startswith(".."):
+                continue  # outside the project: not a DVC dep there either
+            kept.append(dep)
+            if any(dep == o or dep.startswith(o + "/") for o in outs) or (root / dep).exists():
+                continue
+            src = REPO / dep
+            (root / dep).parent.mkdir(parents=True, exist_ok=True)
+            if dep.startswith("bertpipe/"):
+                shutil.copy(src, root / dep)  # the real source files: DVC hashes them as it would
+            elif src.is_dir():
+                (root / dep).mkdir(parents=True, exist_ok=True)
+                (root / dep / "stand-in").write_text(dep)
+            else:
+                (root / dep).write_text(dep)
+        st["deps"] = kept
+        if name == "params":
+            st["cmd"] = f"cp .params.src {params_file}"
+            continue
+        out = next(iter(st["outs"][0]))
+        made = sorted({d for s in stages.values() for d in s.get("deps", []) if d.startswith(out + "/")})
+        st["cmd"] = " ".join(["python", ".mk.py", out, *[m + ("/" if "." not in Path(m).name else "") for m in made]])
+    dvc = {"stages": stages}  # metrics/plots name files the stand-ins do not write
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    if (REPO / "profiles.yaml").exists():
+        (root / "profiles.yaml").write_text((REPO / "profiles.yaml").read_text())
+    (root / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False, width=120))
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True, env=env(root, ""))
+    return len((root / "dvc.lock").read_text().splitlines())
+
+
+def env(root: Path, pythonpath: str) -> dict:
+    e = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    e.update({"DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(root / ".dvc-site")})
+    if pythonpath:
+        e["PYTHONPATH"] = pythonpath
+    return e
+
+
+def timed(root: Path, pythonpath: str) -> tuple[float, float]:
+    c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    p = subprocess.run(["dvc", "repro"], cwd=root, capture_output=True, text=True, env=env(root, pythonpath))
+    wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0 or p.stdout.count("Running stage") > 1:
+        raise SystemExit(f"error: {root.name}: not a no-op repro:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return wall, c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--raw", type=Path, default=REPO / "data" / "raw", help="the sample corpora (bertpipe data samples)")
+    a = ap.parse_args()
+    if not (a.raw / "china_law").is_dir():
+        raise SystemExit(f"error: --raw {a.raw}: no sample corpora there (run `bertpipe data samples`)")
+    try:
+        import _ruamel_yaml  # noqa: F401
+        clib = True
+    except ImportError:
+        clib = False
+    after, before, after_eff, before_eff = layouts(a.raw)
+    with tempfile.TemporaryDirectory(prefix="bench-dvc-noop-") as tmp:
+        tmp = Path(tmp)
+        pure = tmp / "pure"
+        pure.mkdir()
+        (pure / "_ruamel_yaml.py").write_text("raise ImportError('pure-Python ruamel for the comparison')\n")
+        floor = {"stages": {"one": {"cmd": "python .mk.py out", "deps": ["in.txt"], "outs": ["out"]}}}
+        (tmp / "floor").mkdir()
+        (tmp / "floor" / "in.txt").write_text("x")
+        (tmp / "floor" / ".mk.py").write_text(MK)
+        (tmp / "floor" / "dvc.yaml").write_text(yaml.safe_dump(floor))
+        for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
+            subprocess.run(cmd, cwd=tmp / "floor", check=True, capture_output=True, env=env(tmp, ""))
+        lines = {"floor": len((tmp / "floor" / "dvc.lock").read_text().splitlines()),
+                 "before": build(tmp / "before", before, "params.effective.json", before_eff),
+                 "after": build(tmp / "after", after, "params_effective.json", after_eff)}
+        variants = {"floor": (tmp / "floor", "")}
+        for lay in ("before", "after"):
+            variants[f"{lay}/pure-yaml"] = (tmp / lay, str(pure))
+            if clib:
+                variants[f"{lay}/libyaml"] = (tmp / lay, "")
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+        loads = [os.getloadavg()[0]]
+        for r in range(a.rounds):
+            for k, (root, pp) in variants.items():
+                runs[k].append(timed(root, pp))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1}/{a.rounds} done (load {loads[-1]:.1f})", file=sys.stderr, flush=True)
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
+    print(f"no-op `dvc repro`, median of {a.rounds} (load {min(loads):.1f}-{max(loads):.1f}); "
+          f"ruamel.yaml.clib {'installed' if clib else 'ABSENT'}")
+    for k, (w, c) in med.items():
+        print(f"  {k:18s} wall {w:5.2f} s  cpu {c:5.2f} s   dvc.lock {lines[k.split('/')[0]]:5d} lines")
+    base = med["before/pure-yaml"][1]
+    best = med["after/libyaml" if clib else "after/pure-yaml"][1]
+    print(f"  CPU before/after: {base / best:.2f}x   after/floor: {best / med['floor'][1]:.2f}x")
+    print(f"  layout alone (pure YAML): {base / med['after/pure-yaml'][1]:.2f}x" + (
+        f"   libyaml alone (old layout): {base / med['before/libyaml'][1]:.2f}x" if clib else ""))
+
+
+if __name__ == "__main__":
+    main()
