@@ -76,7 +76,7 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
 # the suite's end, so the long ones must not be left for the end.
 # test_register and test_bad_inputs are the longest modules of the quick tier.
 LONGEST_FIRST = ("tests.test_retrain_rounds", "tests.test_pipeline_e2e", "tests.test_flow_dask",
-                 "tests.test_own_domain", "tests.test_kill_recovery", "tests.test_dvc_experiments",
+                 "tests.test_kill_recovery", "tests.test_own_domain", "tests.test_dvc_experiments",
                  "tests.test_register", "tests.test_bad_inputs")
 
 
