@@ -63,8 +63,9 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
 
     run([sys.executable, "-c", REGISTER], root)  # the registry changed: start must ask MLflow again
     heavy, status = start_cmd(root)
-    assert "mlflow" in heavy and status == "built", (heavy, status)  # (the same decision: start.json's bytes stay)
-    assert start_cmd(root) == (set(), "cached")  # the new digest is recorded
+    # The same answer (start.json's bytes stay): nothing is rebuilt, the manifest records the registry's new digest
+    assert "mlflow" in heavy and status == "cached", (heavy, status)
+    assert start_cmd(root) == (set(), "cached")  # ... so the next run needn't ask MLflow
 
     eff = json.loads((root / "params_effective.json").read_text())
     assert eff["prepare"]["split"]["valid"] == 0.05 and "profiles" not in eff and "profile" not in eff
