@@ -320,16 +320,18 @@ def schedule_cmd(
 app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
-@app.command("dvc-yaml", help="Write dvc.yaml from the stage graph and params (or --check that it is current).")
+@app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml) from the stage graph and params (or --check "
+             "that they are current).")
 @user_errors
 def dvc_yaml_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
-    check: bool = typer.Option(False, "--check", help="Exit 1 if dvc.yaml differs from what would be written."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 if a generated file differs from what would be written."),
     effective: bool = typer.Option(False, "--effective", help="Write only params_effective.json, the resolved "
                                    "params and code digests DVC tracks (dvc.yaml's first stage runs this when "
                                    "params.yaml or a source file changes)."),
 ):
-    from bertpipe.dvcfile import EFFECTIVE, LEGACY_EFFECTIVE, render, render_effective
+    from bertpipe.dvcfile import (EFFECTIVE, LEGACY_EFFECTIVE, SPLIT_DIR, leftover_files, render_effective,
+                                  render_files, split_stages, stale_root_locks)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -338,18 +340,31 @@ def dvc_yaml_cmd(
         atomic_write_text(eff, eff_text)
         typer.echo(f"wrote {eff}")
         return
-    text = render(cfg)
-    target = cfg.root / "dvc.yaml"
+    files = {**render_files(cfg), EFFECTIVE: eff_text}  # everything rendered before anything is written
+    leftover, split = leftover_files(cfg.root, files), split_stages(files)
     if check:
-        current = target.read_text(encoding="utf-8") if target.exists() else ""
-        if current != text or not eff.exists() or eff.read_text(encoding="utf-8") != eff_text:
-            typer.echo(f"{target} is out of date: run `bertpipe dvc-yaml`", err=True)
+        stale = [p for p, text in files.items()
+                 if not (cfg.root / p).exists() or (cfg.root / p).read_text(encoding="utf-8") != text] + leftover
+        if stale:
+            typer.echo(f"{', '.join(stale)} out of date in {cfg.root}: run `bertpipe dvc-yaml`", err=True)
             raise typer.Exit(1)
-        typer.echo(f"{target} is current")
+        typer.echo(f"{cfg.root / 'dvc.yaml'} is current")
         return
-    atomic_write_text(eff, eff_text)
-    atomic_write_text(target, text)
-    typer.echo(f"wrote {target}")
+    for p, text in files.items():
+        atomic_write_text(cfg.root / p, text)
+        if p != EFFECTIVE:
+            typer.echo(f"wrote {cfg.root / p}")
+    for p in leftover:  # a stage no longer in a file of its own: a second definition of it would break DVC
+        (cfg.root / p).unlink()
+        typer.echo(f"removed {cfg.root / p} (no longer generated)")
+    if split:
+        typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/`): a `dvc exp run --temp` copy "
+                   "holds only tracked files")
+    old = stale_root_locks(cfg.root, split)
+    if old:  # the user's file: said, not edited. DVC reads a lock entry only for a stage of the dvc.yaml beside it,
+        # and keeps entries it does not know when it rewrites the lock (dvc/dvcfile.py Lockfile.dump_stages)
+        typer.echo(f"note: dvc.lock still holds {', '.join(old)} from the one-file layout; DVC ignores it (and keeps "
+                   f"it): delete that entry from dvc.lock, or leave it")
     if (cfg.root / LEGACY_EFFECTIVE).exists():  # the user's tracked file: said, not deleted
         typer.echo(f"note: dvc.yaml no longer reads {LEGACY_EFFECTIVE} (now {EFFECTIVE}): `git rm {LEGACY_EFFECTIVE}`")
 

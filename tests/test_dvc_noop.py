@@ -1,8 +1,9 @@
 """A `dvc repro` with nothing to do runs no heavy command, and DVC tracks the effective params only.
 
 Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
-- a second `dvc repro start` runs only start (``always_changed``: the registry is its external input), and start's
-  command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
+- a second `dvc repro` of start (its own file, stages/start/dvc.yaml) runs only start (``always_changed``: the
+  registry is its external input) and leaves the root dvc.lock untouched (DVC rewrites start's small lock only);
+  start's command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
 - once the registry changes (a version and alias registered from outside), start asks MLflow again;
 - editing the active profile changes params_effective.json, and DVC reruns exactly the stages that read the
   changed key (prepare and what is below it, not tasks); params_effective.json holds resolved values, no profiles.
@@ -29,6 +30,7 @@ v = c.create_model_version("elsewhere", source="file:///nonexistent")
 c.set_registered_model_alias("elsewhere", "champion", v.version)
 """
 HEAVY = ("mlflow", "torch", "prefect", "transformers")
+START = "stages/start/dvc.yaml:start"  # DVC's name of the stage in its own file (bertpipe.dvcfile)
 
 
 def start_cmd(root) -> tuple[set[str], str]:
@@ -53,10 +55,15 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     dvc = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert dvc["prepare"]["params"] == [{"params_effective.json": ["prepare"]}], dvc["prepare"]
 
-    first = run(["dvc", "repro", "start"], root)
-    assert {"params", "tasks", "prepare", "start"} <= set(ran(first)), first.stdout
-    second = run(["dvc", "repro", "start"], root)
-    assert ran(second) == ["start"] and "cached" in second.stdout, second.stdout
+    first = run(["dvc", "repro", START], root)
+    assert {"params", "tasks", "prepare", START} <= set(ran(first)), first.stdout
+    lock = root / "dvc.lock"
+    before = (lock.read_bytes(), lock.stat().st_mtime_ns)
+    assert "start" not in yaml.safe_load(lock.read_text())["stages"]  # start's lock is its own file's
+    second = run(["dvc", "repro", START], root)
+    assert ran(second) == [START] and "cached" in second.stdout, second.stdout
+    assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before, "the root dvc.lock was rewritten"
+    assert "start" in yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]
     for stage in ("params", "tasks", "prepare"):
         assert f"Stage '{stage}' didn't change, skipping" in second.stdout, second.stdout
     assert start_cmd(root) == (set(), "cached")  # the decision stands without asking MLflow
@@ -72,6 +79,6 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["profiles"]["p"]["prepare"]["split"]["valid"] = 0.1  # a profile edit, not a top-level key
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
-    third = run(["dvc", "repro", "start"], root)
+    third = run(["dvc", "repro", START], root)
     assert ran(third)[:2] == ["params", "prepare"] and "tasks" not in ran(third), third.stdout
     assert json.loads((root / "params_effective.json").read_text())["prepare"]["split"]["valid"] == 0.1

@@ -5,6 +5,7 @@ every stage's source files once, as the deps of the ``params`` stage, and no oth
 params_effective.json holds under ``code.<stage>`` the digest the stage's fingerprint holds, and each stage's
 ``params:`` names it. DVC picks a params file's loader from everything after the first dot of its name
 (dvc_objects' ``fs.suffix``): the file's name must give the JSON loader, which the old name did not.
+The external stages (start) have a dvc.yaml of their own, stages/<name>/dvc.yaml, which --check compares too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typer.testing import CliRunner
 
 from bertpipe.cli import app
 from bertpipe.config import load_config
-from bertpipe.dvcfile import CODE, EFFECTIVE, LEGACY_EFFECTIVE, dvc_stage_name, dvc_yaml, effective_params
+from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, LEGACY_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
+                              effective_params)
 from bertpipe.pipeline import all_stages
 from tests.e2e_project import REPO, write_project
 
@@ -65,3 +67,57 @@ def test_dvc_yaml_says_the_old_params_file_is_unused_and_keeps_it(tmp_path, monk
     assert res.exit_code == 0, res.output
     assert f"`git rm {LEGACY_EFFECTIVE}`" in res.output and old.read_text() == "{}\n"
     assert json.loads((tmp_path / EFFECTIVE).read_text()) == effective_params(load_config(tmp_path / "params.yaml"))
+
+
+def test_the_external_stages_have_files_of_their_own_and_check_compares_every_file(tmp_path, monkeypatch, sample_raw):
+    params = write_project(tmp_path, sample_raw)
+    cfg = load_config(params)
+    external = {dvc_stage_name(n) for n, st in all_stages(cfg).items() if st.external is not None}
+    assert external == {"start"}  # the registry's stage: always_changed
+    full, files = dvc_yaml(cfg), dvc_files(cfg)
+    assert set(files) == {"dvc.yaml"} | {f"stages/{n}/dvc.yaml" for n in external}
+    root = files["dvc.yaml"]
+    assert set(root["stages"]) == set(full["stages"]) - external and root["metrics"] == full["metrics"]
+    assert not any(st.get("always_changed") for st in root["stages"].values())
+    for name in external:
+        (entry,) = files[f"stages/{name}/dvc.yaml"]["stages"].items()
+        # the same stage, run from the project root (its deps, outs and params file are the root file's paths)
+        assert entry[0] == name and entry[1] == {"wdir": "../..", **full["stages"][name]}, entry
+
+    monkeypatch.chdir(tmp_path)
+    gen = ["dvc-yaml", "--params", str(params)]
+    res = CliRunner().invoke(app, gen)
+    assert res.exit_code == 0 and "`git add stages/`" in res.output, res.output
+    sub = tmp_path / "stages" / "start" / "dvc.yaml"
+    assert "dvc repro stages/start/dvc.yaml:start" in sub.read_text()  # the header says why, and how to run it
+    assert CliRunner().invoke(app, [*gen, "--check"]).exit_code == 0
+    sub.write_text(sub.read_text().replace("always_changed: true", "always_changed: false"))
+    stale = CliRunner().invoke(app, [*gen, "--check"])
+    assert stale.exit_code == 1 and "stages/start/dvc.yaml" in stale.output, stale.output
+    sub.unlink()
+    assert CliRunner().invoke(app, [*gen, "--check"]).exit_code == 1  # a missing sub-file is out of date too
+    assert CliRunner().invoke(app, gen).exit_code == 0 and CliRunner().invoke(app, [*gen, "--check"]).exit_code == 0
+
+    # a sub-file an earlier layout generated (its header) is out of date and goes; a user's own file stays
+    (tmp_path / "stages" / "gone").mkdir()
+    (tmp_path / "stages" / "gone" / "dvc.yaml").write_text(HEADER + "stages: {}\n")
+    (tmp_path / "stages" / "mine").mkdir()
+    (tmp_path / "stages" / "mine" / "dvc.yaml").write_text("stages: {}\n")
+    stale = CliRunner().invoke(app, [*gen, "--check"])
+    assert stale.exit_code == 1 and "stages/gone/dvc.yaml" in stale.output and "mine" not in stale.output
+    res = CliRunner().invoke(app, gen)
+    assert res.exit_code == 0 and not (tmp_path / "stages" / "gone" / "dvc.yaml").exists(), res.output
+    assert (tmp_path / "stages" / "mine" / "dvc.yaml").read_text() == "stages: {}\n"
+
+
+def test_a_start_entry_left_in_the_root_lock_is_said_and_kept(tmp_path, monkeypatch, sample_raw):
+    params = write_project(tmp_path, sample_raw)
+    lock = "schema: '2.0'\nstages:\n  params:\n    cmd: x\n  start:\n    cmd: bertpipe start\n"
+    (tmp_path / "dvc.lock").write_text(lock)  # as the one-file layout left it
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
+    assert res.exit_code == 0 and "dvc.lock still holds start" in res.output, res.output
+    assert (tmp_path / "dvc.lock").read_text() == lock
+    (tmp_path / "dvc.lock").write_text(lock.replace("  start:\n    cmd: bertpipe start\n", ""))
+    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
+    assert res.exit_code == 0 and "dvc.lock" not in res.output, res.output
