@@ -1,13 +1,15 @@
-"""A `dvc repro` with nothing to do: DVC's floor, dvc.yaml's layout before and after, libyaml or not (ratios).
+"""A `dvc repro` with nothing to do: DVC's floor, dvc.yaml's layouts (before, after, split), libyaml or not (ratios).
 
-Builds nothing heavy: three temp git+DVC projects whose dvc.yaml is the one `bertpipe dvc-yaml` generates for this
+Builds nothing heavy: four temp git+DVC projects whose dvc.yaml is the one `bertpipe dvc-yaml` generates for this
 repo's params.yaml (the demo's 21 stages, their real deps, params sections and values, and the real source files),
 each stage's command replaced by a stand-in that only creates its output paths:
 
 - ``floor``: one stage, one dep, one out (what any DVC project pays: import, repo, lock);
 - ``before``: each stage lists its own ~20 source files as deps and reads ``params.effective.json`` (the old layout);
 - ``after``: the source files once, as deps of the ``params`` stage; each stage reads ``code.<stage>`` and its
-  sections from ``params_effective.json`` (bertpipe.dvcfile).
+  sections from ``params_effective.json`` (bertpipe.dvcfile), all in one dvc.yaml;
+- ``split``: ``after`` with the always_changed stage (start) in its own ``stages/start/dvc.yaml`` (``wdir: ../..``),
+  as `bertpipe dvc-yaml` writes it now: DVC rewrites start's ~20-line lock after running it, not the root dvc.lock.
 
 Each is built once (`dvc repro` runs the stand-ins), then timed no-op `dvc repro` runs alternate between them, with
 ruamel's libyaml parser (ruamel.yaml.clib) and without it (a shadow ``_ruamel_yaml`` module makes ruamel fall back to
@@ -31,6 +33,16 @@ start` (~0.45 s: the always_changed stage), and DVC rewriting dvc.lock after sta
 and dump, pure Python even with libyaml: a third of DVC's profile), mostly the stages' resolved params values
 (~1,160 lines of the lock), which `dvc exp show`/`params diff` need. Tracking a digest per stage instead of its
 values measured only ~12% less CPU, so the values stay.
+
+Start's own file (``split``), this bench, load 3.0-3.1, 07:54 UTC (walls inflated by the load; CPU is the figure):
+  floor 1.08 s wall / 0.67 s CPU; before, pure-Python YAML 6.58 / 4.01; after, libyaml 2.88 / 1.77 (root dvc.lock
+  2,058 lines); split, pure-Python YAML 2.84 / 1.75; **split, libyaml 2.14 / 1.29** (root dvc.lock 2,037 lines,
+  not rewritten by a no-op repro). CPU after/split 1.37x; before/split 3.10x; split/floor 1.93x.
+The finished demo project (a copy of a `bash scripts/demo.sh` fresh clone, all 21 stages fresh, the real `bertpipe
+start`), one file vs start in stages/start/dvc.yaml (the rest of dvc.yaml identical), 5 alternating no-op `dvc
+repro` runs, load 3.0-3.2, 07:57 UTC: one file 3.65 s wall / 2.18 s CPU; **split 2.44 s wall / 1.58 s CPU** (1.38x
+less CPU). At the earlier measurement's low load (1.3-1.7) wall was CPU + ~0.05 s, so the split demo's no-op repro
+should be ~1.65 s wall: not measured at low load.
 """
 
 from __future__ import annotations
@@ -58,6 +70,14 @@ for f in sys.argv[2:]:
 """
 
 
+def split_names(raw: Path) -> list[str]:
+    """The stages `bertpipe dvc-yaml` puts in a file of their own (stages/<name>/dvc.yaml)."""
+    from bertpipe.config import load_config
+    from bertpipe.dvcfile import dvc_files, split_stages
+
+    return split_stages(dvc_files(load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])))
+
+
 def layouts(raw: Path) -> tuple[dict, dict, str, str]:
     """(after dvc.yaml, before dvc.yaml, after params file text, before params file text), commands not replaced."""
     import json
@@ -82,8 +102,9 @@ def layouts(raw: Path) -> tuple[dict, dict, str, str]:
     return after, before, eff_text, json.dumps(old, indent=1, sort_keys=True) + "\n"
 
 
-def build(root: Path, dvc: dict, params_file: str, params_text: str) -> int:
-    """A git+DVC project at ``root`` running stand-ins; built once. Returns dvc.lock's line count."""
+def build(root: Path, dvc: dict, params_file: str, params_text: str, split: tuple[str, ...] = ()) -> int:
+    """A git+DVC project at ``root`` running stand-ins, the stages named in ``split`` in a dvc.yaml of their own
+    (stages/<name>/dvc.yaml, run from the project root); built once. Returns the root dvc.lock's line count."""
     stages = dvc["stages"]
     outs = [next(iter(o)) for st in stages.values() for o in st.get("outs", []) if isinstance(o, dict)]
     root.mkdir(parents=True)
@@ -113,6 +134,12 @@ def build(root: Path, dvc: dict, params_file: str, params_text: str) -> int:
         out = next(iter(st["outs"][0]))
         made = sorted({d for s in stages.values() for d in s.get("deps", []) if d.startswith(out + "/")})
         st["cmd"] = " ".join(["python", ".mk.py", out, *[m + ("/" if "." not in Path(m).name else "") for m in made]])
+    from bertpipe.dvcfile import SPLIT_DIR
+
+    for name in split:  # the same stage, its paths as at the root (wdir), as bertpipe.dvcfile.dvc_files writes it
+        (root / SPLIT_DIR / name).mkdir(parents=True)
+        own = {"stages": {name: {"wdir": "../..", **stages.pop(name)}}}
+        (root / SPLIT_DIR / name / "dvc.yaml").write_text(yaml.safe_dump(own, sort_keys=False, width=120))
     dvc = {"stages": stages}  # metrics/plots name files the stand-ins do not write
     (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
     if (REPO / "profiles.yaml").exists():
@@ -153,6 +180,7 @@ def main() -> None:
     except ImportError:
         clib = False
     after, before, after_eff, before_eff = layouts(a.raw)
+    split = tuple(split_names(a.raw))
     with tempfile.TemporaryDirectory(prefix="bench-dvc-noop-") as tmp:
         tmp = Path(tmp)
         pure = tmp / "pure"
@@ -167,9 +195,11 @@ def main() -> None:
             subprocess.run(cmd, cwd=tmp / "floor", check=True, capture_output=True, env=env(tmp, ""))
         lines = {"floor": len((tmp / "floor" / "dvc.lock").read_text().splitlines()),
                  "before": build(tmp / "before", before, "params.effective.json", before_eff),
-                 "after": build(tmp / "after", after, "params_effective.json", after_eff)}
+                 "after": build(tmp / "after", yaml.safe_load(yaml.safe_dump(after)), "params_effective.json",
+                                after_eff),
+                 "split": build(tmp / "split", after, "params_effective.json", after_eff, split)}
         variants = {"floor": (tmp / "floor", "")}
-        for lay in ("before", "after"):
+        for lay in ("before", "after", "split"):
             variants[f"{lay}/pure-yaml"] = (tmp / lay, str(pure))
             if clib:
                 variants[f"{lay}/libyaml"] = (tmp / lay, "")
@@ -185,9 +215,11 @@ def main() -> None:
           f"ruamel.yaml.clib {'installed' if clib else 'ABSENT'}")
     for k, (w, c) in med.items():
         print(f"  {k:18s} wall {w:5.2f} s  cpu {c:5.2f} s   dvc.lock {lines[k.split('/')[0]]:5d} lines")
-    base = med["before/pure-yaml"][1]
-    best = med["after/libyaml" if clib else "after/pure-yaml"][1]
-    print(f"  CPU before/after: {base / best:.2f}x   after/floor: {best / med['floor'][1]:.2f}x")
+    lib = "libyaml" if clib else "pure-yaml"
+    base, best, one = med["before/pure-yaml"][1], med[f"split/{lib}"][1], med[f"after/{lib}"]
+    print(f"  CPU before/split: {base / best:.2f}x   split/floor: {best / med['floor'][1]:.2f}x")
+    print(f"  start's own file alone ({lib}): CPU after/split {one[1] / best:.2f}x, wall "
+          f"{one[0] / med[f'split/{lib}'][0]:.2f}x")
     print(f"  layout alone (pure YAML): {base / med['after/pure-yaml'][1]:.2f}x" + (
         f"   libyaml alone (old layout): {base / med['before/libyaml'][1]:.2f}x" if clib else ""))
 

@@ -148,9 +148,10 @@ def _metrics_and_plots(cfg: Config) -> dict:
 
 def split_header(name: str) -> str:
     return HEADER + (
-        f"# A file of its own: {name} is always_changed (asked every repro), so DVC rewrites its lock after every `dvc\n"
-        f"# repro`, and this one is ~20 lines where the root dvc.lock is ~2,100 (bertpipe/dvcfile.py). Run it alone:\n"
-        f"# `dvc repro {SPLIT_DIR}/{name}/dvc.yaml:{name}`. Keep this folder git-tracked (`git add {SPLIT_DIR}/`).\n")
+        f"# A file of its own: {name} is always_changed (asked every repro), so DVC rewrites its lock after every\n"
+        f"# `dvc repro`, and this one is ~20 lines where the root dvc.lock is ~2,100 (bertpipe/dvcfile.py). Run it\n"
+        f"# alone: `dvc repro {SPLIT_DIR}/{name}/dvc.yaml:{name}`. "
+        f"Keep this folder git-tracked (`git add {SPLIT_DIR}/`).\n")
 
 
 def dvc_files(cfg: Config) -> dict[str, dict]:

@@ -108,6 +108,8 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     cols = sh(["dvc", "exp", "show", "--csv", "--param-deps"], project).splitlines()[0].split(",")
     eff = {c.split(":", 1)[1] for c in cols if c.startswith("params_effective.json:")} | set(cols)
     assert {"finetune.train.lr", "finetune.train.epochs"} <= eff, cols
+    # start reads the same params file from its own dvc.yaml (stages/start/dvc.yaml): each column still shows once
+    assert "model.continue_from" in eff and len(cols) == len(set(cols)), cols
     # no column shows a profile's values (the file itself is a dep column: "profiles.yaml", its hash)
     assert [c for c in cols if "profiles" in c] == ["profiles.yaml"], cols
 
@@ -121,6 +123,8 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
 
 
 def test_temp_experiment_logs_to_the_project_store(project):
+    # a --temp copy holds the git-tracked files only: start's own dvc.yaml and lock must be among them
+    assert sh(["git", "ls-files", "stages"], project).split() == ["stages/start/dvc.lock", "stages/start/dvc.yaml"]
     n = evaluate_runs(project)
     sh(["dvc", "exp", "run", "evaluate", "--temp", "-S", "evaluate.bootstrap_samples=40"], project)
     assert evaluate_runs(project) == n + 1  # the run is in the project's MLflow store, not the discarded copy's
