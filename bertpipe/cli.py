@@ -331,7 +331,7 @@ def dvc_yaml_cmd(
                                    "params.yaml or a source file changes)."),
 ):
     from bertpipe.dvcfile import (EFFECTIVE, LEGACY_EFFECTIVE, SPLIT_DIR, leftover_files, render_effective,
-                                  render_files, split_stages, stale_root_locks)
+                                  refuse_foreign, render_files, split_stages, stale_root_locks)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -350,6 +350,7 @@ def dvc_yaml_cmd(
             raise typer.Exit(1)
         typer.echo(f"{cfg.root / 'dvc.yaml'} is current")
         return
+    refuse_foreign(cfg.root, files)
     for p, text in files.items():
         atomic_write_text(cfg.root / p, text)
         if p != EFFECTIVE:

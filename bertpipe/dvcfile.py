@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from bertpipe.config import Config
+from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import Stage
 
@@ -185,6 +186,16 @@ def leftover_files(root: Path, generated: dict[str, str]) -> list[str]:
 def split_stages(generated: dict[str, str]) -> list[str]:
     """The stages that have a file of their own (stages/<name>/dvc.yaml) among ``generated``'s paths."""
     return [Path(p).parent.name for p in generated if p.startswith(f"{SPLIT_DIR}/") and p.endswith("/dvc.yaml")]
+
+
+def refuse_foreign(root: Path, generated: dict[str, str]) -> None:
+    """A sub-file path already holding a file `bertpipe dvc-yaml` did not write (no header): refuse before writing
+    anything, rather than replace the user's file."""
+    for rel in (r for r in generated if r.startswith(f"{SPLIT_DIR}/")):
+        path = root / rel
+        if path.exists() and not path.read_text(encoding="utf-8").startswith(HEADER):
+            raise BertpipeError(f"{path}: not written by `bertpipe dvc-yaml` (no generated header), and the stage "
+                                f"{path.parent.name} needs this path for its own dvc.yaml; move it elsewhere and rerun")
 
 
 def stale_root_locks(root: Path, names: list[str]) -> list[str]:

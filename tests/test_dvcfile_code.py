@@ -121,3 +121,15 @@ def test_a_start_entry_left_in_the_root_lock_is_said_and_kept(tmp_path, monkeypa
     (tmp_path / "dvc.lock").write_text(lock.replace("  start:\n    cmd: bertpipe start\n", ""))
     res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
     assert res.exit_code == 0 and "dvc.lock" not in res.output, res.output
+
+
+def test_a_file_of_the_users_where_a_sub_file_goes_is_refused_and_kept(tmp_path, monkeypatch, sample_raw):
+    params = write_project(tmp_path, sample_raw)
+    mine = tmp_path / "stages" / "start" / "dvc.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("stages: {}\n")
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
+    assert res.exit_code == 2 and res.output.startswith("error: ") and str(mine) in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert mine.read_text() == "stages: {}\n" and not (tmp_path / "dvc.yaml").exists()  # nothing written
