@@ -6,7 +6,9 @@ Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
   start's command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
 - once the registry changes (a version and alias registered from outside), start asks MLflow again;
 - editing the active profile changes params_effective.json, and DVC reruns exactly the stages that read the
-  changed key (prepare and what is below it, not tasks); params_effective.json holds resolved values, no profiles.
+  changed key (prepare and what is below it, not tasks); params_effective.json holds resolved values, no profiles;
+- a `start` entry left in the root dvc.lock by the one-file layout: `bertpipe dvc-yaml` says so and leaves the file
+  alone, and DVC ignores the entry (`dvc status` and `dvc repro` see start's own lock only) and keeps it.
 """
 
 from __future__ import annotations
@@ -82,3 +84,16 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     third = run(["dvc", "repro", START], root)
     assert ran(third)[:2] == ["params", "prepare"] and "tasks" not in ran(third), third.stdout
     assert json.loads((root / "params_effective.json").read_text())["prepare"]["split"]["valid"] == 0.1
+
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    lock["stages"]["start"] = yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]["start"]
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))  # as the one-file layout left it
+    old = (root / "dvc.lock").read_bytes()
+    assert "dvc.lock still holds start" in run(["bertpipe", "dvc-yaml"], root).stdout
+    assert (root / "dvc.lock").read_bytes() == old
+    status = json.loads(run(["dvc", "status", "--json", "--with-deps", START], root).stdout)
+    assert set(status) == {START}, status  # always changed; params, tasks, prepare (from the root lock) unchanged
+    assert ran(run(["dvc", "repro", START], root)) == [START]
+    run(["dvc", "commit", "-f", "params"], root)  # DVC rewrites the root lock (its own YAML style) ...
+    assert (root / "dvc.lock").read_bytes() != old
+    assert "start" in yaml.safe_load((root / "dvc.lock").read_text())["stages"]  # ... and keeps the entry
