@@ -41,8 +41,8 @@ Start's own file (``split``), this bench, load 3.0-3.1, 07:54 UTC (walls inflate
 The finished demo project (a copy of a `bash scripts/demo.sh` fresh clone, all 21 stages fresh, the real `bertpipe
 start`), one file vs start in stages/start/dvc.yaml (the rest of dvc.yaml identical), 5 alternating no-op `dvc
 repro` runs, load 3.0-3.2, 07:57 UTC: one file 3.65 s wall / 2.18 s CPU; **split 2.44 s wall / 1.58 s CPU** (1.38x
-less CPU). At the earlier measurement's low load (1.3-1.7) wall was CPU + ~0.05 s, so the split demo's no-op repro
-should be ~1.65 s wall: not measured at low load.
+less CPU). The same, idle (load 0.1-0.3), 09:48 UTC: one file 1.94 s wall / 1.92 s CPU; **split 1.43 s wall / 1.40 s
+CPU**.
 """
 
 from __future__ import annotations

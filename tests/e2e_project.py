@@ -48,21 +48,31 @@ def write_project(root: Path, raw: Path, extra: dict | None = None, where: str =
     return root / "params.yaml"
 
 
-def env_for(root: Path) -> dict:
+def env_for(root: Path, prefect: str = "shared") -> dict:
+    """The environment of a command run in the project at ``root``. ``prefect="shared"``: flows report to this test
+    process's one Prefect server (``shared_prefect_api``); ``"ephemeral"``: to the temporary server Prefect starts
+    for each flow run when no server is configured (what a user without one gets; ~6 CPU-s and ~5 s of each run,
+    measured), for the tests that prove that path or look for what a flow wrote under the project's PREFECT_HOME.
+    Task results (the Cached records) stay under the project's PREFECT_HOME either way: they are client-side."""
     (root / ".bertpipe" / "prefect").mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "BERTPIPE_ROOT": str(root),
                 "PREFECT_HOME": str(root / ".bertpipe" / "prefect"), "PYTHONUNBUFFERED": "1",
                 "DVC_SITE_CACHE_DIR": str(root / ".bertpipe" / "dvc-site-cache")})
     env.pop("PREFECT_API_URL", None)
+    if prefect == "shared":
+        env["PREFECT_API_URL"] = shared_prefect_api()
+    elif prefect != "ephemeral":
+        raise ValueError(f"prefect={prefect!r}: expected 'shared' or 'ephemeral'")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
+def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True,
+        prefect: str = "shared") -> subprocess.CompletedProcess:
     """``cmd`` in its own session; on a timeout the whole session is killed, so what it started (e.g. the flow's
     temporary Prefect server) does not outlive the test."""
-    with subprocess.Popen(cmd, cwd=root, env=env_for(root), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    with subprocess.Popen(cmd, cwd=root, env=env_for(root, prefect), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True) as p:
         try:
             out, err = p.communicate(timeout=timeout)
@@ -104,6 +114,59 @@ def stop(proc: subprocess.Popen | None) -> None:
         proc.wait(timeout=30)
 
 
+# Services the shared server does without: nothing scheduled or automated runs on it (the tests of schedules,
+# triggers and deployments start their own server with every service, ``prefect_server``), and each polling loop
+# costs CPU for the whole session. Task-run states and events are still recorded.
+_IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "CANCELLATION_CLEANUP",
+                  "CLEANUP_RECONCILER", "TRIGGERS")
+_shared: dict = {}
+
+
+def _die_with_parent() -> None:  # the server must not outlive a test process that was killed
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def shared_prefect_api() -> str:
+    """The API URL of this test process's Prefect server, started on first use on a free 127.0.0.1 port with its
+    own PREFECT_HOME in a temp dir, and stopped when the process exits. Every flow run of the end-to-end tests
+    reports to it instead of starting a temporary server of its own."""
+    if "url" in _shared:
+        return _shared["url"]
+    import atexit
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True,
+                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    atexit.register(lambda: (stop(server), log.close(), shutil.rmtree(home, ignore_errors=True)))
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_for(lambda: _healthy(url) or server.poll() is not None, 180, "the shared Prefect server")
+    except AssertionError:
+        raise AssertionError((home / "server.log").read_text()[-3000:]) from None
+    if server.poll() is not None:
+        raise AssertionError(f"the shared Prefect server exited: {(home / 'server.log').read_text()[-3000:]}")
+    _shared["url"] = url
+    return url
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{api}/health", timeout=2).status == 200
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def prefect_server(root: Path, env: dict):
     """A real Prefect server on a free 127.0.0.1 port for the project at ``root``; sets ``env["PREFECT_API_URL"]``
@@ -114,15 +177,9 @@ def prefect_server(root: Path, env: dict):
                                str(port)], cwd=root, env=env, stdout=open(root / "server.log", "w"),
                               stderr=subprocess.STDOUT, start_new_session=True)
 
-    def healthy():
-        try:
-            return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2).status == 200
-        except OSError:
-            return False
-
     try:
         try:
-            wait_for(healthy, 180, "the Prefect server")
+            wait_for(lambda: _healthy(env["PREFECT_API_URL"]), 180, "the Prefect server")
         except AssertionError:
             raise AssertionError((root / "server.log").read_text()[-3000:]) from None
         yield server

@@ -77,7 +77,7 @@ def project(root: Path, tok: Path, uri: str | None) -> None:
 
 
 def bertpipe(root: Path, *argv: str, env_uri: str | None = None, **extra_env) -> subprocess.CompletedProcess:
-    env = env_for(root)
+    env = env_for(root, prefect="ephemeral")  # the flow's Prefect database under the project, where it is searched
     env.pop("MLFLOW_TRACKING_URI", None)
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri

@@ -55,7 +55,8 @@ def test_example_params_file_runs_the_whole_flow_on_a_second_source(tmp_path, sa
     own_project(tmp_path, sample_raw)
     names = ["prepare", "base", "vocab", "pretrain", "finetune/my_reviews/base", "finetune/my_reviews/adapted",
              "evaluate", "register"]
-    first = run(["bertpipe", "run", "--profile", "smoke", *IN_PROCESS], tmp_path, timeout=1500)
+    # Prefect's temporary server, as a user without one gets it (the other flow tests share one server)
+    first = run(["bertpipe", "run", "--profile", "smoke", *IN_PROCESS], tmp_path, timeout=1500, prefect="ephemeral")
     assert statuses(first.stdout, names) == {n: "built" for n in names}, first.stdout
     assert "bertpipe-my_reviews" in first.stdout, first.stdout  # the register stage decided on it
     ft = json.loads((tmp_path / "work" / "finetune" / "my_reviews" / "adapted" / "metrics.json").read_text())

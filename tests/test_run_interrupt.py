@@ -44,7 +44,7 @@ def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_token
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
 
     log = open(root / "run.log", "w")
-    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root), stdout=log, stderr=subprocess.STDOUT,
+    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, "ephemeral"), stdout=log, stderr=subprocess.STDOUT,
                            start_new_session=True)
     try:
         me = psutil.Process(run.pid)
