@@ -139,25 +139,32 @@ def shared_prefect_api() -> str:
     import tempfile
 
     home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
-    port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True,
-                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    atexit.register(lambda: (stop(server), log.close(), shutil.rmtree(home, ignore_errors=True)))
-    url = f"http://127.0.0.1:{port}/api"
+    server = _start_server(home, env, "the shared Prefect server",
+                           preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    atexit.register(lambda: (stop(server), shutil.rmtree(home, ignore_errors=True)))
+    _shared["url"] = env["PREFECT_API_URL"]
+    return _shared["url"]
+
+
+def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
+    """``prefect server start`` on a free 127.0.0.1 port (``env["PREFECT_API_URL"]`` is set to it), its output in
+    ``cwd/server.log``; returns once the server answers /health, or raises with the log's tail."""
+    port = free_port()
+    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    with open(cwd / "server.log", "w") as log:  # the child holds its own copy of the descriptor
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                   "--port", str(port)], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, **popen)
     try:
-        wait_for(lambda: _healthy(url) or server.poll() is not None, 180, "the shared Prefect server")
-    except AssertionError:
-        raise AssertionError((home / "server.log").read_text()[-3000:]) from None
-    if server.poll() is not None:
-        raise AssertionError(f"the shared Prefect server exited: {(home / 'server.log').read_text()[-3000:]}")
-    _shared["url"] = url
-    return url
+        wait_for(lambda: _healthy(env["PREFECT_API_URL"]) or server.poll() is not None, 180, what)
+        if server.poll() is not None:
+            raise AssertionError(f"{what} exited")
+    except AssertionError as e:
+        stop(server)
+        raise AssertionError(f"{e}: {(cwd / 'server.log').read_text()[-3000:]}") from None
+    return server
 
 
 def _healthy(api: str) -> bool:
@@ -171,17 +178,8 @@ def _healthy(api: str) -> bool:
 def prefect_server(root: Path, env: dict):
     """A real Prefect server on a free 127.0.0.1 port for the project at ``root``; sets ``env["PREFECT_API_URL"]``
     and stops the server on exit (stop any `bertpipe schedule` first: it would hang on its API calls)."""
-    port = free_port()
-    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=root, env=env, stdout=open(root / "server.log", "w"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
-
+    server = _start_server(root, env, "the Prefect server")
     try:
-        try:
-            wait_for(lambda: _healthy(env["PREFECT_API_URL"]), 180, "the Prefect server")
-        except AssertionError:
-            raise AssertionError((root / "server.log").read_text()[-3000:]) from None
         yield server
     finally:
         stop(server)
