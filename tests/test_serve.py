@@ -102,6 +102,55 @@ def test_exposure_warning():
 # ---------------------------------------------------------------- the real service
 
 
+def _sleeper():
+    time.sleep(60)
+
+
+def test_a_worker_replaced_between_two_looks_still_counts_as_a_death():
+    """LitServe's monitor replaces a dead worker every 2 s at any phase, so it can put a new process in the list
+    before the supervisor next looks; the requests the dead one held must still be answered 503 (CI saw one hang)."""
+    import multiprocessing as mp
+    import threading
+    from types import SimpleNamespace
+
+    from litserve.utils import WorkerSetupStatus
+
+    from bertpipe.serve.app import supervise
+    from bertpipe.serve.guard import Shared
+
+    ctx = mp.get_context("fork")
+    first = ctx.Process(target=_sleeper, daemon=True)
+    first.start()
+    server = SimpleNamespace(inference_workers=[first], workers_setup_status={0: WorkerSetupStatus.READY})
+    shared, stop = Shared(), threading.Event()
+    t = threading.Thread(target=supervise, args=(server, shared, stop, 1.0), daemon=True)
+    t.start()
+    replacement = None
+    try:
+        deadline = time.monotonic() + 10
+        while not shared.worker_up.value and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert shared.worker_up.value == 1 and shared.worker_gen.value == 0
+        time.sleep(0.3)  # just after a look: the next one is ~0.7 s away
+        first.kill()
+        first.join(5)
+        replacement = ctx.Process(target=_sleeper, daemon=True)
+        replacement.start()
+        server.inference_workers[0] = replacement  # what LitServe's monitor does, before the next look
+        deadline = time.monotonic() + 5
+        while shared.worker_gen.value == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shared.worker_gen.value == 1
+        time.sleep(1.2)  # a later look counts it once, not again
+        assert shared.worker_gen.value == 1 and shared.worker_up.value == 1
+    finally:
+        stop.set()
+        t.join(5)
+        for p in (first, replacement):
+            if p is not None and p.is_alive():
+                p.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

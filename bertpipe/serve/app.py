@@ -165,7 +165,7 @@ def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> No
     """Tell the Guard whether a live, ready inference worker exists; count worker deaths (LitServe restarts them)."""
     from litserve.utils import WorkerSetupStatus
 
-    seen_dead: set[int] = set()
+    known: set[int] = set()  # the workers alive at the last look
     while not stop.is_set():
         procs = list(getattr(server, "inference_workers", None) or [])
         status = getattr(server, "workers_setup_status", None)
@@ -173,13 +173,14 @@ def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> No
             ready = bool(status) and all(v == WorkerSetupStatus.READY for v in status.values())
         except Exception:  # noqa: BLE001 (the manager is gone: shutting down)
             ready = False
-        alive = bool(procs) and all(p.is_alive() for p in procs)
-        for p in procs:
-            if not p.is_alive() and p.pid not in seen_dead:
-                seen_dead.add(p.pid)
-                with shared.worker_gen.get_lock():
-                    shared.worker_gen.value += 1
-        shared.worker_up.value = 1 if (alive and ready) else 0
+        living = {p.pid for p in procs if p.is_alive()}
+        # A death is a worker alive at the last look and not now, whether it is still listed dead or LitServe's
+        # monitor (every 2 s, at any phase) already put a new process in its place between two of these looks.
+        if known - living:
+            with shared.worker_gen.get_lock():
+                shared.worker_gen.value += len(known - living)
+        known = living
+        shared.worker_up.value = 1 if (procs and len(living) == len(procs) and ready) else 0
         stop.wait(every_s)
 
 
