@@ -110,10 +110,10 @@ def _flock(path: Path, mode: int):
 
 @pytest.fixture(autouse=True)
 def _machine_share(request, tmp_path_factory):
-    """Under xdist, a test marked `exclusive` (its assertions hold a wall-clock bound: a reply within seconds, a kill
-    half-way through a build timed on a reference run) has the machine to itself: it takes an exclusive flock that
-    every other test holds shared while it runs. The turnstile makes the other worker queue behind a waiting
-    exclusive test instead of starving it with back-to-back shared holds."""
+    """Under xdist, a test marked `exclusive` (its assertions hold a wall-clock bound: a reply within seconds) has
+    the machine to itself: it takes an exclusive flock that every other test holds shared while it runs. The
+    turnstile makes the other workers queue behind a waiting exclusive test instead of starving it with
+    back-to-back shared holds."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
