@@ -13,5 +13,6 @@ if ! python -c "import bertpipe, torch, transformers, prefect, mlflow, dvc, onnx
   # The CPU wheel first: any later requirement that admits it then installs nothing bigger.
   python -m pip install -q "torch==2.13.0" || python -m pip install -q "torch>=2.3,<3"
   python -m pip install -q -e ".[test,serve,dask]"
+else  # already set up: refresh bertpipe's own metadata (entry points, extras) in case pyproject.toml changed
+  python -m pip install -q -e ".[test,serve,dask]" --no-deps >/dev/null 2>&1 || true
 fi
-python -m pip install -q -e ".[test,serve,dask]" --no-deps >/dev/null 2>&1 || true

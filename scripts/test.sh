@@ -7,9 +7,11 @@ bash scripts/setup.sh
 . .venv/bin/activate
 MARK=(-m "not slow")
 if [ "${1:-}" = "--full" ]; then MARK=(); shift; fi
-# Two workers (pytest-xdist) on CI's two cores, whole files per worker (module fixtures built once, tests in file
-# order); BERTPIPE_TEST_WORKERS=0 runs in one process. More workers than cores only oversubscribe.
-WORKERS=${BERTPIPE_TEST_WORKERS:-$(python -c "import os; print(min(2, os.cpu_count() or 1))")}
+# pytest-xdist, whole files per worker (module fixtures built once, tests in file order), one worker more than
+# cores: the slow tier spends much of its time waiting on subprocesses, servers and polls, and a third worker fills
+# those gaps (a clean clone on 2 idle cores, same tree: 2 workers 1012 s of pytest, 3 workers 949 s; docs/testing.md).
+# BERTPIPE_TEST_WORKERS=0 runs in one process.
+WORKERS=${BERTPIPE_TEST_WORKERS:-$(python -c "import os; print(min(3, (os.cpu_count() or 1) + 1))")}
 XDIST=()
 if [ "$WORKERS" != "0" ] && [ "$WORKERS" != "1" ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi
 set +e
