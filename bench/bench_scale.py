@@ -265,6 +265,13 @@ def main() -> int:
     if not (raw / "china_law" / "laws.db").exists():
         print(f"error: {raw}/china_law/laws.db not found (run `bertpipe data samples`, or pass --raw)", file=sys.stderr)
         return 2
+    if not args.no_datatrove:
+        try:  # before the hours of stages, not after them
+            import datatrove  # noqa: F401
+        except ImportError:
+            print("error: the datatrove baseline needs `pip install -e '.[bench]'` (or pass --no-datatrove)",
+                  file=sys.stderr)
+            return 2
     sizes = sorted(args.sizes)
     top = max(args.workers)
     tmp = tempfile.TemporaryDirectory(prefix="bench_scale_") if not args.dir else None
