@@ -8,7 +8,8 @@ bash scripts/setup.sh
 MARK=(-m "not slow")
 if [ "${1:-}" = "--full" ]; then MARK=(); shift; fi
 # pytest-xdist, whole files per worker (module fixtures built once, tests in file order), one worker more than
-# cores: the slow tier spends much of its time waiting on subprocesses, servers and polls, and a third worker fills
+# cores, at most 3 (measured on 2 cores only, where a fourth was slower: 1093 s; each worker may run a whole chain,
+# so more are not assumed to fit a bigger machine's memory): the slow tier spends much of its time waiting on subprocesses, servers and polls, and a third worker fills
 # those gaps (a clean clone on 2 idle cores, same tree: 2 workers 1012 s of pytest, 3 workers 949 s; docs/testing.md).
 # BERTPIPE_TEST_WORKERS=0 runs in one process.
 WORKERS=${BERTPIPE_TEST_WORKERS:-$(python -c "import os; print(min(3, (os.cpu_count() or 1) + 1))")}

@@ -176,9 +176,10 @@ def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> No
         living = {p.pid for p in procs if p.is_alive()}
         # A death is a worker alive at the last look and not now, whether it is still listed dead or LitServe's
         # monitor (every 2 s, at any phase) already put a new process in its place between two of these looks.
-        if known - living:
+        died = len(known - living)
+        if died:
             with shared.worker_gen.get_lock():
-                shared.worker_gen.value += len(known - living)
+                shared.worker_gen.value += died
         known = living
         shared.worker_up.value = 1 if (procs and len(living) == len(procs) and ready) else 0
         stop.wait(every_s)
