@@ -2,7 +2,7 @@
 
 Layout (written by the ``tasks`` stage)::
 
-    work/tasks/<task>/train.jsonl   one Example per line (its fields; spans/units/answers as lists)
+    work/tasks/<task>/train.jsonl   one Example per line (dataclasses.asdict; spans/units/answers as lists)
     work/tasks/<task>/dev.jsonl
     work/tasks/<task>/test.jsonl
     work/tasks/<task>/splits.json   {"splits": {split: {"examples": n, "sha256": hex}}, "labels": [...], ...}
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -59,10 +59,7 @@ def write_split(path: Path, examples: Iterable) -> dict:
     n = 0
     with open(path, "w", encoding="utf-8") as f:
         for ex in examples:
-            # The fields as they are, not dataclasses.asdict: asdict deep-copies every span and token tuple, which
-            # was most of the tasks stage's time on MSRA (json.dumps writes tuples as lists either way).
-            line = json.dumps({f.name: getattr(ex, f.name) for f in fields(ex)}, ensure_ascii=False,
-                              sort_keys=True) + "\n"
+            line = json.dumps(asdict(ex), ensure_ascii=False, sort_keys=True) + "\n"
             f.write(line)
             h.update(line.encode("utf-8"))
             n += 1
