@@ -228,8 +228,8 @@ def prepare_corpus(
     survivors = np.flatnonzero(alive)
     if d.near and len(survivors) > 1:
         bands, rows = lsh_params(d.threshold, d.num_perm, d.recall_weight)
-        band_keys = store.join("keys")
-        cand = lsh_candidates(np.asarray(band_keys[b])[survivors] for b in range(bands))
+        store.join("keys")  # (bands, N): read back one band at a time, not held mapped through the near phase
+        cand = lsh_candidates(store.row("keys", b)[survivors] for b in range(bands))
         lens = store.join("lens")[survivors]
         if len(cand):
             cand = cand[(lens[cand[:, 0]] > 0) & (lens[cand[:, 1]] > 0)]

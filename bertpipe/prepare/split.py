@@ -84,44 +84,45 @@ def assign_split_codes(
     bounds = np.cumsum(shares) / shares.sum()
     labels = _components(np.asarray(group_codes, dtype=np.int64), np.asarray(cluster_codes, dtype=np.int64))
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    # A component is named by its smallest group string, so its position does not depend on document order.
+    # A component is named by its smallest group string, so its position does not depend on document order. Every
+    # per-component quantity below is a numpy array, not a dict or list of Python objects: at a million components
+    # those held ~450 MB in prepare's parent (docs/scale.md, stop 29).
     ncomp = int(labels.max()) + 1
     first_rank = np.full(ncomp, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_rank, labels, group_rank[group_codes])
     present = np.flatnonzero(first_rank != np.iinfo(np.int64).max)
-    first = {int(c): group_name(int(first_rank[c])) for c in present}
-    comp_ids = sorted(first, key=lambda c: (_unit_hash(first[c], seed), first[c]))
+    ranks = first_rank[present]
+    # Components ordered by (hash of the name, name): a group belongs to one component only, so the names are
+    # distinct and the name order is their rank order. The names are asked for one at a time and not kept.
+    key = np.fromiter((_unit_hash(group_name(int(r)), seed) for r in ranks), dtype=np.float64, count=len(ranks))
+    by = np.lexsort((ranks, key))
+    comp_ids = present[by]
     size = np.bincount(labels, weights=w)
-    choice: dict[int, int] = {}
     if method == "hash":
-        for c in comp_ids:
-            choice[c] = int(np.searchsorted(bounds, _unit_hash(first[c], seed + 1), side="right"))
+        pos = np.fromiter((_unit_hash(group_name(int(r)), seed + 1) for r in ranks[by]), dtype=np.float64,
+                          count=len(by))
     else:
-        total = size[comp_ids].sum()
-        acc = 0.0
-        for c in comp_ids:
-            mid = (acc + size[c] / 2) / total
-            choice[c] = int(np.searchsorted(bounds, mid, side="right"))
-            acc += size[c]
-    for c in choice:
-        choice[c] = min(choice[c], len(names) - 1)
-    _fill_empty(choice, comp_ids, size, len(names))
+        sz = size[comp_ids]
+        total = sz.sum()
+        # acc before each component: sequential sums in component order (np.cumsum adds in order, as a loop would)
+        acc = np.concatenate([[0.0], np.cumsum(sz)[:-1]])
+        pos = (acc + sz / 2) / total
+    choice = np.minimum(np.searchsorted(bounds, pos, side="right"), len(names) - 1)
+    _fill_empty(choice, size[comp_ids], len(names))
     lut = np.zeros(ncomp, dtype=np.int8)
-    for c, s in choice.items():
-        lut[c] = s
+    lut[comp_ids] = choice
     return lut[labels]
 
 
-def _fill_empty(choice: dict[int, int], comp_ids: list[int], size: np.ndarray, k: int) -> None:
+def _fill_empty(choice: np.ndarray, size: np.ndarray, k: int) -> None:
     """With enough components, give every split at least one: an empty split takes the smallest component of the
-    split that has the most."""
-    if len(comp_ids) < k:
+    split that has the most (the first in component order among equals). ``choice`` and ``size``: per component, in
+    component order; ``choice`` is changed in place."""
+    if len(choice) < k:
         return
-    position = {c: i for i, c in enumerate(comp_ids)}
     for s in range(k):
-        if any(v == s for v in choice.values()):
+        if (choice == s).any():
             continue
-        per = np.bincount(list(choice.values()), minlength=k)
-        donor = int(np.argmax(per))
-        cands = [c for c in comp_ids if choice[c] == donor]
-        choice[min(cands, key=lambda c: (size[c], position[c]))] = s
+        donor = int(np.argmax(np.bincount(choice, minlength=k)))
+        cands = np.flatnonzero(choice == donor)
+        choice[cands[np.argmin(size[cands])]] = s

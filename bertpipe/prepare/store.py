@@ -69,20 +69,38 @@ class Store:
         joined = self.root / f"{name}.npy"
         if not parts and joined.is_file():
             return np.load(joined, mmap_mode="r")
-        first = [np.load(p, mmap_mode="r") for p in parts]
-        if not first:
+        if not parts:
             return np.zeros((0,))
-        shape = (*first[0].shape[:-1], sum(a.shape[-1] for a in first))
-        out = np.lib.format.open_memmap(self.root / f"{name}.npy", mode="w+", dtype=first[0].dtype, shape=shape)
-        at = 0
-        for p, a in zip(parts, first):
-            out[..., at : at + a.shape[-1]] = a
-            at += a.shape[-1]
+        widths = []
+        for p in parts:  # shapes and dtype from the headers (mapping a file touches none of its pages)
+            a = np.load(p, mmap_mode="r")
+            widths.append(a.shape[-1])
+            lead, dtype = a.shape[:-1], a.dtype
             del a
+        # Written row by row through a file, not filled through a map of the whole: every page of a map that is
+        # touched counts in this process's RSS until it is unmapped, which at 1 GB put the LSH band keys twice
+        # (parts and whole, ~270 MB) into prepare's parent (docs/scale.md, stop 29).
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (*lead, sum(widths))}
+        with open(joined, "wb") as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+            for idx in np.ndindex(*lead):
+                for p in parts:
+                    a = np.load(p, mmap_mode="r")
+                    fh.write(np.ascontiguousarray(a[idx]).tobytes())
+                    del a
+        for p in parts:
             p.unlink()
-        out.flush()
         self._arrays[name] = []
-        return np.load(self.root / f"{name}.npy", mmap_mode="r")
+        return np.load(joined, mmap_mode="r")
+
+    def row(self, name: str, i: int) -> np.ndarray:
+        """Row ``i`` of the joined array ``name``, copied out of a map that is closed again, so that its pages leave
+        this process's RSS (a map held open keeps every page read through it)."""
+        m = np.load(self.root / f"{name}.npy", mmap_mode="r")
+        try:
+            return np.array(m[i])
+        finally:
+            del m
 
     # ---------------------------------------------------------------- reading
     @property
