@@ -237,7 +237,7 @@ def prepare_corpus(
             involved = np.unique(cand)
             got = store.fetch(survivors[involved].tolist(), ["text"])
             texts = [got[int(i)]["text"] for i in survivors[involved]]
-            sim = pair_jaccard(texts, np.searchsorted(involved, cand), d.ngram) if len(cand) else np.zeros(0)
+            sim = _verified(texts, np.searchsorted(involved, cand), d.ngram)
         else:
             sig = store.join("sig")
             a, b = survivors[cand[:, 0]], survivors[cand[:, 1]]
@@ -308,6 +308,19 @@ def prepare_corpus(
     if ingest.counts.get("gb18030_lines"):
         stats["gb18030_lines"] = ingest.counts["gb18030_lines"]
     return CorpusResult(name, out / name, names, stats, [c for _, c in clusters], lengths)
+
+
+VERIFY_PAIRS = 4096  # candidate pairs checked at a time against the true Jaccard
+
+
+def _verified(texts: list[str], pairs: np.ndarray, ngram: int) -> np.ndarray:
+    """``pair_jaccard`` of ``pairs``, ``VERIFY_PAIRS`` at a time: the n-gram hashes and sets (~16 bytes a character)
+    then stay bounded however many candidates a corpus has, instead of growing with its duplicates (docs/scale.md,
+    stop 29). Chunked here, not in ``dedup``: the tasks stage uses that module too, and its code digest stays put."""
+    out = np.zeros(len(pairs))
+    for lo in range(0, len(pairs), VERIFY_PAIRS):
+        out[lo : lo + VERIFY_PAIRS] = pair_jaccard(texts, pairs[lo : lo + VERIFY_PAIRS], ngram)
+    return out
 
 
 def _split(store: Store, kept: np.ndarray, rep: np.ndarray, fractions: dict, s) -> tuple[np.ndarray, np.ndarray]:

@@ -323,17 +323,13 @@ def near_duplicates(
     return NearDups(cand[keep], sim[keep], len(cand), bands, rows)
 
 
-def pair_jaccard(texts: Sequence[str], pairs: np.ndarray, ngram: int, chunk: int = 4096) -> np.ndarray:
-    """True Jaccard of each pair's n-gram sets, hashing only the texts that occur in a pair, ``chunk`` pairs at a
-    time: the n-gram hashes and sets (~16 bytes a character) then stay bounded however many candidates a corpus
-    has, instead of growing with its duplicates (docs/scale.md, stop 29)."""
-    out = np.zeros(len(pairs))
-    for lo in range(0, len(pairs), chunk):
-        part = pairs[lo : lo + chunk]
-        involved = np.unique(part)
-        hashes, offsets = ngram_hashes([texts[i] for i in involved.tolist()], ngram)
-        out[lo : lo + chunk] = jaccard(hashes, offsets, np.searchsorted(involved, part))
-    return out
+def pair_jaccard(texts: Sequence[str], pairs: np.ndarray, ngram: int) -> np.ndarray:
+    """True Jaccard of each pair's n-gram sets, hashing only the texts that occur in a pair."""
+    if not len(pairs):
+        return np.zeros(0)
+    involved = np.unique(pairs)
+    hashes, offsets = ngram_hashes([texts[i] for i in involved.tolist()], ngram)
+    return jaccard(hashes, offsets, np.searchsorted(involved, pairs))
 
 
 def components(n: int, pairs: np.ndarray) -> np.ndarray:
