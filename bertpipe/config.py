@@ -179,19 +179,28 @@ class Config:
         return Config(_validate(data, str(self.source or "params")), self.root, self.source)
 
 
-def dvc_exp_state(root: Path, state: Path) -> Path:
-    """The state dir for a project at ``root``. A queued or ``--temp`` `dvc exp run` works in a copy of the repo at
-    ``<project>/.dvc/tmp/exps/<name>/``, which lacks the git-ignored state dir: it uses the project's own instead, so
-    its MLflow runs and registered versions (and the champion lineage reads) are the project's, as in a workspace
-    experiment."""
+def dvc_exp_project(root: Path) -> Path:
+    """The project a ``dvc exp run`` copy at ``<project>/.dvc/tmp/exps/<name>/...`` belongs to (a queued or
+    ``--temp`` experiment works in such a copy of the repo); any other ``root`` is its own project."""
     parts = root.resolve().parts
     for i in range(len(parts) - 3):
         if parts[i:i + 3] == (".dvc", "tmp", "exps"):
-            try:
-                return Path(*parts[:i]) / state.resolve().relative_to(root.resolve())
-            except ValueError:  # an absolute state dir outside the copy is shared already
-                return state
-    return state
+            return Path(*parts[:i])
+    return root.resolve()
+
+
+def dvc_exp_state(root: Path, state: Path) -> Path:
+    """The state dir for a project at ``root``. A queued or ``--temp`` `dvc exp run` works in a copy of the repo
+    (``dvc_exp_project``), which lacks the git-ignored state dir: it uses the project's own instead, so its MLflow
+    runs and registered versions (and the champion lineage reads) are the project's, as in a workspace
+    experiment."""
+    project = dvc_exp_project(root)
+    if project == root.resolve():
+        return state
+    try:
+        return project / state.resolve().relative_to(root.resolve())
+    except ValueError:  # an absolute state dir outside the copy is shared already
+        return state
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:

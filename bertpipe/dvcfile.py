@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from bertpipe.config import Config
+from bertpipe.config import Config, dvc_exp_project
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import Stage
@@ -57,10 +57,12 @@ def cli_args(name: str, cfg: Config) -> list[str]:
 def code_in_project(cfg: Config) -> bool:
     """Whether the bertpipe code lives inside the project (a checkout): DVC deps must be in the repo, so for an
     installed package DVC tracks no code, and the stage fingerprint alone notices a code change (the stage's command
-    rebuilds it; `bertpipe stages` shows it stale)."""
+    rebuilds it; `bertpipe stages` shows it stale). A `dvc exp run` copy of a checkout runs the checkout's code (the
+    installed one): it counts as in the project, so the copy's params_effective.json holds the code digests its
+    dvc.yaml reads."""
     from bertpipe.codeid import ORIGIN
 
-    root = cfg.root.resolve()
+    root = dvc_exp_project(cfg.root)
     return ORIGIN == root or root in ORIGIN.parents
 
 

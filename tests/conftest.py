@@ -79,12 +79,26 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
     return sample_raw / "bert-base-chinese"
 
 
-# The longest modules by measured duration (docs/testing.md), started first under xdist: whatever starts last sets
-# the suite's end, so the long ones must not be left for the end.
-# test_register and test_bad_inputs are the longest modules of the quick tier.
-LONGEST_FIRST = ("tests.test_retrain_rounds", "tests.test_pipeline_e2e", "tests.test_flow_dask",
-                 "tests.test_kill_recovery", "tests.test_own_domain", "tests.test_dvc_experiments",
-                 "tests.test_register", "tests.test_bad_inputs")
+# The modules by measured wall time, longest first (the `--durations` of a full run on 2 cores, docs/testing.md),
+# started in this order under xdist: whatever starts last sets the suite's end, so the long ones must not be left
+# for the end. The rest follow: modules holding a slow test, then the quick ones.
+LONGEST_FIRST = tuple(f"tests.test_{m}" for m in (
+    "pipeline_e2e", "retrain_rounds", "dvc_experiments", "flow_dask", "bad_inputs", "kill_recovery", "serve",
+    "families", "prefect_doors", "reliability", "own_domain", "dvc_noop", "register", "credentials",
+    "pretrain_resume", "front_doors", "prefect_typed_params", "run_interrupt", "packaging"))
+
+
+def pytest_configure(config):
+    """In the xdist controller: keep the collection's module order (xdist's default sorts modules by their number
+    of tests, which put the longest one-test modules last: measured, one worker ran alone for the last ~190 s), and
+    start the run's one Prefect server when end-to-end tests may run (tests/e2e_project.py::session_prefect_server)."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") == "no":
+        return
+    config.option.loadscopereorder = False
+    if "not slow" not in (config.getoption("markexpr") or ""):
+        from tests.e2e_project import session_prefect_server
+
+        config.add_cleanup(session_prefect_server())
 
 
 def pytest_collection_modifyitems(config, items):

@@ -128,19 +128,56 @@ def _die_with_parent() -> None:  # the server must not outlive a test process th
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+SESSION_API = "BERTPIPE_TEST_PREFECT_API"  # set by the xdist controller for its workers (session_prefect_server)
+
+
+def _server_env(home: Path) -> dict:
+    return {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
+
+
+def session_prefect_server():
+    """Start the run's one Prefect server (in the xdist controller, before the workers start: they inherit its URL
+    in ``SESSION_API``) and return the function that stops it. Not waited for here: the first flow waits for it in
+    ``shared_prefect_api``. One server for every worker, not one per worker: each costs ~13-16 CPU-s to start and
+    ~2% of a core while it idles (measured), for the whole run."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
+    env = _server_env(home)
+    server = _launch_server(home, env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    os.environ[SESSION_API] = env["PREFECT_API_URL"]
+    os.environ[SESSION_API + "_LOG"] = str(home / "server.log")
+
+    def stop_it() -> None:
+        os.environ.pop(SESSION_API, None)
+        stop(server)
+        shutil.rmtree(home, ignore_errors=True)
+    return stop_it
+
+
 def shared_prefect_api() -> str:
-    """The API URL of this test process's Prefect server, started on first use on a free 127.0.0.1 port with its
-    own PREFECT_HOME in a temp dir, and stopped when the process exits. Every flow run of the end-to-end tests
-    reports to it instead of starting a temporary server of its own."""
+    """The API URL of the Prefect server every end-to-end flow run of this test run reports to, instead of starting
+    a temporary one of its own: the xdist controller's (``session_prefect_server``), or else this test process's,
+    started on first use on a free 127.0.0.1 port with its own PREFECT_HOME in a temp dir and stopped when the
+    process exits."""
     if "url" in _shared:
         return _shared["url"]
+    if os.environ.get(SESSION_API):
+        url, log = os.environ[SESSION_API], Path(os.environ[SESSION_API + "_LOG"])
+        try:
+            wait_for(lambda: _healthy(url), 180, "the run's Prefect server")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {log.read_text()[-3000:] if log.exists() else '(no log)'}") from None
+        _shared["url"] = url
+        return url
     import atexit
     import shutil
     import tempfile
 
     home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
+    env = _server_env(home)
     server = _start_server(home, env, "the shared Prefect server",
                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     atexit.register(lambda: (stop(server), shutil.rmtree(home, ignore_errors=True)))
@@ -148,15 +185,20 @@ def shared_prefect_api() -> str:
     return _shared["url"]
 
 
-def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
+def _launch_server(cwd: Path, env: dict, **popen) -> subprocess.Popen:
     """``prefect server start`` on a free 127.0.0.1 port (``env["PREFECT_API_URL"]`` is set to it), its output in
-    ``cwd/server.log``; returns once the server answers /health, or raises with the log's tail."""
+    ``cwd/server.log``."""
     port = free_port()
     env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
     with open(cwd / "server.log", "w") as log:  # the child holds its own copy of the descriptor
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port)], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True, **popen)
+        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, **popen)
+
+
+def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
+    """``_launch_server``, returning once the server answers /health, or raising with the log's tail."""
+    server = _launch_server(cwd, env, **popen)
     try:
         wait_for(lambda: _healthy(env["PREFECT_API_URL"]) or server.poll() is not None, 180, what)
         if server.poll() is not None:

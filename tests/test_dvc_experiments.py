@@ -1,20 +1,31 @@
-"""DVC as its users drive it, in a temp git repo with a tiny project: `dvc repro`, then `dvc exp run -S KEY=VALUE`
-changes the effective value (the file's top-level key beats the active profile's), the fingerprints of exactly the
-stages that read the key move, `dvc exp show` / `metrics diff` / `plots show` see evaluate's scores and plot files,
-and a `--temp` experiment's runs land in the project's own MLflow store."""
+"""DVC as its users drive it, in a temp git repo with a tiny project built once by `dvc repro` (six stage
+processes), then, in file order:
+
+- `dvc exp run -S KEY=VALUE` changes the effective value (the file's top-level key beats the active profile's), the
+  fingerprints of exactly the stages that read the key move, `dvc exp show` / `metrics diff` / `plots show` see
+  evaluate's scores and plot files, and a `--temp` experiment's runs land in the project's own MLflow store;
+- a code change makes exactly the stage it belongs to, and what depends on it, stale, for every front door (last:
+  it edits the project's copy of the code).
+
+The project holds a copy of the code (bertpipe/, tasks/, flows/: a "checkout") and every command runs with that copy
+on PYTHONPATH, so the code-change test can edit it. (One project for both: each built its own before, the same six
+stages through DVC twice.)
+"""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from bertpipe.config import dvc_exp_state
-from tests.e2e_project import env_for
+from bertpipe.config import dvc_exp_project, dvc_exp_state
+from tests.e2e_project import REPO, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six stage processes, then two experiments
 
@@ -41,8 +52,29 @@ PROFILES = """tiny:
 STAGES = ("tasks", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
 
 
+PROBE = "bertpipe/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
+KEYS = """
+import json
+from bertpipe.config import load_config
+from bertpipe.freshness import expected
+from bertpipe.pipeline import all_stages
+from bertpipe_prefect.tasks.stages import cache_key
+cfg = load_config("params.yaml")
+stages = all_stages(cfg)
+print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cfg, stages).items()}))
+"""
+
+
+def clone_code(root: Path) -> None:
+    for d in ("bertpipe", "tasks", "flows"):
+        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REPO / "bertpipe_prefect", root / "bertpipe_prefect", symlinks=True)  # -> the copy's flows/, tasks/
+
+
 def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
-    proc = subprocess.run(cmd, cwd=root, env=env_for(root), capture_output=True, text=True, timeout=timeout)
+    env = env_for(root)
+    env["PYTHONPATH"] = str(root)  # the project's copy of the code, not the repo's
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -61,6 +93,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     from bertpipe.finetune import synthetic as S
 
     root = tmp_path_factory.mktemp("dvcexp")
+    clone_code(root)
     S.tiny_encoder(root / "enc", zh_tokenizer_dir, layers=2, hidden=64, positions=64)
     S.write_jsonl(root / "data" / "cls.jsonl", S.keyword_classification(320, seed=1))
     rng = random.Random(0)
@@ -69,11 +102,16 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     (root / "params.yaml").write_text(PARAMS, encoding="utf-8")
     (root / "profiles.yaml").write_text(PROFILES, encoding="utf-8")
     (root / ".gitignore").write_text("/.bertpipe/\n", encoding="utf-8")
+    sh(["python", "-c", "import bertpipe, sys; assert bertpipe.__file__.startswith(sys.argv[1]), bertpipe.__file__",
+        str(root)], root)
     sh(["git", "init", "-q"], root)
     sh(["git", "config", "user.email", "t@example.com"], root)
     sh(["git", "config", "user.name", "t"], root)
     sh(["dvc", "init", "-q"], root)
     sh(["bertpipe", "dvc-yaml"], root)
+    dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert PROBE in dvc_yaml["params"]["deps"] and PROBE not in dvc_yaml["vocab"]["deps"], dvc_yaml
+    assert "code.vocab" in dvc_yaml["vocab"]["params"][0]["params_effective.json"], dvc_yaml["vocab"]
     sh(["dvc", "repro", "evaluate"], root)
     sh(["git", "add", "-A"], root)
     sh(["git", "commit", "-qm", "baseline"], root)
@@ -135,3 +173,72 @@ def test_state_dir_of_a_temp_experiment_copy(tmp_path):
     assert dvc_exp_state(copy, copy / ".bertpipe") == tmp_path / "proj" / ".bertpipe"
     assert dvc_exp_state(tmp_path, tmp_path / ".bertpipe") == tmp_path / ".bertpipe"
     assert dvc_exp_state(copy, Path("/srv/state")) == Path("/srv/state")
+    assert dvc_exp_project(copy / "sub") == tmp_path / "proj" and dvc_exp_project(tmp_path) == tmp_path
+
+
+def look(root: Path) -> tuple[dict, dict, set]:
+    """(`bertpipe stages` states, Prefect cache keys, stages `dvc status` reports)."""
+    states = {ln.split()[0]: ln.split()[1] for ln in sh(["bertpipe", "stages"], root).splitlines() if ln.strip()}
+    keys = json.loads(sh(["python", "-c", KEYS], root).strip().splitlines()[-1])
+    return states, keys, dvc_status(root)
+
+
+def dvc_status(root: Path) -> set:
+    return set(json.loads(sh(["dvc", "status", "--json"], root) or "{}"))
+
+
+def test_a_code_change_stales_its_stage_and_dependants_only(project):
+    """A code line appended to the copy's bertpipe/vocab/extend.py, which only the vocab stage imports:
+
+    - `bertpipe stages`: vocab and the built stages below it turn stale; the other built stages stay fresh;
+    - the Prefect cache keys (the expected fingerprints) change for vocab and every stage below it in the graph,
+      built or not, and for no other stage;
+    - `dvc status` (the generated dvc.yaml lists the source files once, as deps of the `params` stage, which writes
+      each stage's code digest into params_effective.json) reports `params` changed and no other stage; after
+      `dvc repro params` it reports vocab and no other stage (DVC reruns what is below at `dvc repro` time, once
+      vocab's output changes). A comment edit (the digest is of the syntax tree) leaves every stage but `params`
+      unchanged."""
+    from bertpipe.config import load_config
+    from bertpipe.pipeline import all_stages, upstream
+
+    root = project
+    built = {"tasks", "prepare", "start", "vocab", "pretrain", "finetune/cls/base", "evaluate"}
+    states0, keys0, dvc0 = look(root)
+    assert {n for n, s in states0.items() if s == "fresh"} == built, states0
+    # (start is always_changed: DVC reports it changed every time, as it asks the registry every repro)
+    assert not dvc0 & {n.replace("/", "_") for n in built - {"start"}}, dvc0
+    manifest = json.loads((root / "work" / "vocab" / "manifest.json").read_text())
+    assert PROBE in manifest["code"]["files"] and "torch" in manifest["code"]["libs"]
+
+    with open(root / PROBE, "a", encoding="utf-8") as f:
+        f.write("\n# a comment moves no code digest\n")
+    assert dvc_status(root) - dvc0 == {"params"}
+    sh(["dvc", "repro", "params"], root)
+    assert dvc_status(root) - dvc0 == set()
+
+    with open(root / PROBE, "a", encoding="utf-8") as f:
+        f.write("\nCODE_STALENESS_PROBE = 1\n")
+    states1, keys1, dvc1 = look(root)
+
+    cfg = load_config(root / "params.yaml")
+    stages = all_stages(cfg)
+    below = {"vocab"}
+    for name in stages:  # graph order: a stage is below vocab when one of its upstream stages is
+        if set(upstream(name, cfg, stages)) & below:
+            below.add(name)
+    assert {"pretrain", "export/encoder", "evaluate"} <= below  # export/encoder: below vocab and never built here
+    assert "finetune/cls/base" not in below and "prepare" not in below
+
+    turned_stale = {n for n in built if states1[n] == "stale"}
+    assert turned_stale == built & below == {"vocab", "pretrain", "evaluate"}, states1
+    assert {n for n in built if states1[n] == "fresh"} == built - below
+    assert set(keys0) == set(keys1) == set(stages)
+    # register waits (it registers the adapted finetunes, which this project's encoders: [base] never makes): no
+    # fingerprint to move, before or after
+    waiting = {n for n, s in states1.items() if s == "waiting"}
+    assert waiting == {"register"} == {n for n, s in states0.items() if s == "waiting"}, states1
+    assert {n for n in stages if keys0[n] != keys1[n]} == below - waiting, (keys0, keys1)
+    # DVC learns which stages the edit touches when the params stage reruns (it writes the code digests)
+    assert dvc1 - dvc0 == {"params"}, (dvc0, dvc1)
+    sh(["dvc", "repro", "params"], root)
+    assert dvc_status(root) - dvc0 == {"vocab"}
