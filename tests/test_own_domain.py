@@ -55,8 +55,9 @@ def test_example_params_file_runs_the_whole_flow_on_a_second_source(tmp_path, sa
     own_project(tmp_path, sample_raw)
     names = ["prepare", "base", "vocab", "pretrain", "finetune/my_reviews/base", "finetune/my_reviews/adapted",
              "evaluate", "register"]
-    # Prefect's temporary server, as a user without one gets it (the other flow tests share one server)
-    first = run(["bertpipe", "run", "--profile", "smoke", *IN_PROCESS], tmp_path, timeout=1500, prefect="ephemeral")
+    # The run's shared Prefect server: the temporary one a user without a server gets (~15 CPU-s to start, measured)
+    # is proven by test_credentials and test_run_interrupt
+    first = run(["bertpipe", "run", "--profile", "smoke", *IN_PROCESS], tmp_path, timeout=1500)
     assert statuses(first.stdout, names) == {n: "built" for n in names}, first.stdout
     assert "bertpipe-my_reviews" in first.stdout, first.stdout  # the register stage decided on it
     ft = json.loads((tmp_path / "work" / "finetune" / "my_reviews" / "adapted" / "metrics.json").read_text())
