@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -131,57 +133,47 @@ def _die_with_parent() -> None:  # the server must not outlive a test process th
 SESSION_API = "BERTPIPE_TEST_PREFECT_API"  # set by the xdist controller for its workers (session_prefect_server)
 
 
-def _server_env(home: Path) -> dict:
-    return {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
-
-
-def session_prefect_server():
-    """Start the run's one Prefect server (in the xdist controller, before the workers start: they inherit its URL
-    in ``SESSION_API``) and return the function that stops it. Not waited for here: the first flow waits for it in
-    ``shared_prefect_api``. One server for every worker, not one per worker: each costs ~13-16 CPU-s to start and
-    ~2% of a core while it idles (measured), for the whole run."""
+def _temp_server(what: str | None) -> tuple[str, Path, Callable[[], None]]:
+    """A Prefect server (the idle services off) in a temp PREFECT_HOME, dying with this process: (its API URL, its
+    log, the function that stops it and removes the home). Waits for /health when ``what`` names it."""
     import shutil
     import tempfile
 
     home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
-    env = _server_env(home)
-    server = _launch_server(home, env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    os.environ[SESSION_API] = env["PREFECT_API_URL"]
-    os.environ[SESSION_API + "_LOG"] = str(home / "server.log")
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}
+    popen = {"preexec_fn": _die_with_parent} if sys.platform.startswith("linux") else {}
+    server = _start_server(home, env, what, **popen) if what else _launch_server(home, env, **popen)
+    return env["PREFECT_API_URL"], home / "server.log", lambda: (stop(server), shutil.rmtree(home, ignore_errors=True))
+
+
+def session_prefect_server() -> Callable[[], None]:
+    """Start the run's one Prefect server (in the xdist controller, before the workers start: they inherit its URL
+    in ``SESSION_API``) and return the function that stops it. Not waited for here: the first flow waits for it in
+    ``shared_prefect_api``. One server for every worker, not one per worker: each costs ~13-16 CPU-s to start and
+    ~2% of a core while it idles (measured), for the whole run."""
+    url, log, stop_server = _temp_server(None)
+    os.environ[SESSION_API], os.environ[SESSION_API + "_LOG"] = url, str(log)
 
     def stop_it() -> None:
         os.environ.pop(SESSION_API, None)
-        stop(server)
-        shutil.rmtree(home, ignore_errors=True)
+        stop_server()
     return stop_it
 
 
 def shared_prefect_api() -> str:
     """The API URL of the Prefect server every end-to-end flow run of this test run reports to, instead of starting
     a temporary one of its own: the xdist controller's (``session_prefect_server``), or else this test process's,
-    started on first use on a free 127.0.0.1 port with its own PREFECT_HOME in a temp dir and stopped when the
-    process exits."""
-    if "url" in _shared:
-        return _shared["url"]
-    if os.environ.get(SESSION_API):
-        url, log = os.environ[SESSION_API], Path(os.environ[SESSION_API + "_LOG"])
-        try:
-            wait_for(lambda: _healthy(url), 180, "the run's Prefect server")
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {log.read_text()[-3000:] if log.exists() else '(no log)'}") from None
-        _shared["url"] = url
-        return url
-    import atexit
-    import shutil
-    import tempfile
+    started on first use on a free 127.0.0.1 port and stopped when the process exits."""
+    if "url" not in _shared:
+        if os.environ.get(SESSION_API):
+            _await_server(os.environ[SESSION_API], Path(os.environ[SESSION_API + "_LOG"]), "the run's Prefect server")
+            _shared["url"] = os.environ[SESSION_API]
+        else:
+            import atexit
 
-    home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
-    env = _server_env(home)
-    server = _start_server(home, env, "the shared Prefect server",
-                           preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    atexit.register(lambda: (stop(server), shutil.rmtree(home, ignore_errors=True)))
-    _shared["url"] = env["PREFECT_API_URL"]
+            _shared["url"], _, stop_server = _temp_server("the shared Prefect server")
+            atexit.register(stop_server)
     return _shared["url"]
 
 
@@ -196,17 +188,33 @@ def _launch_server(cwd: Path, env: dict, **popen) -> subprocess.Popen:
                                 start_new_session=True, **popen)
 
 
-def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
-    """``_launch_server``, returning once the server answers /health, or raising with the log's tail."""
-    server = _launch_server(cwd, env, **popen)
+def _await_server(api: str, log: Path, what: str, server: subprocess.Popen | None = None) -> None:
+    """Return once the server at ``api`` answers /health; raise with its log's tail if it does not within 180 s
+    (or ``server``, when this process started it, exits first: then it is stopped)."""
+    def exited() -> bool:
+        return server is not None and server.poll() is not None
+
     try:
-        wait_for(lambda: _healthy(env["PREFECT_API_URL"]) or server.poll() is not None, 180, what)
-        if server.poll() is not None:
+        wait_for(lambda: _healthy(api) or exited(), 180, what)
+        if exited():
             raise AssertionError(f"{what} exited")
     except AssertionError as e:
         stop(server)
-        raise AssertionError(f"{e}: {(cwd / 'server.log').read_text()[-3000:]}") from None
+        raise AssertionError(f"{e}: {log.read_text()[-3000:] if log.exists() else '(no log)'}") from None
+
+
+def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
+    """``_launch_server``, returning once the server answers /health (``_await_server``)."""
+    server = _launch_server(cwd, env, **popen)
+    _await_server(env["PREFECT_API_URL"], cwd / "server.log", what, server)
     return server
+
+
+def copy_code(dst: Path) -> None:
+    """bertpipe's code (bertpipe/, tasks/, flows/ and the bertpipe_prefect links to them) copied to ``dst``."""
+    for d in ("bertpipe", "tasks", "flows"):
+        shutil.copytree(REPO / d, dst / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REPO / "bertpipe_prefect", dst / "bertpipe_prefect", symlinks=True)  # -> the copy's flows/, tasks/
 
 
 def _healthy(api: str) -> bool:

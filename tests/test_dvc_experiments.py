@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 import yaml
 
 from bertpipe.config import dvc_exp_project, dvc_exp_state
-from tests.e2e_project import REPO, env_for
+from tests.e2e_project import copy_code, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six stage processes, then two experiments
 
@@ -65,12 +64,6 @@ print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cf
 """
 
 
-def clone_code(root: Path) -> None:
-    for d in ("bertpipe", "tasks", "flows"):
-        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copytree(REPO / "bertpipe_prefect", root / "bertpipe_prefect", symlinks=True)  # -> the copy's flows/, tasks/
-
-
 def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
     env = env_for(root)
     env["PYTHONPATH"] = str(root)  # the project's copy of the code, not the repo's
@@ -93,7 +86,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     from bertpipe.finetune import synthetic as S
 
     root = tmp_path_factory.mktemp("dvcexp")
-    clone_code(root)
+    copy_code(root)
     S.tiny_encoder(root / "enc", zh_tokenizer_dir, layers=2, hidden=64, positions=64)
     S.write_jsonl(root / "data" / "cls.jsonl", S.keyword_classification(320, seed=1))
     rng = random.Random(0)

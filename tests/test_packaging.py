@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_project import REPO, run, write_project
+from tests.e2e_project import REPO, copy_code, run, write_project
 
 USER_PKG = """from pathlib import Path
 Path(__file__).resolve().parents[1].joinpath("imported-{name}").write_text("the project's own {name}/ was imported")
@@ -29,9 +29,7 @@ raise ImportError("the project's own {name}/ shadowed bertpipe's")
 
 def test_wheel_installs_the_prefect_door_under_bertpipe_prefect(tmp_path):
     src = tmp_path / "src"
-    for d in ("bertpipe", "flows", "tasks"):
-        shutil.copytree(REPO / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copytree(REPO / "bertpipe_prefect", src / "bertpipe_prefect", symlinks=True)
+    copy_code(src)
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / f, src / f)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
