@@ -34,6 +34,15 @@ def laws_source(raw: Path, where: str) -> dict:
 FEW_LAWS = "law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 8)"
 
 
+def one_task() -> dict:
+    """``finetune.tasks`` holding the default sentiment task alone, for projects whose tests stop at the tasks or
+    prepare stage: the three default tasks cost the tasks stage ~26 CPU-s (all of MSRA's and laws.db's examples,
+    uncapped), sentiment alone ~7 (measured)."""
+    from bertpipe.finetune.params import default_tasks
+
+    return {"tasks": {"sentiment": default_tasks()["sentiment"].model_dump(mode="json", exclude_defaults=True)}}
+
+
 def write_project(root: Path, raw: Path, extra: dict | None = None, where: str = FEW_LAWS) -> Path:
     params = {
         "paths": {"raw": str(raw), "work": "work", "state": ".bertpipe"},

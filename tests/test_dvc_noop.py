@@ -20,7 +20,7 @@ import sys
 import pytest
 import yaml
 
-from tests.e2e_project import run, write_project
+from tests.e2e_project import one_task, run, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,8 @@ def ran(proc) -> list[str]:
 
 def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_path, sample_raw):
     root = tmp_path
-    write_project(root, sample_raw, extra={"profile": "p", "profiles": {"p": {"prepare": {"split": {"valid": 0.05}}}}})
+    write_project(root, sample_raw, extra={"profile": "p", "profiles": {"p": {"prepare": {"split": {"valid": 0.05}}}},
+                                          "finetune": one_task()})
     run(["git", "init", "-q"], root)
     (root / ".gitignore").write_text("/.bertpipe/\n/data/\n")
     run(["dvc", "init", "-q"], root)

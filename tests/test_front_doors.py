@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.e2e_project import run, write_project
+from tests.e2e_project import one_task, run, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ print("MANIFESTS=" + json.dumps(manifests))
 def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path, sample_raw):
     import sys
 
-    write_project(tmp_path, sample_raw)
+    write_project(tmp_path, sample_raw, {"finetune": one_task()})
     # One run; then, after deleting prepare's output, a second (both in one process): the untouched tasks stage
     # reads Cached there, so an identical run in between would prove nothing more (the whole chain's cached rerun:
     # test_pipeline_e2e).

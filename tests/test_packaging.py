@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_project import REPO, copy_code, run, write_project
+from tests.e2e_project import REPO, copy_code, one_task, run, write_project
 
 USER_PKG = """from pathlib import Path
 Path(__file__).resolve().parents[1].joinpath("imported-{name}").write_text("the project's own {name}/ was imported")
@@ -44,7 +44,7 @@ def test_wheel_installs_the_prefect_door_under_bertpipe_prefect(tmp_path):
 
 
 def shadowing_project(root: Path, sample_raw: Path) -> Path:
-    write_project(root, sample_raw)
+    write_project(root, sample_raw, {"finetune": one_task()})
     for name in ("flows", "tasks"):
         (root / name).mkdir()
         (root / name / "__init__.py").write_text(USER_PKG.format(name=name))

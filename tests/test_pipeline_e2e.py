@@ -66,11 +66,20 @@ print("STATES=" + json.dumps({tr.name: tr.state.name for tr in trs}))
 """
 
 
-def flow_states(root: Path, overrides: list[str] | None = None) -> tuple[dict, float]:
+def flow_states(root: Path, overrides: list[str] | None = None) -> tuple[dict, float, str]:
+    """(each task run's final state, the run's wall time, the flow's log)."""
     t0 = time.time()
     proc = run([sys.executable, "-c", FLOW_STATES, json.dumps(overrides or [])], root)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1]
-    return json.loads(line[len("STATES="):]), time.time() - t0
+    return json.loads(line[len("STATES="):]), time.time() - t0, proc.stderr
+
+
+def why(states: dict, log: str, expected: str) -> str:
+    """For an assertion message: the states, and the flow's log lines about each task run not in ``expected`` state
+    and any error it logged (e.g. Prefect's "Error encountered when computing cache key")."""
+    odd = [n for n, s in states.items() if s != expected]
+    lines = [ln for ln in log.splitlines() if "rror" in ln or any(f"'{n}'" in ln for n in odd)]
+    return f"{states}\nnot {expected}: {odd}\n" + "\n".join(lines[-60:])
 
 
 def summary(log: str) -> dict[str, str]:
@@ -162,10 +171,11 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
 
 def test_second_run_is_all_cached_and_registers_nothing(project):
     before = registry_versions(project)
-    states, elapsed = flow_states(project)
-    print(f"cached rerun: {elapsed:.1f}s wall (process start, temporary Prefect server and all)")
+    states, elapsed, log = flow_states(project)
+    print(f"cached rerun: {elapsed:.1f}s wall (process start and all)")
     # start is never a Prefect cache hit: it asks the registry every run (same answer, so nothing below it reran)
-    assert states.pop("start") == "Completed" and states and set(states.values()) == {"Cached"}, states
+    assert states.pop("start") == "Completed" and states and set(states.values()) == {"Cached"}, why(states, log,
+                                                                                                   "Cached")
     assert registry_versions(project) == before
 
 
@@ -209,11 +219,11 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
 
 
 def test_a_finetune_param_reruns_only_finetune_evaluate_register(project):
-    states, _ = flow_states(project, ["finetune.train.lr=0.002"])
+    states, _, log = flow_states(project, ["finetune.train.lr=0.002"])
     # Downstream of the finetunes: their students, the exports of both, evaluate and register (not the encoder's
     # export, which depends on pretrain only).
     below = ("finetune/", "distill/", "export/", "evaluate", "register")
     downstream = {k: v for k, v in states.items() if k.startswith(below) and k != "export/encoder"}
     upstream = {k: v for k, v in states.items() if k not in downstream and k != "start"}  # start: asked each run
-    assert set(upstream.values()) == {"Cached"}, states
-    assert set(downstream.values()) == {"Completed"}, states
+    assert set(upstream.values()) == {"Cached"}, why(upstream, log, "Cached")
+    assert set(downstream.values()) == {"Completed"}, why(downstream, log, "Completed")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.e2e_project import env_for, prefect_server, stop, wait_for, write_project
+from tests.e2e_project import env_for, one_task, prefect_server, stop, wait_for, write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -91,7 +91,8 @@ with get_client(sync_client=True) as c:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, sample_raw):
     root = tmp_path_factory.mktemp("prefect")
-    write_project(root, sample_raw, {"flow": {"max_parallel": 1, "timezone": "Asia/Shanghai", "cron": "5 4 * * *"}})
+    write_project(root, sample_raw, {"flow": {"max_parallel": 1, "timezone": "Asia/Shanghai", "cron": "5 4 * * *"},
+                                    "finetune": one_task()})
     env = env_for(root)
     with prefect_server(root, env):
         yield root, env

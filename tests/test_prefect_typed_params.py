@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.e2e_project import env_for, prefect_server, write_project
+from tests.e2e_project import env_for, one_task, prefect_server, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +44,10 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
     from bertpipe.pipeline import COMMANDS
 
     root = tmp_path / "proj"
-    from bertpipe.finetune.params import default_tasks
-
     # One small default task: the knob reaches the tasks stage whatever it holds (MSRA's 2.2M lines only add time).
-    sentiment = default_tasks()["sentiment"].model_dump(mode="json", exclude_defaults=True)
     write_project(root, sample_raw, extra={"profile": "small", "profiles": {"small": {"pretrain": {"max_steps": 3}},
                                                                             "big": {"pretrain": {"max_steps": 9}}},
-                                           "finetune": {"tasks": {"sentiment": sentiment}}})
+                                           "finetune": one_task()})
     env = env_for(root)
     with prefect_server(root, env):
         proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
