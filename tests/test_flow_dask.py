@@ -1,6 +1,8 @@
 """The domain_adaptation flow on a real Dask cluster (two worker processes on 127.0.0.1, started here and given to the
 flow by address) builds what the local runner builds: the same fingerprints for every stage, byte-identical prepare
-parquet files (prepare cut into shards on the cluster's workers) and the same finetune metrics."""
+parquet files (prepare cut into shards on the cluster's workers) and the same finetune metrics. Both runs stop after
+the finetune (``--until finetune``): evaluate and register do nothing on a cluster that the stages before them do
+not (each is one more stage process on a worker, ~10 CPU-s apiece, measured), and their outputs were never compared."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from bertpipe_prefect.tasks.env import prefect_env
 from bertpipe.config import load_config
 overrides = json.loads(sys.argv[1])
 prefect_env(load_config("params.yaml", None, overrides))
-results = domain_adaptation("params.yaml", None, overrides, None)
+results = domain_adaptation("params.yaml", None, overrides, "finetune")
 print("RESULTS=" + json.dumps({k: v["status"] for k, v in results.items()}))
 """
 
@@ -74,7 +76,8 @@ def test_the_flow_on_a_two_worker_cluster_builds_what_the_local_runner_builds(tm
     local = make_project(tmp_path / "local", sample_raw, enc, zh_tokenizer_dir)
     on_dask = make_project(tmp_path / "dask", sample_raw, enc, zh_tokenizer_dir)
     first = flow(local, [])
-    assert set(first.values()) == {"built"}, first
+    built = [k for k, v in first.items() if v == "built"]
+    assert {k: v for k, v in first.items() if v != "built"} == {"evaluate": "skipped", "register": "skipped"}, first
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -82,11 +85,11 @@ def test_the_flow_on_a_two_worker_cluster_builds_what_the_local_runner_builds(tm
         assert second == first
         # Every stage ran as a task on the cluster's workers, and prepare's two shards besides.
         executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
-        assert sum(executed.values()) >= len(first) + 2 and all(executed.values()), executed
+        assert sum(executed.values()) >= len(built) + 2 and all(executed.values()), executed
     stats = json.loads((on_dask / "work" / "prepare" / "stats.json").read_text())
     assert stats["corpora"]["domain"]["timings"]["shards"] == 2  # one per worker
 
     a, b = outputs(local), outputs(on_dask)
-    assert a["fingerprints"] == b["fingerprints"] and len(a["fingerprints"]) == len(first)
+    assert a["fingerprints"] == b["fingerprints"] and len(a["fingerprints"]) == len(built)
     assert a["parquet"].keys() == b["parquet"].keys() and a["parquet"] == b["parquet"]
     assert a["finetune"] == b["finetune"]
