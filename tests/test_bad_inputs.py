@@ -1,4 +1,6 @@
-"""A catalogue of bad inputs, each run through the real `bertpipe` command in a temp project.
+"""A catalogue of bad inputs, each run through the real `bertpipe` command in a temp project (its entry point,
+``bertpipe.cli.main``, in a fork of one interpreter that has imported the CLI, torch and MLflow once: tests/forkcli.py;
+the interpreter start-ups were most of the module's CPU).
 
 For every case: non-zero exit, exactly one `error:` line that names the file/line/key (a regex per case), no
 traceback, no new directory (temp or output) under work/, and every file of the case byte-identical afterwards.
@@ -24,6 +26,7 @@ import pytest
 import yaml
 
 from tests.e2e_project import FEW_LAWS, env_for, laws_source
+from tests.forkcli import ForkCLI
 
 GB = "第一条 为了保护公民的合法权益，制定本法。\n第二条 本法适用于全国。\n".encode("gb18030")
 
@@ -55,6 +58,7 @@ class Shared:
     raw: Path
     encoder: Path
     tokenizer: Path
+    cli: ForkCLI
 
 
 def laws_copy(case: Path, sh: Shared, transform: Callable[[bytes], bytes], raw: str = "raw") -> None:
@@ -209,8 +213,12 @@ def shared(tmp_path_factory, sample_raw, zh_tokenizer_dir):
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     root = base / "bad inputs #1 ü"
     root.mkdir()
-    yield Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir)
-    subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
+    cli = ForkCLI(case_env(root))
+    try:
+        yield Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir, cli)
+    finally:
+        cli.close()
+        subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
 
 
 def base_params(sh: Shared) -> dict:
@@ -240,10 +248,14 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def run_case(case: Case, sh: Shared, cwd: Path) -> subprocess.CompletedProcess:
+def case_env(cwd: Path) -> dict:
     env = env_for(cwd)
     env.update({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "COLUMNS": "200"})  # offline: the cache or nothing
-    return subprocess.run(["bertpipe", *case.argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return env
+
+
+def run_case(case: Case, sh: Shared, cwd: Path) -> subprocess.CompletedProcess:
+    return sh.cli.run(case.argv, cwd, case_env(cwd))
 
 
 def check(case: Case, sh: Shared, cwd: Path) -> float:
