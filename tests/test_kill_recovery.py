@@ -18,6 +18,7 @@ import pytest
 
 from bertpipe.stage import write_json
 from tests.e2e_project import env_for, run, write_project
+from tests.forkcli import Forked, shared_cli
 
 SEED = 15
 
@@ -85,16 +86,17 @@ def leftovers(root: Path) -> list[str]:
                   ".old-" in p.name)
 
 
-def watch(argv: list[str], root: Path, marker: str, **popen) -> tuple[subprocess.Popen, list[str], threading.Event,
-                                                                       threading.Thread]:
-    """Start ``argv`` in ``root``; a thread collects its stderr lines and sets the event once one holds ``marker``."""
-    proc = subprocess.Popen(argv, cwd=root, env=env_for(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, **popen)
+def watch(argv: list[str], root: Path, marker: str) -> tuple[Forked, list[str], threading.Event, threading.Thread]:
+    """Start `bertpipe` ``argv[1:]`` in ``root``, in its own session (a fork of this process's warm CLI server,
+    tests/forkcli.py: no interpreter start-up before the signal); a thread collects its stderr lines and sets the
+    event once one holds ``marker``."""
+    assert argv[0] == "bertpipe", argv
+    proc = shared_cli().start(argv[1:], root, env_for(root))
     seen = threading.Event()
     lines: list[str] = []
 
     def read() -> None:
-        for line in proc.stderr:
+        for line in proc.stderr_lines():
             lines.append(line)
             if marker in line:
                 seen.set()
@@ -142,7 +144,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     # tasks (the splits prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
     # The uninterrupted reference: the same stage commands, one after another in one process (one start-up).
     run(CLI_STAGES + ["tasks", "prepare", "start", "vocab", "pretrain", "register"], whole)
-    run(["bertpipe", "tasks"], killed)
+    assert shared_cli().run(["tasks"], killed, env_for(killed)).returncode == 0
 
     rng = random.Random(SEED)
     log = []

@@ -1,7 +1,8 @@
 """Faults a user meets on a real project (issue 23, "not yet tried"): the MLflow sqlite store held locked by another
-process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes,
-real signals, real sqlite locks, a real tmpfs. (Two `bertpipe run` at once in one project, each stage built by one
-of them: tests/test_pipeline_e2e.py, on the whole chain.)"""
+process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes
+(each a fork of one warm interpreter: tests/forkcli.py), real signals, real sqlite locks, a real tmpfs. (Two
+`bertpipe run` at once in one project, each stage built by one of them: tests/test_pipeline_e2e.py, on the whole
+chain.)"""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_credentials import bertpipe, project
+from tests.e2e_project import env_for
+from tests.forkcli import shared_cli
+from tests.test_credentials import project
 from tests.test_kill_recovery import watch
 
 pytestmark = pytest.mark.slow
+
+def bertpipe(root: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`bertpipe *argv` in ``root``, in a fork of this process's warm CLI server (tests/forkcli.py)."""
+    return shared_cli().run(list(argv), root, env_for(root, prefect="ephemeral"))
+
 
 LOCK_HOLDER = """
 import sqlite3, sys, time
@@ -51,8 +59,7 @@ def test_register_waits_for_an_mlflow_store_another_process_holds_locked(tmp_pat
     holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
-    proc, lines, waiting, t = watch(["bertpipe", "register"], root, "is locked by another process; waiting",
-                                    start_new_session=True)
+    proc, lines, waiting, t = watch(["bertpipe", "register"], root, "is locked by another process; waiting")
     try:
         deadline = time.time() + 300
         while not waiting.wait(0.2) and proc.poll() is None and time.time() < deadline:
@@ -141,8 +148,7 @@ def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, 
     assert bertpipe(root, "tasks").returncode == 0
     # Half-way, by progress rather than by the clock: the first of the two seeds is trained, scored and saved, the
     # second is training (a sleep of half the reference's build time missed when this run was faster than it).
-    proc, lines, half_way, t = watch(["bertpipe", "finetune", "--task", "long"], root, "long/base seed 1: dev",
-                                     start_new_session=True)
+    proc, lines, half_way, t = watch(["bertpipe", "finetune", "--task", "long"], root, "long/base seed 1: dev")
     assert half_way.wait(600), "".join(lines)[-3000:]
     assert proc.poll() is None, "finished before the kill: " + "".join(lines)[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)
