@@ -82,16 +82,33 @@ def env_for(root: Path, prefect: str = "shared") -> dict:
 def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True,
         prefect: str = "shared") -> subprocess.CompletedProcess:
     """``cmd`` in its own session; on a timeout the whole session is killed, so what it started (e.g. the flow's
-    temporary Prefect server) does not outlive the test."""
-    with subprocess.Popen(cmd, cwd=root, env=env_for(root, prefect), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as p:
+    temporary Prefect server) does not outlive the test. `bertpipe ...` and `python -c ...` run in a fork of this
+    process's warm interpreter (tests/forkcli.py: torch, transformers and MLflow imported once, ~8 CPU-s a command);
+    anything else is a new process."""
+    from tests.forkcli import shared_cli
+
+    env = env_for(root, prefect)
+    if cmd[0] == "bertpipe" or cmd[:2] == [sys.executable, "-c"]:
+        cli, (argv, code) = shared_cli(), ((cmd[1:], None) if cmd[0] == "bertpipe" else (cmd[3:], cmd[2]))
+        forked = cli.start(argv, root, env, code=code)
         try:
-            out, err = p.communicate(timeout=timeout)
+            forked.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+            os.killpg(forked.pid, signal.SIGKILL)
+            forked.wait()
             raise
-    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+        proc = forked.output()
+        proc.args = cmd
+    else:
+        with subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                raise
+        proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc

@@ -1,11 +1,15 @@
-"""The `bertpipe` command run in forks of one warm interpreter, for tests that run it many times over.
+"""`bertpipe ...` and `python -c ...` run in forks of one warm interpreter: the test process's commands
+(``e2e_project.run``, the bad-input catalogue, the kill tests).
 
 A fresh `bertpipe` process spends most of a bad-input case importing: ~0.3 CPU-s for the CLI, ~3 more for a case
 that reaches a stage (torch, transformers, MLflow), against a few milliseconds of the work the case is about
-(measured: test_bad_inputs' 61 cases, 72 CPU-s). Here one server process imports all of that once and forks a child
-per command; the child takes the command's cwd, environment and argv, writes its stdout and stderr to files, and
-runs ``bertpipe.cli.main`` (the console script's entry point) as the script would: an uncaught exception prints its
-traceback and exits 1, ``sys.exit`` codes pass through, atexit handlers run. What the child does from ``main`` on is
+(measured: test_bad_inputs' 61 cases, 72 CPU-s); every flow script and `bertpipe run` pays ~8 CPU-s of the same.
+Here one server process per test process imports them once and forks a child per command; the child takes the
+command's cwd, environment and argv, its own session, ``sys.path[0]`` as the interpreter would set it, writes its
+stdout and stderr to files, and runs ``bertpipe.cli.main`` (the console script's entry point) or the ``-c`` code as
+the interpreter would: an uncaught exception prints its traceback and exits 1, ``sys.exit`` codes pass through,
+atexit handlers run. Prefect is not imported by the server (it reads its settings from the environment at import,
+and each command has its own), nor is anything a command imports from its own directory. What the child runs is
 the command's own code, unchanged.
 """
 
@@ -26,6 +30,10 @@ SERVER = r"""
 import atexit, json, os, sys, time, traceback
 import bertpipe.cli
 import bertpipe.stage, bertpipe.tracking, mlflow.tracking, torch, transformers  # what a stage's command imports
+# Not Prefect: it reads its settings (PREFECT_HOME, PREFECT_API_URL) from the environment when imported, and each
+# command has its own.
+assert "prefect" not in sys.modules
+BIN = os.path.dirname(sys.executable)  # where the `bertpipe` console script lives: its sys.path[0]
 
 
 def child(req):
@@ -38,9 +46,16 @@ def child(req):
         for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
         sys.stdin = open(os.devnull)
-        sys.argv = ["bertpipe", *req["argv"]]
+        # sys.path[0] as the interpreter sets it: the script's directory for `bertpipe`, the cwd for `python -c`
+        if req.get("code") is None:
+            sys.argv, sys.path[0] = ["bertpipe", *req["argv"]], BIN
+        else:
+            sys.argv, sys.path[0] = ["-c", *req["argv"]], ""
         try:
-            bertpipe.cli.main()
+            if req.get("code") is None:
+                bertpipe.cli.main()
+            else:
+                exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
             rc = 0
         except SystemExit as e:
             if e.code is None or isinstance(e.code, int):
@@ -155,14 +170,15 @@ class ForkCLI:
             raise RuntimeError(f"the fork server exited ({self._server.poll()})")
         return json.loads(line)
 
-    def start(self, argv: list[str], cwd: Path, env: dict) -> Forked:
+    def start(self, argv: list[str], cwd: Path, env: dict, code: str | None = None) -> Forked:
+        """`bertpipe *argv`, or with ``code``: `python -c code *argv`."""
         self._n += 1
         out, err = self._dir / f"{self._n}.out", self._dir / f"{self._n}.err"
         argv = [str(a) for a in argv]
         out.touch()
         err.touch()  # there to be followed before the child opens it
         pid = self._ask({"op": "start", "argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
-                         "stderr": str(err)})["pid"]
+                         "stderr": str(err), "code": code})["pid"]
         return Forked(self, pid, argv, out, err)
 
     def run(self, argv: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
