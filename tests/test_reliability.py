@@ -23,9 +23,13 @@ from tests.test_kill_recovery import watch
 
 pytestmark = pytest.mark.slow
 
-def bertpipe(root: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in ``root``, in a fork of this process's warm CLI server (tests/forkcli.py)."""
-    return shared_cli().run(list(argv), root, env_for(root, prefect="ephemeral"))
+def bertpipe(root: Path, *argv: str, fork: bool = True) -> subprocess.CompletedProcess:
+    """`bertpipe *argv` in ``root``, in a fork of this process's warm CLI server (tests/forkcli.py), or with
+    ``fork=False`` in a new process (the reference the other runs must equal: its own string-hash seed)."""
+    env = env_for(root, prefect="ephemeral")
+    if fork:
+        return shared_cli().run(list(argv), root, env)
+    return subprocess.run(["bertpipe", *argv], cwd=root, env=env, capture_output=True, text=True, timeout=900)
 
 
 LOCK_HOLDER = """
@@ -137,7 +141,7 @@ def reference(tmp_path_factory, zh_tokenizer_dir):
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
     root = finetune_project(base / "whole", zh_tokenizer_dir, enc)
     assert bertpipe(root, "tasks").returncode == 0
-    r = bertpipe(root, "finetune", "--task", "long")
+    r = bertpipe(root, "finetune", "--task", "long", fork=False)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[{FT}] done in" in r.stderr, r.stderr[-3000:]
     return {"base": base, "enc": enc, "result": result(root)}
