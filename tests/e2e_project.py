@@ -91,15 +91,8 @@ def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True,
 
     env = env_for(root, prefect)
     if fork and (cmd[0] == "bertpipe" or cmd[:2] == [sys.executable, "-c"]):
-        cli, (argv, code) = shared_cli(), ((cmd[1:], None) if cmd[0] == "bertpipe" else (cmd[3:], cmd[2]))
-        forked = cli.start(argv, root, env, code=code)
-        try:
-            forked.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(forked.pid, signal.SIGKILL)
-            forked.wait()
-            raise
-        proc = forked.output()
+        argv, code = (cmd[1:], None) if cmd[0] == "bertpipe" else (cmd[3:], cmd[2])
+        proc = shared_cli().run(argv, root, env, code=code, timeout=timeout)
         proc.args = cmd
     else:
         with subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -181,9 +181,17 @@ class ForkCLI:
                          "stderr": str(err), "code": code})["pid"]
         return Forked(self, pid, argv, out, err)
 
-    def run(self, argv: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-        proc = self.start(argv, cwd, env)
-        proc.wait()
+    def run(self, argv: list[str], cwd: Path, env: dict, code: str | None = None,
+            timeout: float | None = 900) -> subprocess.CompletedProcess:
+        """Start, wait; past ``timeout`` seconds its whole session is killed (what it started included) and
+        ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` would."""
+        proc = self.start(argv, cwd, env, code=code)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         return proc.output()
 
     def close(self) -> None:

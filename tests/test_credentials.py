@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.e2e_project import env_for, free_port
+from tests.forkcli import shared_cli
 
 pytestmark = pytest.mark.slow
 
@@ -82,14 +83,7 @@ def bertpipe(root: Path, *argv: str, env_uri: str | None = None, **extra_env) ->
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri
     env.update(extra_env)
-    with subprocess.Popen(["bertpipe", *argv], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as p:
-        try:
-            out, err = p.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            raise
-    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+    return shared_cli().run(list(argv), root, env)  # a fork of this process's warm interpreter: tests/forkcli.py
 
 
 def files_holding(secret: bytes, *roots: Path, skip: tuple[Path, ...] = ()) -> list[str]:
