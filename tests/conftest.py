@@ -83,8 +83,8 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
 # started in this order under xdist: whatever starts last sets the suite's end, so the long ones must not be left
 # for the end. The rest follow: modules holding a slow test, then the quick ones.
 LONGEST_FIRST = tuple(f"tests.test_{m}" for m in (
-    "pipeline_e2e", "retrain_rounds", "dvc_experiments", "flow_dask", "bad_inputs", "kill_recovery", "serve",
-    "families", "prefect_doors", "reliability", "own_domain", "dvc_noop", "register", "credentials",
+    "pipeline_e2e", "retrain_rounds", "dvc_experiments", "flow_dask", "kill_recovery", "serve",
+    "families", "prefect_doors", "reliability", "own_domain", "dvc_noop", "register", "credentials", "bad_inputs",
     "pretrain_resume", "front_doors", "prefect_typed_params", "run_interrupt", "packaging"))
 
 

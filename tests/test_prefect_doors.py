@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.e2e_project import env_for, one_task, prefect_server, stop, wait_for, write_project
+from tests.forkcli import shared_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -106,8 +107,7 @@ def _out(proc: subprocess.CompletedProcess) -> dict:
 
 def test_artifacts_child_logs_retries(project):
     root, env = project
-    out = _out(subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=1200))
+    out = _out(shared_cli().run([], root, env, code=SCRIPT, timeout=1200))  # `python -c`, forked: tests/forkcli.py
     by_key = {a["key"]: a for a in out["flow"]}
     table = json.loads(by_key["stages"]["data"]) if isinstance(by_key["stages"]["data"], str) else \
         by_key["stages"]["data"]

@@ -5,12 +5,11 @@ flow run given knobs runs with them: the stage's fingerprint is the one the same
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.e2e_project import env_for, one_task, prefect_server, write_project
+from tests.forkcli import shared_cli
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +49,7 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
                                            "finetune": one_task()})
     env = env_for(root)
     with prefect_server(root, env):
-        proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=900)
+        proc = shared_cli().run([], root, env, code=SCRIPT)  # `python -c`, forked: tests/forkcli.py
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT=")]
     assert line, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = json.loads(line[-1][4:])
