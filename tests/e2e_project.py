@@ -157,7 +157,6 @@ SESSION_API = "BERTPIPE_TEST_PREFECT_API"  # set by the xdist controller for its
 def _temp_server(what: str | None) -> tuple[str, Path, Callable[[], None]]:
     """A Prefect server (the idle services off) in a temp PREFECT_HOME, dying with this process: (its API URL, its
     log, the function that stops it and removes the home). Waits for /health when ``what`` names it."""
-    import shutil
     import tempfile
 
     home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))

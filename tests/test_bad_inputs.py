@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.e2e_project import FEW_LAWS, env_for, laws_source
-from tests.forkcli import ForkCLI
+from tests.forkcli import shared_cli
 
 GB = "第一条 为了保护公民的合法权益，制定本法。\n第二条 本法适用于全国。\n".encode("gb18030")
 
@@ -58,7 +58,6 @@ class Shared:
     raw: Path
     encoder: Path
     tokenizer: Path
-    cli: ForkCLI
 
 
 def laws_copy(case: Path, sh: Shared, transform: Callable[[bytes], bytes], raw: str = "raw") -> None:
@@ -213,12 +212,8 @@ def shared(tmp_path_factory, sample_raw, zh_tokenizer_dir):
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     root = base / "bad inputs #1 ü"
     root.mkdir()
-    cli = ForkCLI(case_env(root))
-    try:
-        yield Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir, cli)
-    finally:
-        cli.close()
-        subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
+    yield Shared(root, base / "state", sample_raw, enc, zh_tokenizer_dir)
+    subprocess.run(["chattr", "-R", "-i", str(root)], capture_output=True)
 
 
 def base_params(sh: Shared) -> dict:
@@ -255,7 +250,7 @@ def case_env(cwd: Path) -> dict:
 
 
 def run_case(case: Case, sh: Shared, cwd: Path) -> subprocess.CompletedProcess:
-    return sh.cli.run(case.argv, cwd, case_env(cwd))
+    return shared_cli().run(case.argv, cwd, case_env(cwd), timeout=300)
 
 
 def check(case: Case, sh: Shared, cwd: Path) -> float:

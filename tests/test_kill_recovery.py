@@ -145,7 +145,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     # The uninterrupted reference: the same stage commands, one after another in one new process (one start-up; not
     # a fork like the runs it is compared with: its own string-hash seed).
     run(CLI_STAGES + ["tasks", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
-    assert shared_cli().run(["tasks"], killed, env_for(killed)).returncode == 0
+    run(["bertpipe", "tasks"], killed)
 
     rng = random.Random(SEED)
     log = []

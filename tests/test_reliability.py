@@ -16,20 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_project import env_for
-from tests.forkcli import shared_cli
+from tests.e2e_project import run
 from tests.test_credentials import project
 from tests.test_kill_recovery import watch
 
 pytestmark = pytest.mark.slow
 
 def bertpipe(root: Path, *argv: str, fork: bool = True) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in ``root``, in a fork of this process's warm CLI server (tests/forkcli.py), or with
-    ``fork=False`` in a new process (the reference the other runs must equal: its own string-hash seed)."""
-    env = env_for(root, prefect="ephemeral")
-    if fork:
-        return shared_cli().run(list(argv), root, env)
-    return subprocess.run(["bertpipe", *argv], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    """`bertpipe *argv` in ``root`` (``e2e_project.run``: a fork of the warm interpreter, or with ``fork=False`` a new
+    process, for the reference the other runs must equal: its own string-hash seed)."""
+    return run(["bertpipe", *argv], root, check=False, prefect="ephemeral", fork=fork)
 
 
 LOCK_HOLDER = """

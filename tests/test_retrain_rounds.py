@@ -110,7 +110,7 @@ def _cmd(cmd: list[str], root: Path, env: dict, fork: bool = False) -> subproces
     """``cmd`` in a new process, or with ``fork`` (a `bertpipe` command) in a fork of this process's warm
     interpreter (tests/forkcli.py: ~8 CPU-s of imports less)."""
     if fork:
-        proc = shared_cli().run(cmd[1:], root, env)
+        proc = shared_cli().run(cmd[1:], root, env, timeout=1500)
     else:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
