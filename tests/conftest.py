@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 from pathlib import Path
 
@@ -81,13 +79,12 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
 
 # The modules by measured wall time, longest first (the `--durations` of a full run on 2 cores, docs/testing.md),
 # started in this order under xdist: whatever starts last sets the suite's end, so the long ones must not be left
-# for the end. The rest follow: modules holding a slow test, then the quick ones. test_serve comes last of these:
-# its `exclusive` test waits for the other workers' current tests to end, and they idle behind it (measured: 77 s of
-# waiting and a worker 110 s idle when it came while the others ran 100-280 s chains; later, their tests are short).
+# for the end. The rest follow: modules holding a slow test, then the quick ones.
 LONGEST_FIRST = tuple(f"tests.test_{m}" for m in (
-    "pipeline_e2e", "retrain_rounds", "dvc_experiments", "flow_dask", "kill_recovery",
-    "families", "prefect_doors", "reliability", "own_domain", "dvc_noop", "register", "credentials", "bad_inputs",
-    "pretrain_resume", "front_doors", "prefect_typed_params", "run_interrupt", "packaging", "serve"))
+    "pipeline_e2e", "retrain_rounds", "dvc_experiments", "serve", "flow_dask", "kill_recovery", "families",
+    "reliability", "prefect_doors", "pretrain_resume", "register", "own_domain", "finetune_stage", "export_registry",
+    "run_interrupt", "prepare_scale", "bad_inputs", "dvc_noop", "credentials", "prefect_typed_params",
+    "vocab_embeddings", "packaging", "front_doors"))
 
 
 def pytest_configure(config):
@@ -119,34 +116,3 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0) if n in slow else (2, 0)
 
     items.sort(key=rank)
-
-
-@contextlib.contextmanager
-def _flock(path: Path, mode: int):
-    with open(path, "a") as f:
-        fcntl.flock(f, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@pytest.fixture(autouse=True)
-def _machine_share(request, tmp_path_factory):
-    """Under xdist, a test marked `exclusive` (its assertions hold a wall-clock bound: a reply within seconds) has
-    the machine to itself: it takes an exclusive flock that every other test holds shared while it runs. The
-    turnstile makes the other workers queue behind a waiting exclusive test instead of starving it with
-    back-to-back shared holds."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    shared = tmp_path_factory.getbasetemp().parent  # the run's dir, common to all workers
-    turnstile, machine = shared / "machine.turnstile", shared / "machine.lock"
-    if request.node.get_closest_marker("exclusive"):
-        with _flock(turnstile, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
-            yield
-    else:
-        with _flock(turnstile, fcntl.LOCK_EX):
-            pass
-        with _flock(machine, fcntl.LOCK_SH):
-            yield
