@@ -84,12 +84,15 @@ def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True,
     """``cmd`` in its own session; on a timeout the whole session is killed, so what it started (e.g. the flow's
     temporary Prefect server) does not outlive the test. With ``fork``, `bertpipe ...` and `python -c ...` run in a
     fork of this process's warm interpreter (tests/forkcli.py: torch, transformers and MLflow imported once, ~8 CPU-s
-    a command); anything else, or ``fork=False``, is a new process. A reference run that another run must equal is a
-    new process (``fork=False``): forks share one interpreter's string-hash seed, so two of them could agree where a
-    set's order differs between processes."""
+    a command), and so do the `bertpipe` stage commands a `dvc ...` starts (a shim first on its PATH); anything
+    else, or ``fork=False``, is a new process. A reference run that another run must equal is a new process
+    (``fork=False``): forks share one interpreter's string-hash seed, so two of them could agree where a set's
+    order differs between processes."""
     from tests.forkcli import shared_cli
 
     env = env_for(root, prefect)
+    if fork and cmd[0] == "dvc":
+        env = shared_cli().shim_env(env)
     if fork and (cmd[0] == "bertpipe" or cmd[:2] == [sys.executable, "-c"]):
         argv, code = (cmd[1:], None) if cmd[0] == "bertpipe" else (cmd[3:], cmd[2])
         proc = shared_cli().run(argv, root, env, code=code, timeout=timeout)

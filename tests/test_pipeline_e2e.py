@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from tests.e2e_project import env_for, run
+from tests.forkcli import shared_cli
 
 pytestmark = pytest.mark.slow
 
@@ -138,11 +138,11 @@ def project(tmp_path_factory, sample_raw):
 
 
 def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
-    env = env_for(project)
-    logs = [open(project / f"first-{i}.log", "w") for i in range(2)]
-    procs = [subprocess.Popen(["bertpipe", "run"], cwd=project, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-             for i in range(2)]
+    # Two `bertpipe run` processes, each a fork of this test process's warm interpreter (tests/forkcli.py).
+    procs = [shared_cli().start(["run"], project, env_for(project)) for _ in range(2)]
     codes = [p.wait(timeout=1500) for p in procs]
+    for i, p in enumerate(procs):  # its whole output, stdout then stderr (the run summary is on stdout)
+        (project / f"first-{i}.log").write_text(p.stdout_path.read_text() + p.stderr_path.read_text())
     assert codes == [0, 0], [(project / f"first-{i}.log").read_text()[-4000:] for i in range(2)]
     reg = json.loads((project / "work" / "register" / "registry.json").read_text())
     assert reg["models"], reg

@@ -106,13 +106,11 @@ def project(tmp_path_factory, sample_raw):
         yield root, env
 
 
-def _cmd(cmd: list[str], root: Path, env: dict, fork: bool = False) -> subprocess.CompletedProcess:
-    """``cmd`` in a new process, or with ``fork`` (a `bertpipe` command) in a fork of this process's warm
-    interpreter (tests/forkcli.py: ~8 CPU-s of imports less)."""
-    if fork:
-        proc = shared_cli().run(cmd[1:], root, env, timeout=1500)
-    else:
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
+    """A `bertpipe` command in a fork of this process's warm interpreter (tests/forkcli.py: ~8 CPU-s of imports
+    less than a new process)."""
+    assert cmd[0] == "bertpipe", cmd
+    proc = shared_cli().run(cmd[1:], root, env, timeout=1500)
     assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
@@ -143,7 +141,7 @@ def test_two_retrain_rounds_and_a_scheduled_run_between(project):
     # Round one: continue from the champion v1 with its tokenizer extended.
     before = _manifests(root)
     versions0 = registry_versions(root)
-    out = _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round1.jsonl")], root, env, fork=True)
+    out = _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round1.jsonl")], root, env)
     assert "continuing pretraining from the champion encoder bertpipe-encoder v1" in out.stdout + out.stderr
     # The file entered the drop dir unchanged and versioned; prepare read it (a new corpus fingerprint).
     assert (root / "data" / "incoming" / "round1.jsonl").read_bytes() == (root.parent / "round1.jsonl").read_bytes()
@@ -175,7 +173,7 @@ def test_two_retrain_rounds_and_a_scheduled_run_between(project):
     assert registry_versions(root) == versions
 
     # Round two: new words on top of round one's (or v1's, if v2 was not promoted), no id moves.
-    _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round2.jsonl")], root, env, fork=True)
+    _cmd(["bertpipe", "retrain", "--add", str(root.parent / "round2.jsonl")], root, env)
     lin2, man2 = _vocab(root)
     assert lin2["start"]["kind"] == "champion" and lin2["corpus"] != lin1["corpus"]
     start = root / ".bertpipe" / "exported" / f"bertpipe-encoder-v{lin2['start']['version']}"
