@@ -30,6 +30,23 @@ SERVER = r"""
 import atexit, json, os, runpy, selectors, socket, sys, time, traceback
 import bertpipe.cli
 import bertpipe.stage, bertpipe.tracking, mlflow.tracking, torch, transformers  # what a stage's command imports
+# What the stages load lazily, the first time in each process: the BERT classes (transformers' modeling import,
+# ~4 CPU-s beyond torch) and an MLflow sqlite store (SQLAlchemy's mappers and MLflow's schema check, ~1.2 CPU-s the
+# first time in a process, 0.06 after), warmed on a throwaway store. Measured: see docs/testing.md, seventh pass.
+import tempfile
+from transformers import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,  # noqa: F401
+                          BertForSequenceClassification, BertForTokenClassification, BertTokenizerFast)
+import logging
+logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its "Creating initial MLflow database tables" lines
+with tempfile.TemporaryDirectory() as d:
+    uri = f"sqlite:///{d}/warm.db"
+    mlflow.tracking.MlflowClient(uri, uri).search_registered_models()
+    mlflow.tracking.MlflowClient(uri, uri).search_experiments()
+logging.getLogger("mlflow").setLevel(logging.NOTSET)
+import jieba, onnxruntime, sklearn.linear_model, sklearn.feature_extraction.text  # noqa: E401 (vocab, export, evaluate)
+jieba.setLogLevel(logging.WARNING)
+jieba.initialize()
+jieba.setLogLevel(logging.NOTSET)
 # Not Prefect: it reads its settings (PREFECT_HOME, PREFECT_API_URL) from the environment when imported, and each
 # command has its own.
 assert "prefect" not in sys.modules
