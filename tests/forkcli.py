@@ -37,16 +37,17 @@ import tempfile
 from transformers import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,  # noqa: F401
                           BertForSequenceClassification, BertForTokenClassification, BertTokenizerFast)
 import logging
-logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its "Creating initial MLflow database tables" lines
+import jieba, onnxruntime, sklearn.linear_model, sklearn.feature_extraction.text  # noqa: E401 (vocab, export, evaluate)
+quiet = {name: logging.getLogger(name).level for name in ("mlflow", "jieba")}  # not their start-up lines here
+for name in quiet:
+    logging.getLogger(name).setLevel(logging.WARNING)
 with tempfile.TemporaryDirectory() as d:
     uri = f"sqlite:///{d}/warm.db"
     mlflow.tracking.MlflowClient(uri, uri).search_registered_models()
     mlflow.tracking.MlflowClient(uri, uri).search_experiments()
-logging.getLogger("mlflow").setLevel(logging.NOTSET)
-import jieba, onnxruntime, sklearn.linear_model, sklearn.feature_extraction.text  # noqa: E401 (vocab, export, evaluate)
-jieba.setLogLevel(logging.WARNING)
 jieba.initialize()
-jieba.setLogLevel(logging.NOTSET)
+for name, level in quiet.items():  # the children log as a new process would
+    logging.getLogger(name).setLevel(level)
 # Not Prefect: it reads its settings (PREFECT_HOME, PREFECT_API_URL) from the environment when imported, and each
 # command has its own.
 assert "prefect" not in sys.modules
