@@ -324,15 +324,13 @@ class ForkCLI:
     def shim_env(self, env: dict) -> dict:
         """``env`` with a `bertpipe` first on PATH that runs each command in a fork of this server (``SHIM``): for
         commands another program starts, e.g. the stage commands of `dvc repro` and `dvc exp run`."""
-        bindir = self._dir / "shim"
+        bindir, sock = self._dir / "shim", self._dir / "fork.sock"
         if not bindir.exists():
-            sock = self._dir / "fork.sock"
             self._ask({"op": "listen", "path": str(sock)})
             bindir.mkdir()
             (bindir / "bertpipe").write_text(SHIM.format(python=sys.executable))
             (bindir / "bertpipe").chmod(0o755)
-            self._socket = str(sock)
-        return {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}", "BERTPIPE_TEST_FORK_SOCKET": self._socket}
+        return {**env, "PATH": f"{bindir}{os.pathsep}{env.get('PATH', '')}", "BERTPIPE_TEST_FORK_SOCKET": str(sock)}
 
     def close(self) -> None:
         self._server.stdin.close()

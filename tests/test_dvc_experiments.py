@@ -71,9 +71,12 @@ print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cf
 FORKS: dict[Path, ForkCLI] = {}
 
 
+def project_env(root: Path) -> dict:
+    return {**env_for(root), "PYTHONPATH": str(root)}  # the project's copy of the code, not the repo's
+
+
 def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
-    env = env_for(root)
-    env["PYTHONPATH"] = str(root)  # the project's copy of the code, not the repo's
+    env = project_env(root)
     if cmd[0] == "dvc" and root in FORKS:
         env = FORKS[root].shim_env(env)
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -106,7 +109,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     (root / ".gitignore").write_text("/.bertpipe/\n", encoding="utf-8")
     probe = "import bertpipe, sys; assert bertpipe.__file__.startswith(sys.argv[1]), bertpipe.__file__"
     sh(["python", "-c", probe, str(root)], root)
-    env = {**env_for(root), "PYTHONPATH": str(root)}
+    env = project_env(root)
     FORKS[root] = ForkCLI(env, cwd=root)
     forked = FORKS[root].run([str(root)], root, env, code=probe)
     assert forked.returncode == 0, forked.stderr
