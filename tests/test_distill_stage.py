@@ -1,5 +1,6 @@
-"""distill and export stages on a tiny teacher trained for real: the student learns the task from the teacher, is
-smaller and faster; the ONNX export matches torch and the int8 file is smaller with mostly equal predictions."""
+"""distill and export stages on a tiny teacher trained for real: the student learns the task from the teacher and is
+smaller (its speed is bench/bench_export.py's); the ONNX export matches torch and the int8 file is smaller with
+mostly equal predictions."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_stage_graph_has_distill_and_export_after_the_finetunes(built):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task, metric, floor", [("cls", "macro_f1", 0.85), ("ner", "f1", 0.4)])
-def test_student_learns_from_the_teacher_and_is_smaller_and_faster(built, task, metric, floor):
+def test_student_learns_from_the_teacher_and_is_smaller(built, task, metric, floor):
     _, _, res = built
     m = json.loads((res[task].out / "metrics.json").read_text(encoding="utf-8"))
     assert m["student_init"]["layers"] == 2 and m["student_init"]["layer_map"] == [1, 3]
@@ -75,7 +76,10 @@ def test_student_learns_from_the_teacher_and_is_smaller_and_faster(built, task, 
     assert m["student"]["test"][metric] > floor, m["student"]["test"]
     assert m["student"]["params"] < m["teacher"]["params"]
     assert m["student"]["size_bytes"] < m["teacher"]["size_bytes"]
-    assert m["comparison"]["speedup"] > 1.0  # half the layers; measured side by side in the same run
+    # The speed claim itself (the student is faster) is bench/bench_export.py's: 2 timed batches on a 2-core machine
+    # busy with other tests read 0.78x once in CI. Here: the ratio is the two side-by-side measurements'.
+    speed = {r: m[r]["speed"]["examples_per_s"] for r in ("teacher", "student")}
+    assert min(speed.values()) > 0 and m["comparison"]["speedup"] == pytest.approx(speed["student"] / speed["teacher"])
     assert m["summary"]["test"][metric]["mean"] == m["student"]["test"][metric]  # the finetune schema register reads
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 

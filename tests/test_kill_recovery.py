@@ -253,3 +253,56 @@ def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_
     # and a third run reuses it as any finished version
     again = record(run_stage(register_stage(ft), cfg, force=True).out)
     assert again["reused"] and versions(cfg) == [seen]
+
+
+KILLED_AFTER_CROWNING = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register (a fork's sys.path is the server's)
+from bertpipe.config import load_config
+from bertpipe.register import stage as register
+from bertpipe.stage import run_stage
+from tests.test_register import register_stage
+
+crown = register.set_champion_locked
+
+def crown_then_die(*args):  # SIGKILL the moment the champion alias has moved: the decision is not written yet
+    crown(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+register.set_champion_locked = crown_then_die
+root = Path(sys.argv[1])
+run_stage(register_stage(root / "ft" / "better"), load_config(root / "params.yaml"))
+"""
+
+
+def test_register_killed_after_moving_the_champion_records_the_decision_it_made(tmp_path, zh_tokenizer_dir):
+    """The fault campaign's case (a SIGTERM landed there in CI): killed once the champion alias moved to v2 and
+    before the decision was written, the rerun saw "v2 is the champion already" and recorded that instead of v2's
+    promotion over v1, leaving v2 without its decision tags and card. The rerun now takes the verdict the killed
+    attempt journaled."""
+    from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
+
+    from bertpipe.register.registry import history
+    from bertpipe.stage import run_stage
+    from bertpipe.tracking import client
+
+    cfg = make_project(tmp_path, register_yaml="register_encoder: false, floor: none")
+    write_baselines(tmp_path)
+    worse = finetune_dir(tmp_path, "worse", zh_tokenizer_dir, seed=1, always="pos")
+    assert record(run_stage(register_stage(worse), cfg).out)["promoted"]  # v1: the champion to beat
+    finetune_dir(tmp_path, "better", zh_tokenizer_dir, seed=2, steps=40)
+    repo = str(Path(__file__).resolve().parents[1])
+    child = shared_cli().run([str(tmp_path), repo], tmp_path, env_for(tmp_path), code=KILLED_AFTER_CROWNING,
+                             timeout=600)
+    c = client(cfg)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    assert "bertpipe.decision" not in c.get_model_version("bertpipe-sentiment", "2").tags, "killed too late"
+
+    rec = record(run_stage(register_stage(tmp_path / "ft" / "better"), cfg).out)
+    assert (rec["version"], rec["promoted"], rec["champion_before"]) == ("2", True, "1"), rec
+    assert not rec["stays_champion"] and rec["aliases"] == ["challenger", "champion"]
+    mv = c.get_model_version("bertpipe-sentiment", "2")
+    assert mv.tags["bertpipe.decision"].startswith("promoted: ") and "-> champion" in mv.description, mv.tags
+    assert versions(cfg) == ["1", "2"] and history(c, "bertpipe-sentiment") == ["1", "2"]
+    assert not (cfg.state / "scratch").exists() or not any((cfg.state / "scratch").iterdir())

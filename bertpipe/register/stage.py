@@ -4,7 +4,9 @@ Two phases, so a failure halfway leaves nothing half-decided and a rerun complet
 1. register every model of the run, or reuse the version that already holds the same content (its upstream
    fingerprint tag): nothing is registered twice;
 2. under the registry lock, gate each one (floor, then the champion on the same test set, re-scoring the champion
-   when the test set changed) and only then move aliases and write the decision report.
+   when the test set changed), journal the verdicts in scratch, and only then move aliases and write the decision
+   report: a rerun after a kill mid-way applies the verdicts the killed attempt made, not ones its half-moved
+   aliases would suggest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate.fair_mlm import has_mlm_head
+from bertpipe.outputs import atomic_file
 from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import gate as G
@@ -286,6 +289,33 @@ def _test_set_words(c: Candidate) -> str:
     return f"{what}; {keys} (identity {c.identity[:12]})"
 
 
+def _decisions(ctx: StageContext, client, todo: list[Candidate]) -> list[tuple[Candidate, dict]]:
+    """Phase 2's verdicts (caller holds the registry lock), journaled in scratch before any alias moves. A rerun of
+    an attempt killed while applying them takes the journaled verdict where it still describes the registry: deciding
+    again would see its own half-moved aliases ("v2 is the champion already") and record a different decision."""
+    journal = ctx.scratch / "decisions.json"
+    before = json.loads(journal.read_text(encoding="utf-8")) if journal.is_file() else {}
+    decided = []
+    for c in todo:
+        rec = before.get(f"{c.name}@{c.version}")
+        if rec is None or not _still_applies(client, c, rec):
+            rec = _decide(ctx, client, c)
+        decided.append((c, rec))
+    with atomic_file(journal) as tmp:  # whole or absent: a kill mid-write leaves no torn journal
+        write_json(tmp, {f"{c.name}@{c.version}": rec for c, rec in decided})
+    return decided
+
+
+def _still_applies(client, c: Candidate, rec: dict) -> bool:
+    """Whether the champion is where the journaled verdict left it, moved or not yet: nobody (a rollback, a promote,
+    another run) moved it since."""
+    champ = current_champion(client, c.name)
+    now = str(champ.version) if champ is not None else None
+    if rec["promoted"] and now == c.version:
+        return True
+    return now == rec["champion_before"] and not (rec["promoted"] and was_champion(client, c.name, c.version))
+
+
 def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
     """Move aliases as decided, then record the decision on the version (tag + description). The champion itself
     keeps the record of the decision that crowned it."""
@@ -349,8 +379,7 @@ def build(ctx: StageContext) -> dict:
                     mlflow.end_run("FINISHED" if ok or train_run else "FAILED")
                 todo.append(c)
         with registry_lock(client):
-            decided = [(c, _decide(ctx, client, c)) for c in todo]
-            for c, rec in decided:
+            for c, rec in _decisions(ctx, client, todo):
                 _apply(ctx, client, c, rec)
                 records.append(rec)
     write_json(ctx.out / "registry.json", {"tracking_uri": display_uri(tracking_uri(cfg)), "models": records})
