@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -20,7 +21,8 @@ from bertpipe.stage import write_json
 from tests.e2e_project import env_for, run, write_project
 from tests.forkcli import Forked, shared_cli
 
-SEED = 15
+# Where the signals land; a fault campaign runs the test over many: BERTPIPE_KILL_SEED=16 pytest ... -k killed_stages
+SEED = int(os.environ.get("BERTPIPE_KILL_SEED", "15"))
 
 # `bertpipe <stage>` for each argument in turn, in one process: the CLI's own commands, one interpreter start-up
 # (torch, transformers, mlflow: ~5 CPU-s) for the lot instead of one per stage.
