@@ -207,7 +207,7 @@ def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set
     else:
         for name, f in rows.items():
             state = "waiting for inputs" if f.state == "waiting" else f.state
-            note = f"  ({f.reason})" if f.reason and f.state != "waiting" else ""
+            note = f"  ({f.reason})" if f.reason else ""
             typer.echo(f"{name:40s} {state:20s} {f.fingerprint[:12]}{note}")
     if check and not all(f.fresh for f in rows.values()):
         raise typer.Exit(1)

@@ -254,7 +254,11 @@ def register_stage() -> Stage:
     from bertpipe.register import stage as m
 
     def sources(cfg: Config) -> dict[str, Stage]:
-        out: dict[str, Stage] = {f"finetune/{t}": finetune_stage(t, "adapted") for t in cfg.params.finetune.tasks}
+        # the adapted encoder's finetunes, when it is finetuned at all (finetune.encoders: [base] compares tasks on
+        # the base alone: register then logs the encoder and any students, like export_targets)
+        ft = cfg.params.finetune
+        out: dict[str, Stage] = ({f"finetune/{t}": finetune_stage(t, "adapted") for t in ft.tasks}
+                                 if "adapted" in ft.encoders else {})
         out.update({f"distill/{t}": distill_stage(t) for t in distill_tasks(cfg)})
         out.update({f"export/{k}": export_stage(k) for k in export_targets(cfg)})
         return out

@@ -117,3 +117,27 @@ def test_an_unknown_until_is_a_one_line_error_before_the_flow_starts(tmp_path, s
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--until 'pretrian'" in proc.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_base_encoder_only_registers_the_encoder_and_stages_says_why_a_stage_waits(tmp_path, sample_raw):
+    """finetune.encoders: [base] finetunes no adapted model: register logs the adapted encoder alone (before, its
+    graph asked for finetune/<task>/adapted, which no stage makes, so `bertpipe stages` showed it "waiting for
+    inputs" with no reason and `bertpipe run` failed at register); a stage that does wait says on what."""
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+    from bertpipe.freshness import expected
+
+    g = demo_graph(tmp_path, sample_raw, {"finetune": {"encoders": ["base"]}})
+    assert not any(n.endswith("/adapted") for n in g)
+    assert sorted(g["register"]) == ["base", "evaluate", "export/encoder", "prepare", "pretrain", "vocab"]
+    cfg = load_config(tmp_path / "params.yaml")
+    assert expected(cfg)["register"].state == "stale"
+
+    # a task whose data file is missing: the tasks stage waits on it, everything below waits on tasks; each says so
+    params = write_project(tmp_path / "p2", sample_raw, {"finetune": {"tasks": {"mine": {
+        "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
+    res = CliRunner().invoke(app, ["stages", "--params", str(params)])
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()}
+    assert "waiting for inputs" in rows["tasks"] and "missing.csv" in rows["tasks"], res.stdout
+    assert "waiting for inputs" in rows["prepare"] and "(waits for tasks)" in rows["prepare"], res.stdout
