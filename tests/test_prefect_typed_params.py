@@ -1,20 +1,22 @@
-"""Typed Prefect UI parameters, on a real Prefect server: the deployment `bertpipe schedule` serves has a parameter
+"""Typed Prefect UI parameters, on a real Prefect server (the run's shared one: nothing here needs its scheduler or
+triggers): the deployment `bertpipe schedule` serves has a parameter
 schema the UI renders as a form (a Knobs object of typed number fields; ``until`` and ``profile`` as choices), and a
 flow run given knobs runs with them: the stage's fingerprint is the one the same `--set` override gives."""
 
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, prefect_server, write_project
+from tests.e2e_project import env_for, one_task, write_project
 from tests.forkcli import shared_cli
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
-import json
+import json, sys
 from prefect.client.orchestration import get_client
 from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages
@@ -22,7 +24,7 @@ from bertpipe.stage import fingerprint, read_manifest
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.serve import deployment
 
-dep_id = deployment("params.yaml", until="tasks").apply()
+dep_id = deployment("params.yaml", until="tasks", name=sys.argv[1]).apply()
 state = domain_adaptation("params.yaml", None, [], "tasks", knobs={"finetune_max_train_examples": 100000},
                           return_state=True)
 assert state.is_completed(), state
@@ -48,8 +50,8 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
                                                                             "big": {"pretrain": {"max_steps": 9}}},
                                            "finetune": one_task()})
     env = env_for(root)
-    with prefect_server(root, env):
-        proc = shared_cli().run([], root, env, code=SCRIPT)  # `python -c`, forked: tests/forkcli.py
+    # a deployment name of its own on the shared server (`python -c`, forked: tests/forkcli.py)
+    proc = shared_cli().run([f"typed-{uuid.uuid4().hex[:8]}"], root, env, code=SCRIPT)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT=")]
     assert line, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = json.loads(line[-1][4:])
