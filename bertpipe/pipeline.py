@@ -300,7 +300,7 @@ def _start(_cfg) -> list[Stage]:
     from bertpipe.start import stage as m
 
     return [Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
-                  code=("start",), external=m.decide, external_memo=m.KEPT_WITH)]
+                  code=("start",), external=m.decide, external_memo=m.KEPT_WITH, light=True)]
 
 
 # The one list: adding a stage is its package plus an entry here, in an order that respects the dependencies. The

@@ -101,6 +101,10 @@ class Stage:
     # Keys of the external answer (a dict) that are memos of how it was reached, not part of it (the start stage's
     # registry digest): when only they differ the output stands and its manifest records the new answer.
     external_memo: tuple[str, ...] = ()
+    # Does no work worth a core (the start stage: a registry lookup). The flow does not count it when it decides
+    # which stages share the cores: a stage that may only ever run beside light ones (base, beside the start
+    # decision) gets every core.
+    light: bool = False
 
     def __post_init__(self) -> None:
         self.family = self.family or self.name.split("/")[0]

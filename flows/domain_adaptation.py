@@ -60,7 +60,7 @@ def domain_adaptation(
     cfg = load_config(params, profile, overrides)
     stages = all_stages(cfg)
     graph = parallel.select(stage_graph(cfg, stages), targets(list(stages), until))
-    side_by_side = parallel.overlapping(graph)
+    side_by_side = parallel.overlapping(graph, {n for n in graph if stages[n].light})
     workers, threads = parallel.plan(cfg.params.flow.max_parallel, max(1, len(side_by_side)))
     priority = parallel.remaining(graph)
     fp = cfg.params.flow

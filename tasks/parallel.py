@@ -4,7 +4,8 @@ Measured cause (issue 10): two finetunes in parallel child processes, each with 
 (= every core), plus the temporary Prefect server, ran ~6x slower on 2 cores than one finetune alone. So concurrent
 stages divide the cores: ``workers`` stages run at once, each with ``cores // workers`` threads, set before torch
 starts its pools (OMP_NUM_THREADS/MKL_NUM_THREADS in the child's environment). A stage the graph never lets overlap
-another (prepare, evaluate, ...) runs in the flow's own process on every core.
+another (prepare, register, ...), or only light ones (base, beside the start decision), runs in the flow's own
+process on every core.
 
 Why a slot pool rather than only the task runner's ``max_workers``: a submitted task waits for its upstream futures
 *inside* a runner thread, so a bounded thread pool fills with waiting tasks while cores idle. Every stage gets a
@@ -87,10 +88,14 @@ def select(graph: Graph, until: list[str] | None) -> Graph:
     return {n: [u for u in ups if u in keep] for n, ups in graph.items() if n in keep}
 
 
-def overlapping(graph: Graph) -> set[str]:
-    """Stages that may run at the same time as another one: those with some stage neither up- nor downstream."""
+def overlapping(graph: Graph, light: set[str] | frozenset[str] = frozenset()) -> set[str]:
+    """Stages that may run at the same time as another one that needs cores: those with some stage neither up- nor
+    downstream, not counting the ``light`` ones (which do no work worth a core). So base, whose only such stage is
+    the start decision, runs alone on every core (it ran on one of two, the other idle, for ~2 minutes of the
+    demo); the start decision itself still counts as beside base, and runs in its own process."""
     anc = {n: ancestors(graph, n) for n in graph}
-    return {a for a in graph for b in graph if a != b and a not in anc[b] and b not in anc[a]}
+    return {a for a in graph for b in graph
+            if a != b and b not in light and a not in anc[b] and b not in anc[a]}
 
 
 def remaining(graph: Graph) -> dict[str, int]:

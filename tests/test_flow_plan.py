@@ -38,17 +38,21 @@ def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
 
 def test_what_may_overlap_and_until(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
-    side = parallel.overlapping(g)
-    # tasks, prepare and register are each before or after every other stage: they run alone; base only beside
-    # the (light) start decision. (evaluate may run beside the distill/export stages, which also hang off the
-    # finetunes.)
-    assert not side & {"tasks", "prepare", "register"}
-    assert {"base", "start"} <= side
+    light = {n for n, st in all_stages(load_config(tmp_path / "params.yaml")).items() if st.light}
+    assert light == {"start"}
+    side = parallel.overlapping(g, light)
+    # tasks, prepare and register are each before or after every other stage: they run alone; so does base, whose
+    # only neighbour is the (light) start decision; start itself runs beside base. (evaluate may run beside the
+    # distill/export stages, which also hang off the finetunes.)
+    assert not side & {"tasks", "prepare", "register", "base"}
+    assert "start" in side
     assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted", "evaluate",
             "distill/sentiment"} <= side
+    assert parallel.overlapping(g) == side | {"base"}  # counting start as work, base would share the cores
     upto = parallel.select(g, ["pretrain"])
     assert list(upto) == ["tasks", "prepare", "base", "start", "vocab", "pretrain"]
-    assert parallel.overlapping(upto) == {"base", "start"}  # the start decision needs only prepare
+    assert parallel.overlapping(upto, light) == {"start"}  # the start decision needs only prepare
+    assert parallel.plan(2, 1, n_cores=2) == (1, 2)  # one stage that can share: one slot, every core
     prio = parallel.remaining(g)
     assert prio["pretrain"] > prio["finetune/sentiment/base"]  # the critical path goes first
 
