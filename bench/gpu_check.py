@@ -233,6 +233,8 @@ def main() -> int:
 
     device = pick_device(a.device)
     if device.type == "cuda":
+        if device.index is None:  # torch 2.11's set_device refuses a bare "cuda" (seen on the H200)
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     prec = precision_for("auto", device)
     started = time.perf_counter()
