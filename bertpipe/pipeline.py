@@ -196,9 +196,9 @@ def export_targets(cfg: Config) -> dict[str, tuple[str | None, Path]]:
     out: dict[str, tuple[str | None, Path]] = {}
     if not cfg.params.export.enabled:
         return out
-    if "adapted" in cfg.params.finetune.encoders:
-        for t in cfg.params.finetune.tasks:
-            out[t] = (t, finetune_out(cfg, t, "adapted"))
+    for t, e in finetune_pairs(cfg):
+        if e == "adapted":
+            out[t] = (t, finetune_out(cfg, t, e))
     for t in distill_tasks(cfg):
         out[f"{t}-student"] = (t, distill_out(cfg, t))
     if cfg.params.register.register_encoder:
@@ -254,11 +254,10 @@ def register_stage() -> Stage:
     from bertpipe.register import stage as m
 
     def sources(cfg: Config) -> dict[str, Stage]:
-        # the adapted encoder's finetunes, when it is finetuned at all (finetune.encoders: [base] compares tasks on
-        # the base alone: register then logs the encoder and any students, like export_targets)
-        ft = cfg.params.finetune
-        out: dict[str, Stage] = ({f"finetune/{t}": finetune_stage(t, "adapted") for t in ft.tasks}
-                                 if "adapted" in ft.encoders else {})
+        # the adapted encoder's finetunes, where there are any (finetune.encoders: [base] compares tasks on the base
+        # alone: register then logs the encoder and any students)
+        out: dict[str, Stage] = {f"finetune/{t}": finetune_stage(t, e) for t, e in finetune_pairs(cfg)
+                                 if e == "adapted"}
         out.update({f"distill/{t}": distill_stage(t) for t in distill_tasks(cfg)})
         out.update({f"export/{k}": export_stage(k) for k in export_targets(cfg)})
         return out

@@ -1,7 +1,7 @@
 """Typed Prefect UI parameters, on a real Prefect server (the run's shared one: nothing here needs its scheduler or
-triggers): the deployment `bertpipe schedule` serves has a parameter
-schema the UI renders as a form (a Knobs object of typed number fields; ``until`` and ``profile`` as choices), and a
-flow run given knobs runs with them: the stage's fingerprint is the one the same `--set` override gives."""
+triggers): the deployment `bertpipe schedule` serves has a parameter schema the UI renders as a form (a Knobs object
+of typed number fields; ``until`` and ``profile`` as choices), and a flow run given knobs runs with them: the stage's
+fingerprint is the one the same `--set` override gives."""
 
 from __future__ import annotations
 
