@@ -49,18 +49,44 @@ def test_compare_pairs_seeds_and_handles_one_encoder():
 def test_verdicts_in_plain_words():
     t = {"type": "classification", "primary": "macro_f1",
          "baselines": {"majority": {"macro_f1": 0.07}, "tfidf": {"macro_f1": 0.43}},
-         "adapted": {"macro_f1": {"mean": 0.46}},
-         "delta": {"macro_f1": {"mean": 0.12, "ci95": [0.05, 0.19]}}}
-    assert verdict(t) == ("adapted beats base by +0.120 macro_f1 (95% CI +0.050..+0.190); adapted beats the TF-IDF "
-                          "baseline by +0.030.")
+         "base": {"macro_f1": {"mean": 0.34}}, "adapted": {"macro_f1": {"mean": 0.46}},
+         "deltas": {"adapted": {"macro_f1": {"mean": 0.12, "ci95": [0.05, 0.19], "values": [0.12], "seeds": [1]}}}}
+    assert verdict(t) == ("adapted beats base by +0.120 macro_f1 (95% CI +0.050..+0.190), one seed; adapted beats "
+                          "the TF-IDF baseline by +0.030.")
     t["adapted"]["macro_f1"]["mean"] = 0.07
-    t["delta"]["macro_f1"] = {"mean": 0.01, "ci95": [-0.02, 0.04]}
-    assert verdict(t) == ("adapted and base cannot be told apart on macro_f1 (Δ +0.010, 95% CI -0.020..+0.040 "
-                          "includes 0); adapted does not beat the TF-IDF baseline (0.070 vs 0.430).")
-    t["delta"]["macro_f1"] = {"mean": -0.2, "ci95": [-0.3, -0.1]}
+    t["deltas"]["adapted"]["macro_f1"] = {"mean": 0.01, "ci95": [-0.02, 0.04], "values": [0.01], "seeds": [1]}
+    assert verdict(t) == ("adapted and base cannot be told apart on macro_f1 (Δ +0.010 macro_f1 (95% CI "
+                          "-0.020..+0.040) includes 0); base does not beat the TF-IDF baseline (0.340 vs 0.430).")
+    t["deltas"]["adapted"]["macro_f1"] = {"mean": -0.2, "ci95": [-0.3, -0.1], "values": [-0.2], "seeds": [1]}
     assert verdict(t).startswith("adapted is worse than base by -0.200 macro_f1")
     ner = {"type": "ner", "primary": "f1", "baselines": {"majority": {"f1": 0.0}}, "adapted": {"f1": {"mean": 0.0}}}
     assert verdict(ner) == "adapted scores 0.000 f1; adapted does not beat the all-O baseline (0.000 vs 0.000)."
+
+
+def test_a_verdict_needs_every_seed_to_agree():
+    t = {"type": "classification", "primary": "macro_f1", "base": {"macro_f1": {"mean": 0.5}},
+         "adapted": {"macro_f1": {"mean": 0.6}},
+         "deltas": {"adapted": {"macro_f1": {"mean": 0.1, "ci95": [0.02, 0.2], "values": [0.2, 0.15, -0.05],
+                                             "seeds": [1, 2, 3]}}}}
+    assert verdict(t) == ("adapted − base is +0.100 macro_f1 (95% CI +0.020..+0.200), but seeds [3] go the other "
+                          "way (+0.200, +0.150, -0.050): no verdict.")
+    t["deltas"]["adapted"]["macro_f1"]["values"] = [0.2, 0.15, 0.01]
+    assert verdict(t).startswith("adapted beats base by +0.100 macro_f1 (95% CI +0.020..+0.200), every one of 3 "
+                                 "seeds agrees")
+
+
+def test_a_degenerate_encoder_gets_no_difference_and_the_verdict_names_it():
+    collapsed = _ft("classification", {"1": {"macro_f1": 0.33}}, "macro_f1")
+    collapsed.update(degenerate=True, degenerate_reason="predicts one class ('pos') for all 300 examples")
+    collapsed["per_seed"]["1"]["degenerate"] = collapsed["degenerate_reason"]
+    res = compare({("t", "base"): collapsed,
+                   ("t", "adapted"): _ft("classification", {"1": {"macro_f1": 0.8}}, "macro_f1")}, "test")
+    t = res["tasks"]["t"]
+    assert "delta" not in t and "deltas" not in t and t["degenerate"] == {"base": collapsed["degenerate_reason"]}
+    t["baselines"] = {"majority": {"macro_f1": 0.33}}
+    assert verdict(t) == ("adapted vs base is not informative: base is degenerate (predicts one class ('pos') for "
+                          "all 300 examples); no difference or interval is reported; adapted beats the "
+                          "majority-class baseline by +0.470.")
 
 
 def _write_predictions(d, recs):
@@ -74,18 +100,18 @@ def test_interval_pairs_examples_by_id_and_falls_back_to_seeds(tmp_path):
     base = _write_predictions(tmp_path / "b", [{"id": str(i), "label": g, "pred": "a"} for i, g in enumerate(gold)])
     recs = [{"id": str(i), "label": g, "pred": g} for i, g in enumerate(gold)]
     adapted = _write_predictions(tmp_path / "a", recs[::-1])  # another order: paired by id, not by line
-    t = {"type": "classification", "primary": "macro_f1", "delta": {"macro_f1": {"values": [2 / 3]}}}
-    ci, how = interval(t, base, adapted, "test", 500, 0)
+    t = {"type": "classification", "primary": "macro_f1", "deltas": {"adapted": {"macro_f1": {"values": [2 / 3]}}}}
+    ci, how = interval(t, "adapted", base, adapted, "test", 500, 0)
     assert 0.5 < ci[0] < 2 / 3 < ci[1] <= 1.0 and "100 test examples" in how
-    assert interval(t, base, adapted, "test", 500, 0) == (ci, how)
+    assert interval(t, "adapted", base, adapted, "test", 500, 0) == (ci, how)
     # several seeds widen it; without per-example predictions only the seeds are resampled
-    t["delta"]["macro_f1"]["values"] = [0.2, 2 / 3, 0.9]
-    wide, how = interval(t, base, adapted, "test", 500, 0)
+    t["deltas"]["adapted"]["macro_f1"]["values"] = [0.2, 2 / 3, 0.9]
+    wide, how = interval(t, "adapted", base, adapted, "test", 500, 0)
     assert wide[0] < ci[0] and "3 seeds" in how
-    only, how = interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)
+    only, how = interval(t, "adapted", tmp_path / "none", tmp_path / "none", "test", 500, 0)
     assert 0.2 <= only[0] < only[1] <= 0.9 and how.startswith("bootstrap over 3 seeds")
-    t["delta"]["macro_f1"]["values"] = [0.1]
-    assert interval(t, tmp_path / "none", tmp_path / "none", "test", 500, 0)[0] is None
+    t["deltas"]["adapted"]["macro_f1"]["values"] = [0.1]
+    assert interval(t, "adapted", tmp_path / "none", tmp_path / "none", "test", 500, 0)[0] is None
 
 
 def _short_encoder(out, zh_tokenizer_dir, positions: int):
@@ -118,7 +144,7 @@ def project(tmp_path_factory, zh_tokenizer_dir, sample_raw):
 paths: {{work: work, state: state}}
 model: {{base: {base}}}
 finetune:
-  train: {{lr: 1.0e-3, epochs: 1, batch_size: 16, max_seq_len: 48, seeds: [1, 2]}}
+  train: {{lr: 1.0e-2, epochs: 6, batch_size: 8, max_seq_len: 48, seeds: [1, 2], early_stopping: {{patience: 0}}}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     ner: {{type: ner, format: jsonl, train: ner.jsonl}}
@@ -154,7 +180,7 @@ def test_report_base_vs_adapted(project):
         lo, hi = d["ci95"]
         assert lo <= hi and "bootstrap over" in d["ci_method"] and "2 seeds" in d["ci_method"]
         assert res.metrics[f"{task}.delta.{primary}.ci95_lo"] == lo
-        assert t["verdict"].startswith("adapted ") and t["verdict"].endswith(".")
+        assert t["verdict"].startswith(("adapted ", "base ")) and t["verdict"].endswith(".")
     # baselines: trained on the materialised train split, scored on its test split, logged with the run
     cls_b, ner_b = m["tasks"]["cls"]["baselines"], m["tasks"]["ner"]["baselines"]
     assert set(cls_b) == {"majority", "tfidf"} and set(ner_b) == {"majority", "lexicon"}

@@ -1,5 +1,5 @@
-"""The base-vs-adapted report: baselines | base | adapted table with intervals and verdicts, the encoder comparison,
-bar chart, confusion matrices."""
+"""The encoder report: baselines | base | adapted | tapt table with intervals and verdicts, per-class recall, the
+hyperparameters chosen on dev, the encoder comparison, bar chart, confusion matrices."""
 
 from __future__ import annotations
 
@@ -162,21 +162,55 @@ def _encoder_section(ec: dict, encoders: list[str]) -> list[str]:
     return lines + [""]
 
 
-def markdown(result: dict, figures: dict[str, list[str]], label_keys: dict[str, list[str]]) -> str:
+def _recall_section(tasks: dict, encoders: list[str], recalls: dict) -> list[str]:
+    """Per-class recall of each encoder's saved model on the test split, for the classification tasks: a class the
+    model hardly ever predicts shows here, whatever the averages say."""
+    lines: list[str] = []
+    for task, per_enc in recalls.items():
+        classes = list(next(iter(per_enc.values())))
+        if not classes:
+            continue
+        lines += [f"### {task}", "", "| class | support | " + " | ".join(e for e in encoders if e in per_enc) + " |",
+                  "|---|---|" + "---|" * sum(e in per_enc for e in encoders)]
+        for c in classes:
+            support = next(iter(per_enc.values()))[c]["support"]
+            lines.append(f"| {c} | {support} | " + " | ".join(f"{per_enc[e][c]['recall']:.3f}" for e in encoders
+                                                             if e in per_enc) + " |")
+        lines.append("")
+    return (["## Per-class recall (test, saved seed)", ""] + lines) if lines else []
+
+
+def _search_section(tasks: dict) -> list[str]:
+    rows = [(task, enc, s) for task, t in tasks.items() for enc, s in t.get("search", {}).items()]
+    if not rows:
+        return []
+    lines = ["## Hyperparameters chosen on dev", "",
+             "Each encoder got the same search space and budget; trials ran on the first seed and were scored on dev "
+             "(never test); degenerate trials were discarded. Details and curves: each finetune's metrics.json.", "",
+             "| task | encoder | chosen | trials complete / run |", "|---|---|---|---|"]
+    for task, enc, s in rows:
+        chosen = ", ".join(f"{k} {v}" for k, v in sorted(s["chosen"].items())) or "the given hyperparameters"
+        lines.append(f"| {task} | {enc} | {chosen} | {s['complete']} / {s['trials']} |")
+    return lines + [""]
+
+
+def markdown(result: dict, figures: dict[str, list[str]], label_keys: dict[str, list[str]],
+             recalls: dict | None = None) -> str:
     encoders = result["encoders"]
     tasks = result["tasks"]
     baselines = _baseline_columns(tasks)
-    lines = ["# Base vs adapted encoder, against baselines", ""]
+    others = [e for e in encoders if e != "base"] if "base" in encoders else []
+    lines = [f"# {' vs '.join(encoders)} encoder{'s' if len(encoders) > 1 else ''}, against baselines", ""]
     lines += [
-        f"Every task is finetuned from each encoder with the same data, seeds and hyperparameters and scored on the "
-        f"**{result['split']}** split (mean ± std over seeds). The baselines are trained on the same train split "
-        "and scored on the same examples with the same metric functions. Δ is adapted − base, paired by seed, with "
-        "its 95% bootstrap interval over test examples (and seeds) in brackets. Metrics are in [0, 1]; higher is "
-        "better.",
+        f"Every task is finetuned from each encoder with the same data, seeds, search space and budget and scored on "
+        f"the **{result['split']}** split (mean ± std over seeds). The baselines are trained on the same train split "
+        "and scored on the same examples with the same metric functions. Δ is an encoder − base, paired by seed, "
+        "with its 95% bootstrap interval over test examples (and seeds) in brackets; a verdict says \"beats\" only "
+        "when the interval excludes 0 and every seed agrees. A degenerate model (one class, no entity, or not above "
+        "the majority baseline on dev) gets no Δ. Metrics are in [0, 1]; higher is better.",
         "",
     ]
-    head = ["task", "metric", *baselines, *encoders]
-    head += ["Δ adapted − base (95% CI)"] if len(encoders) == 2 else []
+    head = ["task", "metric", *baselines, *encoders] + [f"Δ {e} − base (95% CI)" for e in others]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task, t in tasks.items():
         metrics = [t["primary"]] + sorted({m for e in encoders for m in t.get(e, {})} - {t["primary"]})
@@ -184,17 +218,27 @@ def markdown(result: dict, figures: dict[str, list[str]], label_keys: dict[str, 
             name = f"**{m}**" if m == t["primary"] else m
             row = [task if m == t["primary"] else "", name]
             row += ["–" if _baseline(t, b, m) is None else f"{_baseline(t, b, m):.4f}" for b in baselines]
-            row += [_fmt(t.get(e, {}).get(m)) for e in encoders]
-            if len(encoders) == 2:
-                row.append(_delta(t.get("delta", {}).get(m)))
+            row += [("degenerate: " if e in t.get("degenerate", {}) and m == t["primary"] else "")
+                    + _fmt(t.get(e, {}).get(m)) for e in encoders]
+            row += [_delta(t.get("deltas", {}).get(e, {}).get(m)) for e in others]
             lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines += ["## Verdicts", ""] + [f"- **{task}**: {t['verdict']}" for task, t in tasks.items() if t.get("verdict")]
     lines.append("")
+    for task, t in tasks.items():
+        for e in others:
+            d = t.get("deltas", {}).get(e, {}).get(t["primary"])
+            if d and len(d["values"]) > 1:
+                per = ", ".join(f"seed {s} {v:+.4f}" for s, v in zip(d.get("seeds") or [], d["values"]))
+                lines.append(f"- {task}, {e} − base per seed: {per} (spread {min(d['values']):+.4f}.."
+                             f"{max(d['values']):+.4f})")
+    lines.append("")
+    lines += _search_section(tasks)
+    lines += _recall_section(tasks, encoders, recalls or {})
     seeds = {task: t.get("seeds") for task, t in tasks.items()}
     lines += [f"Seeds per task: {seeds}. Intervals:", ""]
-    lines += [f"- {task}: {t['delta'][t['primary']].get('ci_method')}" for task, t in tasks.items()
-              if t.get("delta", {}).get(t["primary"])]
+    lines += [f"- {task}, {e}: {d[t['primary']].get('ci_method')}" for task, t in tasks.items()
+              for e, d in t.get("deltas", {}).items() if d.get(t["primary"])]
     lines.append("")
     shas = {task: t["test_sha256"][:12] for task, t in tasks.items() if t.get("test_sha256")}
     if shas:

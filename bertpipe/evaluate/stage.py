@@ -1,5 +1,5 @@
-"""The evaluate stage: every finetune/<task>/<encoder> result next to the task's baselines, the paired adapted − base
-difference with a bootstrap interval, a verdict per task, and the fair encoder comparison; writes ``report.md`` (with
+"""The evaluate stage: every finetune/<task>/<encoder> result next to the task's baselines, each encoder's paired
+difference from base with a bootstrap interval, a verdict per task, and the fair encoder comparison; writes ``report.md`` (with
 figures) and ``metrics.json``.
 
 ``metrics.json`` (stable; register reads it)::
@@ -7,9 +7,13 @@ figures) and ``metrics.json``.
     {"split": "test", "encoders": ["base", "adapted"],
      "tasks": {task: {"type", "primary", "seeds": [...], "test_sha256",
                       "baselines": {"majority": {metric: value}, "tfidf" | "lexicon": {...}},
-                      "base": {metric: {"mean", "std", "values"}}, "adapted": {...},
-                      "delta": {metric: {"mean", "std", "values", "ci95": [lo, hi] | null, "ci_method"}},
-                      "verdict": "one plain sentence"}},
+                      "base": {metric: {"mean", "std", "values"}}, "adapted": {...}, "tapt": {...},
+                      "deltas": {encoder: {metric: {"mean", "std", "values", "seeds", "ci95": [lo, hi] | null,
+                                                    "ci_method"}}},
+                      "delta": deltas["adapted"],
+                      "degenerate": {encoder: "why"},  (only encoders every one of whose runs is degenerate)
+                      "search": {encoder: {"chosen", "trials", "complete"}},
+                      "verdict": "plain sentences"}},
      "encoder_comparison": {"split": "test", "base": {"nll_per_char", "bits_per_char", "masked_chars", "spans", ...},
                             "adapted": {...}, "delta": {"nll_per_char", "ci95": [lo, hi], ...}}}
 """
@@ -45,27 +49,51 @@ def _load_finetune(path: Path, key: str) -> dict:
         raise BertpipeError(f"{path}/metrics.json: cannot read the {key} result ({e})") from None
 
 
+ENCODER_ORDER = ("base", "adapted", "tapt")
+
+
+def _sound(m: dict, split: str) -> dict[str, dict]:
+    """{seed: scores on split} of a finetune result's runs that are not degenerate (all of them when every run is:
+    the numbers stay visible, and the task is marked degenerate)."""
+    rows = {s: r for s, r in m["per_seed"].items() if not r.get("degenerate")}
+    return {s: r[split] for s, r in (rows or m["per_seed"]).items()}
+
+
 def compare(results: dict[tuple[str, str], dict], split: str) -> dict:
-    """The tasks part of metrics.json from finetune metrics keyed by (task, encoder)."""
+    """The tasks part of metrics.json from finetune metrics keyed by (task, encoder): every encoder's scores, and
+    each other encoder's difference from base paired by seed (``deltas``; ``delta`` is adapted's)."""
     tasks: dict = {}
-    encoders = [e for e in ("base", "adapted") if any(k[1] == e for k in results)]
+    present = {k[1] for k in results}
+    encoders = [e for e in ENCODER_ORDER if e in present] + sorted(present - set(ENCODER_ORDER))
     for (task, enc), m in sorted(results.items()):
         t = tasks.setdefault(task, {"type": m["type"], "primary": m["primary"], "seeds": m["seeds"]})
-        per_seed = {s: r[split] for s, r in m["per_seed"].items()}
+        per_seed = _sound(m, split)
         names = sorted({k for r in per_seed.values() for k in r})
         t[enc] = {k: _stat([r[k] for r in per_seed.values() if k in r]) for k in names}
         t.setdefault("_per_seed", {})[enc] = per_seed
+        if m.get("degenerate"):
+            t.setdefault("degenerate", {})[enc] = m.get("degenerate_reason") or "every run degenerate on dev"
+        if m.get("search", {}).get("trials"):
+            t.setdefault("search", {})[enc] = {"chosen": m["search"]["chosen"], "trials": len(m["search"]["trials"]),
+                                                "complete": sum(tr["state"] == "complete"
+                                                                for tr in m["search"]["trials"])}
     for t in tasks.values():
         ps = t.pop("_per_seed")
-        if "base" in ps and "adapted" in ps:
-            seeds = sorted(set(ps["base"]) & set(ps["adapted"]))
-            names = sorted(set(t["base"]) & set(t["adapted"]))
-            t["delta"] = {
-                k: _stat([ps["adapted"][s][k] - ps["base"][s][k] for s in seeds
-                          if k in ps["adapted"][s] and k in ps["base"][s]])
-                for k in names
-            }
-            t["delta"] = {k: v for k, v in t["delta"].items() if v["values"]}
+        if "base" not in ps:
+            continue
+        for enc in [e for e in encoders if e != "base" and e in ps]:
+            if t.get("degenerate", {}).keys() & {"base", enc}:
+                continue  # a comparison with a model that learned nothing says nothing
+            seeds = sorted(set(ps["base"]) & set(ps[enc]))
+            names = sorted(set(t["base"]) & set(t[enc]))
+            d = {k: _stat([ps[enc][s][k] - ps["base"][s][k] for s in seeds if k in ps[enc][s] and k in ps["base"][s]])
+                 for k in names}
+            d = {k: v for k, v in d.items() if v["values"]}
+            for v in d.values():
+                v["seeds"] = seeds
+            t.setdefault("deltas", {})[enc] = d
+        if "adapted" in t.get("deltas", {}):
+            t["delta"] = t["deltas"]["adapted"]
     return {"split": split, "encoders": encoders, "tasks": tasks}
 
 
@@ -77,19 +105,20 @@ def _predictions(ft_dir: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def interval(t: dict, base_dir: Path, adapted_dir: Path, split: str, n: int, seed: int) -> tuple[list | None, str]:
-    """95% interval of the primary metric's adapted − base mean: paired bootstrap over the test examples (the saved
+def interval(t: dict, enc: str, base_dir: Path, enc_dir: Path, split: str, n: int, seed: int
+             ) -> tuple[list | None, str]:
+    """95% interval of the primary metric's ``enc`` − base mean: paired bootstrap over the test examples (the saved
     seeds' predictions) combined with resampling the seeds' paired differences when there are several."""
-    seed_deltas = t["delta"][t["primary"]]["values"]
+    seed_deltas = t["deltas"][enc][t["primary"]]["values"]
     fn = B.METRIC_FNS.get(t["type"])
     gold_b, pred_b = B.gold_pred(t["type"], _predictions(base_dir))
-    _, pred_a = B.gold_pred(t["type"], _predictions(adapted_dir))
+    _, pred_a = B.gold_pred(t["type"], _predictions(enc_dir))
     ids = [i for i in gold_b if i in pred_a]  # both encoders' finetunes scored the same test examples
     if n and fn and split == "test" and ids:
         gold = [gold_b[i] for i in ids]
-        base, adapted = [pred_b[i] for i in ids], [pred_a[i] for i in ids]
-        deltas = B.paired_deltas(gold, base, adapted, fn, n, seed)
-        ci = B.seeds_and_examples(seed_deltas, deltas, fn(gold, adapted) - fn(gold, base), seed)
+        base, other = [pred_b[i] for i in ids], [pred_a[i] for i in ids]
+        deltas = B.paired_deltas(gold, base, other, fn, n, seed)
+        ci = B.seeds_and_examples(seed_deltas, deltas, fn(gold, other) - fn(gold, base), seed)
         how = f"paired bootstrap over {len(ids)} test examples (saved seeds' predictions; n={n}, seed {seed})"
         if len(seed_deltas) > 1:
             how += f" combined with resampling the {len(seed_deltas)} seeds' paired differences"
@@ -106,34 +135,56 @@ def interval(t: dict, base_dir: Path, adapted_dir: Path, split: str, n: int, see
 BASELINE_NAMES = {"majority": "majority-class baseline", "tfidf": "TF-IDF baseline", "lexicon": "lexicon baseline"}
 
 
-def verdict(t: dict) -> str:
-    """One plain sentence: does adapted beat base (by its interval) and the strongest baseline?"""
+def comparison(t: dict, enc: str) -> str:
+    """One clause on ``enc`` against base. "beats"/"is worse" only when the interval excludes 0 and every seed's
+    paired difference has the same sign; otherwise it says which seeds disagree."""
     m = t["primary"]
-    d = t.get("delta", {}).get(m)
-    enc = "adapted" if "adapted" in t else "base"
-    value = t.get(enc, {}).get(m, {}).get("mean")
-    if d:
-        ci = d.get("ci95")
-        if ci and ci[0] > 0:
-            s = f"adapted beats base by {d['mean']:+.3f} {m} (95% CI {ci[0]:+.3f}..{ci[1]:+.3f})"
-        elif ci and ci[1] < 0:
-            s = f"adapted is worse than base by {d['mean']:+.3f} {m} (95% CI {ci[0]:+.3f}..{ci[1]:+.3f})"
-        elif ci:
-            s = (f"adapted and base cannot be told apart on {m} (Δ {d['mean']:+.3f}, 95% CI "
-                 f"{ci[0]:+.3f}..{ci[1]:+.3f} includes 0)")
-        else:
-            s = f"adapted − base is {d['mean']:+.3f} {m} (no interval)"
-    else:
-        s = f"{enc} scores {value:.3f} {m}" if value is not None else f"no {enc} result"
+    dead = {e: r for e, r in t.get("degenerate", {}).items() if e in ("base", enc)}
+    if dead:
+        who = "; ".join(f"{e} is degenerate ({r})" for e, r in sorted(dead.items()))
+        return f"{enc} vs base is not informative: {who}; no difference or interval is reported"
+    d = t.get("deltas", {}).get(enc, {}).get(m)
+    if not d:
+        return f"no {enc} − base difference"
+    ci = d.get("ci95")
+    span = f"{d['mean']:+.3f} {m}" + (f" (95% CI {ci[0]:+.3f}..{ci[1]:+.3f})" if ci else "")
+    values, seeds = d["values"], d.get("seeds") or list(range(1, len(d["values"]) + 1))
+    ups = [s for s, v in zip(seeds, values) if v > 0]
+    downs = [s for s, v in zip(seeds, values) if v <= 0]
+    if ci and (ci[0] > 0 or ci[1] < 0):
+        word = "beats base by" if ci[0] > 0 else "is worse than base by"
+        against = downs if ci[0] > 0 else ups
+        if not against:
+            agree = f", every one of {len(values)} seeds agrees" if len(values) > 1 else ", one seed"
+            return f"{enc} {word} {span}{agree}"
+        return (f"{enc} − base is {span}, but seeds {against} go the other way "
+                f"({', '.join(f'{v:+.3f}' for v in values)}): no verdict")
+    if ci:
+        return f"{enc} and base cannot be told apart on {m} (Δ {span} includes 0)"
+    return f"{enc} − base is {span} (no interval)"
+
+
+def verdict(t: dict) -> str:
+    """Plain sentences: each encoder against base (by its interval and its seeds), then the best encoder that
+    learned something against the strongest baseline."""
+    m = t["primary"]
+    others = [e for e in ENCODER_ORDER if e != "base" and e in t] + sorted(
+        e for e in t.get("deltas", {}) if e not in ENCODER_ORDER)
+    parts = [comparison(t, e) for e in others] if "base" in t else []
+    sound = [e for e in ENCODER_ORDER if e in t and e not in t.get("degenerate", {})]
+    enc = max(sound, key=lambda e: t[e].get(m, {}).get("mean", float("-inf"))) if sound else None
+    value = t[enc].get(m, {}).get("mean") if enc else None
+    if not parts:
+        parts.append(f"{enc} scores {value:.3f} {m}" if value is not None else "no encoder learned the task")
     scored = {k: v[m] for k, v in t.get("baselines", {}).items() if m in v}
     if scored and value is not None:
         best = max(scored, key=lambda k: (scored[k], k))
         name = "all-O baseline" if (best == "majority" and t["type"] == "ner") else BASELINE_NAMES.get(best, best)
         if value > scored[best]:
-            s += f"; {enc} beats the {name} by {value - scored[best]:+.3f}"
+            parts.append(f"{enc} beats the {name} by {value - scored[best]:+.3f}")
         else:
-            s += f"; {enc} does not beat the {name} ({value:.3f} vs {scored[best]:.3f})"
-    return s + "."
+            parts.append(f"{enc} does not beat the {name} ({value:.3f} vs {scored[best]:.3f})")
+    return "; ".join(parts) + "."
 
 
 def encoder_verdict(ec: dict) -> str:
@@ -165,12 +216,13 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
             splits = read_task(Path(tdir))
             t["baselines"] = task_baselines(t["type"], {"train": splits["train"], "test": splits[p.split]},
                                             info.get("labels"))
-        for k, d in t.get("delta", {}).items():  # intervals are computed for the primary metric
-            d["ci95"], d["ci_method"] = None, "none: not the primary metric"
-        d = t.get("delta", {}).get(t["primary"])
-        if d:
-            d["ci95"], d["ci_method"] = interval(t, dirs[(task, "base")], dirs[(task, "adapted")], p.split,
-                                                 p.bootstrap_samples, p.bootstrap_seed)
+        for enc, deltas in t.get("deltas", {}).items():
+            for k, d in deltas.items():  # intervals are computed for the primary metric
+                d["ci95"], d["ci_method"] = None, "none: not the primary metric"
+            d = deltas.get(t["primary"])
+            if d:
+                d["ci95"], d["ci_method"] = interval(t, enc, dirs[(task, "base")], dirs[(task, enc)], p.split,
+                                                     p.bootstrap_samples, p.bootstrap_seed)
         t["verdict"] = verdict(t)
         ctx.log(f"{task}: {t['verdict']}")
 
@@ -205,8 +257,10 @@ def _flat(result: dict) -> dict[str, float]:
     """What goes to MLflow: every mean, baseline, interval end and encoder score, as `task.column.metric`."""
     flat: dict[str, float] = {}
     for task, t in result["tasks"].items():
-        for enc in result["encoders"] + ["delta"]:
-            for k, v in t.get(enc, {}).items():
+        columns = {**{e: t.get(e, {}) for e in result["encoders"]},
+                   **{("delta" if e == "adapted" else f"delta_{e}"): d for e, d in t.get("deltas", {}).items()}}
+        for enc, stats in columns.items():
+            for k, v in stats.items():
                 flat[f"{task}.{enc}.{k}"] = v["mean"]
                 if v.get("ci95"):
                     flat[f"{task}.{enc}.{k}.ci95_lo"], flat[f"{task}.{enc}.{k}.ci95_hi"] = v["ci95"]
@@ -248,9 +302,13 @@ def build(ctx) -> dict:
     figures["bar"].append("figures/primary.png")
     label_keys = {}
     confusions = {}
+    recalls: dict = {}
     for (task, enc), m in sorted(results.items()):
         saved = [r for r in m["per_seed"].values() if r.get("saved")] or list(m["per_seed"].values())
         conf = saved[0].get("test_details", {}).get("confusion")
+        per_class = saved[0].get("test_details", {}).get("per_class")
+        if per_class and p.split == "test":
+            recalls.setdefault(task, {})[enc] = per_class
         if conf and p.split == "test":
             name = f"confusion_{task}_{enc}.png"
             R.confusion_png(figs / name, conf["labels"], conf["matrix"], f"{task} / {enc} (test)")
@@ -261,7 +319,7 @@ def build(ctx) -> dict:
         if curves.is_file():
             shutil.copy(curves, figs / f"curves_{task}_{enc}.png")
             figures["curves"].append(f"figures/curves_{task}_{enc}.png")
-    (ctx.out / "report.md").write_text(R.markdown(result, figures, label_keys), encoding="utf-8")
+    (ctx.out / "report.md").write_text(R.markdown(result, figures, label_keys, recalls), encoding="utf-8")
     from bertpipe.stage import write_json
 
     write_json(ctx.out / "metrics.json", result)

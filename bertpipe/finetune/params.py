@@ -59,6 +59,9 @@ class TrainParams(_Strict):
     max_eval_examples: int = Field(0, ge=0)
     num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # Class imbalance (classification): the loss weights each class by n / (k * count) (balanced), by the square root
+    # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.
+    class_weight: Literal["none", "balanced", "sqrt"] = "none"
 
 
 def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +78,40 @@ TrainOverrides = Annotated[dict[str, Any], AfterValidator(_known_train_keys)]
 def with_overrides(shared: TrainParams, overrides: dict[str, Any]) -> TrainParams:
     """The shared hyperparameters with ``overrides`` applied (validated like the shared section)."""
     return TrainParams.model_validate({**shared.model_dump(), **overrides}) if overrides else shared
+
+
+class SearchParams(_Strict):
+    """Hyperparameters chosen on dev, per task and encoder: every encoder gets the same space and budget.
+
+    ``space`` maps finetune.train keys to the values to try; each trial is finetune.train (with the task's
+    overrides) plus one value per key, trained on the first seed and scored on dev after every evaluation.
+    Successive halving stops a trial whose dev score at an evaluation ranks in the bottom of the trials seen there;
+    a degenerate trial (one class, no entity, or not above the majority baseline on dev) never wins. ``trials: 0``
+    trains the given hyperparameters without a search. A space no larger than ``trials`` is tried in full (a
+    grid); a larger one is sampled (TPE).
+    """
+
+    trials: int = Field(0, ge=0, le=1000)
+    space: dict[str, list[Any]] = Field(default_factory=dict)
+    prune: bool = True
+    min_evals: int = Field(1, ge=1, le=1000)  # dev evaluations a trial gets before it can be stopped
+    reduction_factor: int = Field(2, ge=2, le=10)
+    seed: int = 0
+    # A seed whose run is degenerate is trained again with another seed (seed + 1000 * k), at most this often.
+    retries: int = Field(1, ge=0, le=10)
+
+    @field_validator("space")
+    @classmethod
+    def _known_keys(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in v.items():
+            if key not in TrainParams.model_fields or key in ("seeds", "device", "num_threads", "early_stopping",
+                                                              "unfreeze", "max_eval_examples", "eval_batch_size"):
+                raise ValueError(f"space: {key!r} is not a finetune.train hyperparameter to search")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"space.{key}: a non-empty list of values to try")
+            for value in values:  # each value must make a valid finetune.train
+                TrainParams.model_validate({key: value})
+        return v
 
 
 class TaskParams(_Strict):
@@ -127,6 +164,8 @@ class TaskParams(_Strict):
     n_best: int = Field(20, ge=1)
     # Per-task overrides of finetune.train, e.g. {epochs: 5, lr: 5e-5}.
     train_overrides: TrainOverrides = Field(default_factory=dict)
+    # Per-task overrides of finetune.search (e.g. {space: {lr: [5e-4, 1e-3]}}): a key given replaces the shared one.
+    search_overrides: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _format_fits(self) -> "TaskParams":
@@ -147,6 +186,20 @@ class TaskParams(_Strict):
     def train_params(self, shared: TrainParams) -> TrainParams:
         """The shared hyperparameters with this task's overrides applied (validated like the shared section)."""
         return with_overrides(shared, self.train_overrides)
+
+    def search_params(self, shared: SearchParams) -> SearchParams:
+        """The shared search with this task's overrides applied; keys a task type has no use for are dropped
+        (class weights are for classification), so no trial repeats another."""
+        sp = SearchParams.model_validate({**shared.model_dump(), **self.search_overrides})
+        if self.type not in ("classification", "pair_classification") and "class_weight" in sp.space:
+            sp = sp.model_copy(update={"space": {k: v for k, v in sp.space.items() if k != "class_weight"}})
+        return sp
+
+    @field_validator("search_overrides")
+    @classmethod
+    def _search_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        SearchParams.model_validate(v)
+        return v
 
 
 _LAW_QUERY = (
@@ -191,6 +244,7 @@ def default_tasks() -> dict[str, TaskParams]:
 class FinetuneParams(_Strict):
     encoders: list[str] = Field(default_factory=lambda: ["base", "adapted"], min_length=1)
     train: TrainParams = Field(default_factory=TrainParams)
+    search: SearchParams = Field(default_factory=SearchParams)
     tasks: dict[str, TaskParams] = Field(default_factory=default_tasks)
 
     @field_validator("encoders")

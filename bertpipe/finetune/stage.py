@@ -15,10 +15,13 @@ from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate.metrics import PRIMARY
-from bertpipe.finetune import data as D
+from bertpipe.finetune import data as FD
+from bertpipe.finetune import degenerate as D
 from bertpipe.finetune import heads as H
+from bertpipe.finetune import search as S
+from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams
-from bertpipe.finetune.train import legacy_request, pick_device, precision_for, set_seed, train
+from bertpipe.finetune.train import legacy_request, pick_device, precision_for
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
 
@@ -57,6 +60,18 @@ def _mean_std(values: list[float]) -> dict:
             "values": values}
 
 
+def _trial_identity(ctx, p) -> dict:
+    """What a search trial's result depends on besides its hyperparameters and seed: the encoder and task data
+    (their content digests), the task's settings and this package's code."""
+    from bertpipe.codeid import MODEL_LIBS, code_identity
+    from bertpipe.stage import content_digest
+
+    return {"encoder": content_digest(ctx.inputs["encoder"], ctx.cfg),
+            "task": content_digest(ctx.inputs["task"], ctx.cfg),
+            "params": p.model_dump(mode="json", exclude={"train_overrides", "search_overrides"}),
+            "code": code_identity(("finetune",), MODEL_LIBS)["digest"], "version": VERSION}
+
+
 def build(ctx, task: str, encoder: str) -> dict:
     import torch
     from transformers import AutoTokenizer
@@ -86,9 +101,9 @@ def build(ctx, task: str, encoder: str) -> dict:
            else "finetune.train.max_seq_len")
     # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
     tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, key, ctx.log)})
-    splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in D.SPLITS}
+    splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in FD.SPLITS}
     H.describe(counts)
-    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in D.SPLITS)
+    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in FD.SPLITS)
     ctx.log(f"{task}/{encoder}: {sizes}")
     primary = PRIMARY[p.type]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -97,33 +112,48 @@ def build(ctx, task: str, encoder: str) -> dict:
     ctx.counts.update(prec.record())
     ctx.log(f"{ctx.name}: precision {prec.words()}")
 
+    train_labels = [ex.label for ex in data["train"]]
+    dev_gold = [ex.label for ex in data["dev"]] if p.type in ("classification", "pair_classification") else []
+    task_run = Task(p, src, labels, splits, primary, pad, device, bf16,
+                    D.majority_score(p.type, train_labels, dev_gold, labels), f"{task}/{encoder}",
+                    log_metrics=ctx.log_metrics)
+    sp = p.search_params(fp.search)
+    store = S.TrialStore(ctx.cfg.state / "trials" / task, _trial_identity(ctx, p))
+    outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(task_run, ttp, seed, on_eval, f"trial{n}_"),
+                       store, lambda m: ctx.log(f"{task}/{encoder} search: {m}"))
+    tp = outcome.chosen
+
     per_seed: dict = {}
     runs: dict = {}
     best_dev = float("-inf")
     for seed in tp.seeds:
-        set_seed(seed)  # the fresh head's init must not depend on what used the global RNG before
-        model = H.load_model(p.type, src, labels).to(device)
-        if data["dev"]:
-            def dev_eval(m, _split=splits["dev"]):
-                flat, _, _ = H.score(m, _split, p, labels, pad, tp.eval_batch_size, bf16)
-                return flat.get(primary, 0.0), flat
-        else:  # nothing to select on: every evaluation "improves", so the last weights are kept
-            def dev_eval(m):
-                return time.monotonic(), {}
-        res = train(model, splits["train"].feats, tp, dev_eval, pad, seed,
-                    log_metrics=lambda m, step, _s=seed: ctx.log_metrics({f"seed{_s}_{k}": v for k, v in m.items()},
-                                                                         step),
-                    desc=f"{task}/{encoder} seed {seed}")
+        f = outcome.fit if (outcome.fit is not None and seed == outcome.fit.seed) else None
+        outcome.fit = None if f is not None else outcome.fit
+        for attempt in range(sp.retries + 1):
+            trained = seed + 1000 * attempt
+            if f is None:
+                f = fit(task_run, tp, trained, metric_prefix=f"seed{seed}_")
+            if not f.degenerate:
+                break
+            ctx.log(f"{task}/{encoder} seed {trained}: degenerate on dev ({f.degenerate})"
+                    + (", training another seed" if attempt < sp.retries else ""))
+            if attempt < sp.retries:
+                f = None
+        model, res = f.model, f.result
         runs[seed] = res
-        dev, _, _ = H.score(model, splits["dev"], p, labels, pad, tp.eval_batch_size, bf16)
+        dev = f.dev
         test, test_details, recs = H.score(model, splits["test"], p, labels, pad, tp.eval_batch_size, bf16)
         per_seed[str(seed)] = {
             "dev": dev, "test": test, "test_details": test_details, "best_step": res.best_step, "steps": res.steps,
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
+            "trained_seed": f.seed, "degenerate": f.degenerate,
         }
         ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "
-                f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)")
-        choice = dev.get(primary, 0.0)  # never test: choosing on it would leak; without dev the first seed stays
+                f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)"
+                + (f", DEGENERATE: {f.degenerate}" if f.degenerate else ""))
+        # never test: choosing on it would leak; without dev the first seed stays; a degenerate run only when
+        # every run is
+        choice = dev.get(primary, 0.0) - (2.0 if f.degenerate else 0.0)
         if choice > best_dev:
             best_dev = choice
             shutil.rmtree(ctx.out / "model", ignore_errors=True)
@@ -134,20 +164,33 @@ def build(ctx, task: str, encoder: str) -> dict:
             modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                             base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
                             notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
-            with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
+            with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as fh:
                 for r in recs:
-                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            for r in per_seed.values():
+                r.pop("saved", None)
             per_seed[str(seed)]["saved"] = True
-        del model
+        del model, f
 
+    # The summary is over the runs that learned something; an encoder none of whose runs did is degenerate.
+    sound = {s: r for s, r in per_seed.items() if not r["degenerate"]}
     summary = {}
     for s in ("dev", "test"):
-        names = sorted({k for r in per_seed.values() for k in r[s]})
-        summary[s] = {k: _mean_std([r[s][k] for r in per_seed.values() if k in r[s]]) for k in names}
+        rows = (sound or per_seed).values()
+        names = sorted({k for r in rows for k in r[s]})
+        summary[s] = {k: _mean_std([r[s][k] for r in rows if k in r[s]]) for k in names}
+    degenerate = not sound
+    if degenerate:
+        ctx.log(f"{task}/{encoder}: DEGENERATE: every seed's run is degenerate on dev; no verdict will use it")
     out = {
         "task": task, "type": p.type, "encoder": encoder, "encoder_source": str(src), "primary": primary,
         "pipeline_task": pipeline_task(p.type), "labels": labels, "seeds": tp.seeds, "per_seed": per_seed,
-        "summary": summary, "counts": dict(counts),
+        "summary": summary, "counts": dict(counts), "degenerate": degenerate,
+        "degenerate_reason": next(iter(per_seed.values()))["degenerate"] if degenerate else None,
+        "majority_dev": task_run.majority_dev,
+        "search": {"space": sp.space, "budget": sp.trials, "prune": sp.prune, "chosen": outcome.config,
+                   "trials": [t.record() for t in outcome.trials]},
+        "hyperparameters": tp.model_dump(mode="json", exclude={"seeds", "device", "num_threads"}),
     }
     from bertpipe.stage import write_json
 

@@ -144,11 +144,22 @@ class Verdict:
     reason: str
 
 
+def degenerate_reason(metrics: dict) -> str | None:
+    """Why a finetuned model learned nothing (its metrics.json ``degenerate``), or None."""
+    if not metrics.get("degenerate"):
+        return None
+    return str(metrics.get("degenerate_reason") or "every run was degenerate on dev")
+
+
 def judge(metric: str, value: float, floor: Floor, floor_margin: float, champion_version: str | None,
           champion_value: float | None, min_delta: float, require_ci: bool,
-          ci: tuple[float, float] | None, champion_note: str = "") -> Verdict:
-    """The rule, strict everywhere: a tie with the floor or the champion never promotes. Scores compare at the six
-    decimals the registry records them with, so a champion's recorded score ties with its own re-logged copy."""
+          ci: tuple[float, float] | None, champion_note: str = "", degenerate: str | None = None) -> Verdict:
+    """The rule, strict everywhere: a degenerate model is never crowned (whatever the floor setting); a tie with the
+    floor or the champion never promotes. Scores compare at the six decimals the registry records them with, so a
+    champion's recorded score ties with its own re-logged copy."""
+    if degenerate:
+        return Verdict(False, True, f"degenerate: {degenerate}; a model that learned nothing is never champion, "
+                                    "registered as challenger only")
     value = round(value, 6)
     champion_value = None if champion_value is None else round(champion_value, 6)
     floor = Floor(floor.name, None if floor.value is None else round(floor.value, 6), floor.source)

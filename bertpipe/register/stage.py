@@ -54,6 +54,7 @@ class Candidate:
     version: str = ""
     reused: bool = False
     pipeline_task: str = ""
+    degenerate: str | None = None  # why the model learned nothing (its finetune metrics.json says so): never crowned
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -97,12 +98,12 @@ def _candidates(ctx: StageContext) -> list[Candidate]:
             fp = (read_manifest(ft) or {}).get("fingerprint")
             if not fp:
                 raise BertpipeError(f"{ft}/manifest.json: missing (run finetune/{task}/adapted first)")
-            metric, value, _ = G.saved_seed_score(json.loads((ft / "metrics.json").read_text()),
-                                                  f"{ft}/metrics.json")
+            metrics = json.loads((ft / "metrics.json").read_text())
+            metric, value, _ = G.saved_seed_score(metrics, f"{ft}/metrics.json")
             identity, parts = G.test_identity(cfg, ft, task)
             task_data = (parts["data"].get("test_sha256") or identity)
             out.append(Candidate(f"{p.prefix}-{task}{suffix}", ft / "model", ft, task, fp, metric, value, identity, parts,
-                                 D.lineage(cfg, ft, task_data)))
+                                 D.lineage(cfg, ft, task_data), degenerate=G.degenerate_reason(metrics)))
     if p.register_encoder and not has_mlm_head(Path(ctx.inputs["adapted"]) / "model"):
         # an RTD-trained discriminator (pretrain.objective: rtd): the encoder gate scores masked-LM NLL against the
         # base and has nothing to score here; the finetuned task models carry the gate (docs/objectives.md)
@@ -272,7 +273,8 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
             rec["ci_note"] = ("the encoder gate score is one number" if c.ft_dir is None
                               else "no per-example predictions for both models")
     v = G.judge(c.metric, c.value, floor, p.floor_margin, rec["champion_before"], champ_value, p.min_delta,
-                p.require_ci, rec["ci95"], note if note != "re-scored" else "re-scored on this test set")
+                p.require_ci, rec["ci95"], note if note != "re-scored" else "re-scored on this test set",
+                degenerate=c.degenerate)
     rec.update(promoted=v.promoted, below_floor=v.below_floor, reason=v.reason,
                decision=("promoted: " if v.promoted else "not promoted: ") + v.reason)
     return rec

@@ -1,0 +1,165 @@
+"""Hyperparameters chosen on dev: an Optuna study over ``finetune.search.space`` with successive halving.
+
+Each trial trains finetune.train plus one value per searched key on the first seed, reports the dev score after
+every evaluation (the pruner stops trials that rank low at an evaluation), and ends with its best dev score. A
+degenerate trial (bertpipe.finetune.degenerate) fails and can never be chosen. Trials are stored by what they
+are (encoder, task data, configuration, seed, code) under the state dir, so a trial already run — by a killed
+attempt, or before the budget grew — is read back, never trained again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bertpipe.finetune.fit import Fit
+from bertpipe.finetune.params import SearchParams, TrainParams
+
+
+class Degenerate(Exception):
+    pass
+
+
+@dataclass
+class Trial:
+    number: int
+    config: dict[str, Any]  # the searched keys' values
+    state: str  # complete | pruned | degenerate
+    dev: float | None  # best dev primary (complete trials)
+    curve: list[float] = field(default_factory=list)  # dev primary at each evaluation
+    steps: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    cached: bool = False
+
+    def record(self) -> dict:
+        return {"number": self.number, "config": self.config, "state": self.state, "dev": self.dev,
+                "curve": self.curve, "steps": self.steps, "seconds": round(self.seconds, 2), "reason": self.reason,
+                "cached": self.cached}
+
+
+@dataclass
+class Outcome:
+    chosen: TrainParams  # the configuration every seed trains with
+    config: dict[str, Any]  # its searched keys' values ({} without a search)
+    trials: list[Trial]
+    fit: Fit | None  # the chosen trial's run on the first seed, when this process trained it
+
+
+def grid_size(space: dict[str, list]) -> int:
+    return math.prod(len(v) for v in space.values()) if space else 0
+
+
+def configure(tp: TrainParams, config: dict[str, Any]) -> TrainParams:
+    return TrainParams.model_validate({**tp.model_dump(), **config})
+
+
+class TrialStore:
+    """One JSON file per trial under ``root``, named by the digest of what the trial is."""
+
+    def __init__(self, root: Path, identity: dict):
+        self.root = root
+        self.identity = identity
+
+    def path(self, tp: TrainParams, seed: int) -> Path:
+        blob = json.dumps({**self.identity, "train": tp.model_dump(mode="json"), "seed": seed}, sort_keys=True,
+                          default=str)
+        return self.root / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
+
+    def get(self, tp: TrainParams, seed: int) -> dict | None:
+        try:
+            return json.loads(self.path(tp, seed).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def put(self, tp: TrainParams, seed: int, rec: dict) -> None:
+        from bertpipe.stage import write_json
+
+        path = self.path(tp, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        write_json(tmp, rec)
+        tmp.replace(path)
+
+
+def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit], store: TrialStore,
+           log: Callable[[str], None]) -> Outcome:
+    """Choose a configuration on dev. ``run(tp, seed, on_eval, trial number)`` trains one trial (bertpipe.finetune.fit)."""
+    if sp.trials == 0 or not sp.space:
+        return Outcome(tp, {}, [], None)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    keys = sorted(sp.space)
+    n = grid_size(sp.space)
+    if n <= sp.trials:
+        sampler: Any = optuna.samplers.GridSampler({k: sp.space[k] for k in keys}, seed=sp.seed)
+        budget = n
+    else:
+        sampler, budget = optuna.samplers.TPESampler(seed=sp.seed), sp.trials
+    pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=sp.min_evals, reduction_factor=sp.reduction_factor)
+              if sp.prune else optuna.pruners.NopPruner())
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    trials: list[Trial] = []
+    best: dict = {}
+
+    def objective(ot) -> float:
+        config = {k: ot.suggest_categorical(k, sp.space[k]) for k in keys}
+        ttp = configure(tp, config)
+        t = Trial(ot.number, config, "pruned", None)
+        trials.append(t)
+        cached = store.get(ttp, seed)
+        if cached is not None:
+            t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "steps", "seconds", "reason")})
+            t.cached = True
+            for i, v in enumerate(t.curve):
+                ot.report(v, i)
+            log(f"trial {t.number} {config}: {t.state} (stored), dev {t.dev if t.dev is None else round(t.dev, 4)}")
+            if t.state == "pruned":
+                raise optuna.TrialPruned()
+            if t.state == "degenerate":
+                raise Degenerate(t.reason)
+            return t.dev
+
+        def on_eval(value: float, i: int) -> None:
+            t.curve.append(value)
+            ot.report(value, i)
+            if ot.should_prune():
+                raise optuna.TrialPruned()
+
+        started = time.time()
+        try:
+            f = run(ttp, seed, on_eval, t.number)
+        except optuna.TrialPruned:
+            t.seconds = time.time() - started
+            store.put(ttp, seed, t.record())
+            log(f"trial {t.number} {config}: pruned after {len(t.curve)} dev evaluations "
+                f"({t.curve[-1]:.4f} at the last)")
+            raise
+        t.seconds, t.steps = time.time() - started, f.result.steps
+        if f.degenerate:
+            t.state, t.reason = "degenerate", f.degenerate
+            store.put(ttp, seed, t.record())
+            log(f"trial {t.number} {config}: degenerate ({f.degenerate})")
+            raise Degenerate(f.degenerate)
+        t.state, t.dev = "complete", f.result.best_primary
+        store.put(ttp, seed, t.record())
+        log(f"trial {t.number} {config}: dev {t.dev:.4f} ({t.steps} steps, {t.seconds:.0f}s)")
+        if not best or t.dev > best["dev"]:
+            best.update(dev=t.dev, number=t.number, fit=f)
+        return t.dev
+
+    study.optimize(objective, n_trials=budget, catch=(Degenerate,))
+    done = [t for t in trials if t.state == "complete"]
+    if not done:
+        log(f"every one of the {len(trials)} trials was pruned or degenerate: training the given hyperparameters")
+        return Outcome(tp, {}, trials, None)
+    win = max(done, key=lambda t: (t.dev, -t.number))
+    log(f"chosen on dev: {win.config} (dev {win.dev:.4f}; {len(done)} of {len(trials)} trials complete)")
+    fit = best.get("fit") if best.get("number") == win.number else None
+    return Outcome(configure(tp, win.config), win.config, trials, fit)
