@@ -61,6 +61,11 @@ class StageContext:
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step=step)
 
+    def log_child(self, name: str, params: dict, curve: dict[str, list[float]], tags: dict) -> None:
+        """A finished MLflow run nested under this stage's (e.g. one search trial)."""
+        if self.tracker is not None:
+            self.tracker.log_child(name, params, curve, tags)
+
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         """Log a file (e.g. a PNG or report) written under ``out``; it is uploaded once the stage succeeds."""
         if self.tracker is not None:

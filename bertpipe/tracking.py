@@ -162,6 +162,24 @@ class StageRun:
     def defer_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._artifacts.append((path, artifact_path))
 
+    def log_child(self, name: str, params: dict[str, Any], curve: dict[str, list[float]], tags: dict[str, Any]
+                  ) -> str:
+        """A finished run nested under this one (a search trial): its params, metric curves (one value per step)
+        and tags. Returns its run id."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        run = self.client.create_run(self.client.get_run(self.run_id).info.experiment_id, run_name=name,
+                                     tags={"mlflow.parentRunId": self.run_id, **owner_tags()})
+        rid = run.info.run_id
+        import time
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), ts, i) for k, vs in curve.items() for i, v in enumerate(vs) if v == v]
+        self.client.log_batch(rid, metrics=metrics, params=[Param(k[:250], _param_value(v)) for k, v in params.items()],
+                              tags=[RunTag(k, _param_value(v)) for k, v in tags.items()])
+        self.client.set_terminated(rid, "FINISHED")
+        return rid
+
     def finish(self, metrics: dict, manifest: dict, tmp: Path, out: Path) -> None:
         self.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         self.client.log_artifact(self.run_id, str(tmp / "manifest.json"))

@@ -122,6 +122,11 @@ def build(ctx, task: str, encoder: str) -> dict:
     outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(task_run, ttp, seed, on_eval, f"trial{n}_"),
                        store, lambda m: ctx.log(f"{task}/{encoder} search: {m}"))
     tp = outcome.chosen
+    for t in outcome.trials:
+        ctx.log_child(f"{ctx.name} trial {t.number}", t.config,
+                      {f"dev_{primary}": t.curve}, {"bertpipe.trial.state": t.state, "bertpipe.trial.reason": t.reason,
+                                                    "bertpipe.trial.chosen": t.config == outcome.config
+                                                    and t.state == "complete", "bertpipe.trial.stored": t.cached})
 
     per_seed: dict = {}
     runs: dict = {}
