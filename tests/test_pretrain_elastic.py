@@ -60,15 +60,20 @@ def _free_port() -> int:
 
 
 def _worker(agents: list[subprocess.Popen], rank: int) -> psutil.Process | None:
-    """The worker process torchrun started with RANK=``rank``, if it is up."""
+    """The worker process a torchrun agent started with RANK=``rank`` (not a child of that worker, which inherits
+    its environment), if it is up."""
     for a in agents:
-        for c in psutil.Process(a.pid).children(recursive=True):
+        try:
+            procs = psutil.Process(a.pid).children(recursive=True)
+        except psutil.Error:
+            continue
+        for c in procs:
             try:
-                env = c.environ()
+                env, parent = c.environ(), c.parent()
+                if env.get("RANK") == str(rank) and parent is not None and "LOCAL_RANK" not in parent.environ():
+                    return c
             except psutil.Error:
                 continue
-            if env.get("RANK") == str(rank) and "LOCAL_RANK" in env:
-                return c
     return None
 
 
