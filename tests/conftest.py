@@ -82,8 +82,8 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
 # for the end. The rest follow: modules holding a slow test, then the quick ones.
 LONGEST_FIRST = tuple(f"tests.test_{m}" for m in (
     "pipeline_e2e", "retrain_rounds", "dvc_experiments", "serve", "flow_dask", "kill_recovery", "families",
-    "reliability", "prefect_doors", "pretrain_resume", "register", "own_domain", "finetune_stage", "export_registry",
-    "run_interrupt", "prepare_scale", "bad_inputs", "dvc_noop", "credentials", "prefect_typed_params",
+    "reliability", "prefect_doors", "pretrain_elastic", "pretrain_resume", "register", "own_domain", "finetune_stage",
+    "export_registry", "run_interrupt", "prepare_scale", "bad_inputs", "dvc_noop", "credentials", "prefect_typed_params",
     "vocab_embeddings", "packaging", "front_doors"))
 
 

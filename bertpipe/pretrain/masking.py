@@ -3,7 +3,7 @@
 Each word is chosen independently with probability ``mask_prob`` (vectorised over the batch), so the expected share
 of chosen tokens is exactly ``mask_prob`` whatever the word lengths; every piece of a chosen word is chosen together.
 Special tokens and padding carry word id -1 and are never chosen. The random generator is passed in, so a mask is a
-pure function of its seed: dynamic masking seeds by (step, micro-batch, rank), static masking by example.
+pure function of its seed: dynamic masking seeds by (step, micro-batch's place in the step), static masking by example.
 """
 
 from __future__ import annotations

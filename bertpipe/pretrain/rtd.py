@@ -15,9 +15,9 @@ quality with ~1/4 of the compute" comes from (checked, not assumed: bench/bench_
   are tied (the paper: tying token embeddings gives nearly all of the gain of tying everything), so the generator
   works under any encoder family's position/type embedding scheme.
 - Sampling: inverse CDF of the generator's softmax with one uniform per masked position. In training the uniforms
-  come from the global RNG, which the loop seeds per (seed, step, rank) - so a resumed run draws the same samples;
-  in evaluation from a generator seeded by the batch's ids, so every evaluation scores the same replacements for the
-  same generator.
+  come from the global RNG, which the loop seeds per (seed, step, micro-batch) - so a resumed run draws the same
+  samples; in evaluation from a generator seeded by the batch's ids, so every evaluation scores the same
+  replacements for the same generator.
 
 Interface: the same as ``model.PretrainModel`` (``forward(input_ids, attention_mask, token_type_ids, labels,
 pair_labels)`` -> dict with ``mlm_sum``/``mlm_loss``/``n_masked``, ``saved``: the module that becomes model/), plus

@@ -2,6 +2,9 @@
 
     torchrun --nproc_per_node=2 -m bertpipe.pretrain.run --stage pretrain [--params params.yaml] [--set k=v ...]
 
+Several nodes (a c10d rendezvous) and elastic restarts (``--max-restarts``: the group restarts after a rank dies and
+resumes from the last checkpoint): docs/distributed.md, whose command tests/test_pretrain_elastic.py runs.
+
 Rank 0 goes through ``run_stage`` as a single process would (fingerprint, output lock, MLflow run, atomic rename,
 manifest). The other ranks must not: they would block on rank 0's output lock while rank 0 waits for them in the
 first collective. They compute the same fingerprint, hence the same ``scratch`` dir, and call the same ``build`` with

@@ -18,7 +18,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report, rtd, tokstore
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.pretrain.train import eval_batches, safe_load, setup_distributed, train
+from bertpipe.pretrain.train import elastic_restarts, eval_batches, safe_load, setup_distributed, train
 
 VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
 
@@ -103,6 +103,7 @@ def _build(ctx, d) -> dict:
         ctx.log_metrics(metrics, step=step)
 
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log)
+    restarts = elastic_restarts(d)
 
     best_path = ctx.scratch / "best.pt"
     chosen = "last"
@@ -124,6 +125,7 @@ def _build(ctx, d) -> dict:
         "train_seconds": round(res.train_seconds, 3),
         "fresh_head": int(fresh),
         "resumed_from_step": res.resumed_from,
+        "restarts": restarts,  # by torchrun's elastic agent (--max-restarts), after a rank failed
         "padding_share": round(pad, 4),
         "max_seq_len": p.max_seq_len,
         # max_time_s is an optional wall-clock guard (off by default): when it ends the run, the output depends on
@@ -136,6 +138,7 @@ def _build(ctx, d) -> dict:
     ctx.counts.update(
         train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
         processes=d.world, steps=res.step, stopped=res.stopped, **res.precision.record(),
+        restarts=restarts, resumed_from_step=res.resumed_from,
     )
     if not d.main:
         return metrics
@@ -161,7 +164,8 @@ def _build(ctx, d) -> dict:
         "corpus": f"`{corpus}` ({len(train_ex)} training segments of <= {p.max_seq_len} tokens, "
                   f"{int(lengths.sum())} tokens; {len(valid_ex)} held-out)",
         "objective": objective_words(p),
-        "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from})",
+        "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from}"
+                 + (f"; the job restarted {restarts} time(s) after a process failed)" if restarts else ")"),
         "precision": res.precision.words(),
         "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
         "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",

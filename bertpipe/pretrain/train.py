@@ -2,11 +2,12 @@
 
 Why a short loop of our own rather than transformers' Trainer: the speed-ups this stage exists for (MLM head only at
 the chosen positions, length buckets that DDP shards deterministically, masks that are a pure function of
-(seed, step, rank)) would each need a Trainer override (compute_loss, get_train_dataloader, the collator's RNG), and
+(seed, step, batch)) would each need a Trainer override (compute_loss, get_train_dataloader, the collator's RNG), and
 exact resume after SIGKILL needs atomic checkpoints that Trainer does not write. Everything that makes the result a
-pure function of (params, data, step) is in this file: data order = f(seed, epoch), mask = f(seed, step, micro, rank),
-dropout = f(seed, step, rank); a checkpoint holds model, optimiser, schedule and history, so a resumed run replays the
-same steps as an uninterrupted one.
+pure function of (params, data, step) is in this file: data order = f(seed, epoch); mask and dropout = f(seed, step,
+j), j the micro-batch's place among the step's ``grad_accum x processes`` batches, so N processes with accumulation
+G train on the same batches with the same masks as one process with N x G; a checkpoint holds model, optimiser,
+schedule and history, so a resumed run replays the same steps as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ class Dist:
 
 
 def setup_distributed() -> Dist:
-    """One process per device under torchrun (WORLD_SIZE/RANK/LOCAL_RANK set); a single process otherwise."""
+    """One process per device under torchrun (WORLD_SIZE/RANK/LOCAL_RANK set); a single process otherwise.
+
+    ``BERTPIPE_DIST_TIMEOUT_S`` bounds how long a collective waits for a rank that is gone (default: torch's 30
+    minutes for gloo, 10 for NCCL); past it the survivors fail and torchrun's agent can restart the group."""
+    from datetime import timedelta
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
@@ -55,10 +61,25 @@ def setup_distributed() -> Dist:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        limit = os.environ.get("BERTPIPE_DIST_TIMEOUT_S")
+        dist.init_process_group(backend="nccl" if cuda else "gloo",
+                                timeout=timedelta(seconds=float(limit)) if limit else None)
     if dist.is_initialized():
         return Dist(dist.get_rank(), dist.get_world_size(), device)
     return Dist(0, 1, device)
+
+
+def elastic_restarts(d: Dist) -> int:
+    """How many times torchrun's elastic agents restarted this job's worker group (``--max-restarts``): the highest
+    ``TORCHELASTIC_RESTART_COUNT`` of any rank. Each agent counts only the restarts its own workers' failures caused
+    (an agent that restarts because another node rejoins does not count), so ranks disagree and the maximum is the
+    job's. 0 outside torchrun."""
+    n = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if d.world == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def state_digest(module: torch.nn.Module) -> str:
@@ -249,7 +270,8 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, prec: Precision
 # ---------------------------------------------------------------- one optimizer step's gradients
 
 
-def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = FP32, scaler=None) -> list[dict]:
+def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = FP32, scaler=None,
+                  seeds: list[int] | None = None) -> list[dict]:
     """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's outputs.
 
     The MLM loss is normalised by the masked tokens of the whole step, summed over micro-batches and processes (as
@@ -258,6 +280,7 @@ def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = F
     processes, hence the factor ``world``. The pair (NSP/SOP) loss is per example: a mean per micro-batch, averaged.
     RTD's discriminator loss (``disc_sum``, over every non-padding token) is normalised the same way, by the step's
     non-padding tokens, and weighted by ``disc_weight``. Under fp16 ``scaler`` (a GradScaler) scales the loss.
+    ``seeds[k]`` seeds the global RNG (dropout, RTD's sampling) before micro-batch ``k``.
     """
     n_step, tok_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches)),
                                 float(sum(int(b["attention_mask"].sum()) for b in micro_batches))], d)
@@ -267,6 +290,8 @@ def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = F
         b = to_device(b, d.device)
         last = k == len(micro_batches) - 1
         sync = model.no_sync() if (d.world > 1 and not last) else contextlib.nullcontext()
+        if seeds is not None:
+            torch.manual_seed(seeds[k])
         with sync:
             with autocast(d.device, prec):
                 out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
@@ -360,9 +385,12 @@ def train(
     while state["step"] < p.max_steps:
         step = state["step"]
         t0 = time.perf_counter()
-        torch.manual_seed(int(seeded(p.seed, step, d.rank, 3).initial_seed()) % (1 << 62))  # dropout stream
-        micro_batches = []
+        micro_batches, seeds = [], []
         for micro in range(p.grad_accum):
+            # this micro-batch's place among the step's batches (Batches deals them to ranks in turn): masks and
+            # dropout follow it, so the step is the same however it is cut into processes and accumulation
+            j = d.rank + d.world * micro
+            seeds.append(int(seeded(p.seed, step, j, 3).initial_seed()) % (1 << 62))  # dropout stream
             exs = batches.get(step * p.grad_accum + micro)
             if trace is not None:
                 trace["batches"].append([int(e.ids.sum()) for e in exs])  # a cheap identity of each example
@@ -370,12 +398,12 @@ def train(
             if static is not None:
                 ids, labels = apply_static(b, exs, static)
             else:
-                gen = seeded(p.seed, step, micro, d.rank)
+                gen = seeded(p.seed, step, j, 0)
                 ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
             b["input_ids"], b["labels"] = ids, labels
             micro_batches.append(b)
         # Losses stay device tensors until the log step: a float() per micro-batch is a host-device sync per step.
-        for out, b in zip(backward_step(model, micro_batches, d, prec, scaler), micro_batches):
+        for out, b in zip(backward_step(model, micro_batches, d, prec, scaler, seeds), micro_batches):
             window[0] += out["mlm_loss"].detach()
             window[1] += out["pair_loss"].detach() if "pair_loss" in out else 0.0
             window[2] += 1
