@@ -78,13 +78,12 @@ class TrialStore:
             return None
 
     def put(self, tp: TrainParams, seed: int, rec: dict) -> None:
-        from bertpipe.stage import write_json
+        """Atomically: two runs of one project may store the same trial at once."""
+        from bertpipe.outputs import atomic_write_text
 
         path = self.path(tp, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        write_json(tmp, rec)
-        tmp.replace(path)
+        atomic_write_text(path, json.dumps(rec, sort_keys=True, indent=1))
 
 
 def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit], store: TrialStore,
