@@ -2,15 +2,15 @@
 
     tasks ─(dev/test)─> prepare ─┬─(general)─> base* ─┐
       │                          ├─> start ───────────┤   (start.json: the base, or the champion to continue from)
-      │                          └─(domain)───────────┴─> vocab ─> pretrain ─┬─> tapt/<task>* ─┐
-      └─(task dir)──────────────────────────────────────────────────────────┴─────────────────┴─> finetune/<task>/<encoder> ─> ...
-    ... ─> evaluate ─> register
+      │                          └─(domain)───────────┴─> vocab ─> pretrain ─┬──────────────┐
+      └─(task dir)──────────────────────────────────────────────────────────┴─> tapt/<t>* ─┴─> finetune/<t>/<encoder>
+    finetune ─> evaluate ─> register
     finetune ─> distill/<task> ─> export/<model> ─> register
 
 ``tasks`` materialises every finetune task's splits once; prepare removes their dev/test texts from the pretraining
 corpora, and finetune trains on the task dirs.
 
-``tapt/<task>`` exists only when ``finetune.encoders`` names ``tapt``: continued MLM on the task's own train texts
+``tapt/<task>`` (*) exists only when ``finetune.encoders`` names ``tapt``: continued MLM on the task's own train texts
 from the pretrain stage's encoder (DAPT + TAPT), the encoder of ``finetune/<task>/tapt``.
 
 ``base`` exists only when ``model.base: scratch``: it pretrains a small general-domain model from a config, since no
