@@ -79,6 +79,7 @@ def test_tapt_corpus_holds_no_dev_or_test_text(project):
     assert not [t for t in texts if t in kept_out or LEAK in t]
     assert corpus.counts["leak_dropped"] == 3
     assert corpus.counts["leak_dropped_by_reason"] == {"exact": 2, "contains": 1, "near": 0}
+    assert {e["id"] for e in corpus.counts["leak_examples"]} == {"leak-copy", "leak-inside", "leak-dev"}
     assert len(texts) == corpus.counts["train_texts"] - 3 and corpus.held_out and corpus.train
     assert not set(corpus.train) & set(corpus.held_out)
 
@@ -108,6 +109,7 @@ def test_tapt_stage_trains_and_saves_a_masked_lm(project):
     assert is_fresh(tapt_stage("cls"), cfg)[0] and not is_fresh(tapt_stage("cls"), cfg2)[0]
 
 
+@pytest.mark.slow  # three finetunes and three exports
 def test_export_takes_the_best_dev_score_and_skips_a_degenerate_finetune(project):
     root, cfg, _ = project
     stages = all_stages(cfg)

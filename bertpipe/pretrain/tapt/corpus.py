@@ -27,19 +27,21 @@ class TaptCorpus:
     counts: dict = field(default_factory=dict)  # texts, dropped by reason, examples of dropped texts
 
 
-def task_texts(examples) -> list[str]:
-    """Every distinct non-empty text of ``examples`` in order (QA contexts repeat across questions)."""
-    seen: dict[str, None] = {}
+def task_texts(examples) -> dict[str, str]:
+    """{text: the id of the first example holding it}: every distinct non-empty text of ``examples`` in order (QA
+    contexts repeat across questions)."""
+    seen: dict[str, str] = {}
     for ex in examples:
         for t in (ex.text, ex.text_pair, ex.question):
             if t and t.strip():
-                seen.setdefault(t, None)
-    return list(seen)
+                seen.setdefault(t, str(ex.id))
+    return seen
 
 
 def leak_checked(task: str, task_dir: Path, prepare_params) -> tuple[list[str], dict]:
     """(the task's train texts that leak none of its dev/test texts, counts of what was dropped and why)."""
-    texts = task_texts(read_split(Path(task_dir) / "train.jsonl"))
+    owners = task_texts(read_split(Path(task_dir) / "train.jsonl"))
+    texts = list(owners)
     ev = EvalTexts.from_inputs({f"tasks/{task}/{s}": Path(task_dir) / f"{s}.jsonl" for s in ("dev", "test")},
                                prepare_params)
     norm = Cleaner(prepare_params.clean).normalise
@@ -47,8 +49,9 @@ def leak_checked(task: str, task_dir: Path, prepare_params) -> tuple[list[str], 
     kept, stats = exclude(docs, ev, prepare_params)
     keep = {int(d["id"]) for d in kept}
     by_reason = (stats.get("by_task") or {}).get(task, {})
+    shown = [{**e, "id": owners[texts[int(e["id"])]]} for e in stats.get("examples", [])]  # the train example's id
     counts = {"train_texts": len(texts), "eval_texts": len(ev.texts), "leak_dropped": stats.get("docs", 0),
-              "leak_dropped_by_reason": dict(by_reason), "leak_examples": stats.get("examples", [])}
+              "leak_dropped_by_reason": dict(by_reason), "leak_examples": shown}
     return [t for i, t in enumerate(texts) if i in keep], counts
 
 
