@@ -170,3 +170,17 @@ def test_stages_lists_tapt_and_its_command_runs_it(project):
     assert res.exit_code == 0 and "cached" in res.output, res.output
     res = CliRunner().invoke(app, ["tapt", "--task", "nope", "--params", params])
     assert res.exit_code == 2 and "no tapt stage matches --task nope" in res.output, res.output
+
+
+def test_encoders_accept_tapt_and_name_the_known_ones(tmp_path):
+    from bertpipe.errors import BertpipeError
+
+    p = tmp_path / "params.yaml"
+    p.write_text("finetune: {encoders: [base, adapted, tapt]}\ntapt: {epochs: 3, mask_prob: 0.2}\n", encoding="utf-8")
+    cfg = load_config(p)
+    assert cfg.params.finetune.encoders == ["base", "adapted", "tapt"] and cfg.params.tapt.epochs == 3
+    for bad, where in (("finetune.encoders=[base, dapt]", "finetune.encoders"), ("tapt.objective=rtd", "tapt.objective"),
+                       ("tapt.holdout=0", "tapt.holdout"), ("tapt.steps=3", "tapt.steps: unknown key")):
+        with pytest.raises(BertpipeError) as e:
+            load_config(p, overrides=[bad])
+        assert where in str(e.value) and "\n" not in str(e.value), str(e.value)
