@@ -1,6 +1,6 @@
 """Task-adaptive pretraining and the choice of encoder: a real tiny tapt/<task> stage (continued MLM on the task's
-train texts, none of its dev/test texts), real tiny finetunes of three encoders, and the export that takes the best
-by dev score and passes over a collapsed one."""
+train texts, none of its dev/test texts), real tiny finetunes of three encoders, and the export (and register, in a
+real MLflow sqlite store) that take the best by dev score and pass over a collapsed one."""
 
 from __future__ import annotations
 
@@ -136,6 +136,14 @@ def test_export_takes_the_best_dev_score_and_skips_a_degenerate_finetune(project
     first = best(dev)
     assert sel["encoder"] == first and not sel["degenerate"] and sel["dev"] == dev
     assert Path(sel["source"]) == root / "work" / "finetune" / "cls" / first
+    # register registers the same finetune and names its encoder
+    from bertpipe.tracking import client
+
+    (root / "work" / "evaluate").mkdir(exist_ok=True)
+    run_stage(stages["register"], cfg)
+    [v] = client(cfg).search_model_versions("name='bertpipe-cls'")
+    assert v.tags["bertpipe.encoder"] == first and v.tags["bertpipe.degenerate"] == "false"
+    assert f"`{first}` encoder, the best by dev macro_f1" in v.description
     # the finetune's collapse flag: the winner marked degenerate is passed over for the next best
     metrics_of = {e: root / "work" / "finetune" / "cls" / e / "metrics.json" for e in dev}
 

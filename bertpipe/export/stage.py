@@ -103,11 +103,10 @@ def describe(checks: dict) -> str:
 
 
 def build(ctx, key: str, task: str | None) -> dict:
+    from bertpipe.export.choice import SELECTION_FILE, choose
     from bertpipe.export.infer import task_meta
     from bertpipe.export.speed import dir_size
     from bertpipe.stage import write_json
-
-    from bertpipe.export.choice import SELECTION_FILE, choose
 
     ep = ctx.params
     finetunes = {k.split("/", 1)[1]: Path(v) for k, v in ctx.inputs.items() if k.startswith("finetune/")}
