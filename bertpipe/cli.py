@@ -152,7 +152,7 @@ def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: 
         given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
         what = "task" if family == "finetune" else "stage"
         raise BertpipeError(f"no {family} {what} matches {given} in this config's pipeline (params: "
-                            f"{'finetune.tasks' if family == 'finetune' else family})")
+                            f"{'finetune.tasks' if family in ('finetune', 'tapt') else family})")
     for n in names:
         _run_one(n, params, profile, set_, force)
 

@@ -28,6 +28,7 @@ from bertpipe.export.params import ExportParams
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.prepare.params import PrepareParams
 from bertpipe.pretrain.params import PretrainParams
+from bertpipe.pretrain.tapt.params import TaptParams
 from bertpipe.register.params import RegisterParams
 from bertpipe.serve.params import ServeParams
 from bertpipe.vocab.params import VocabParams
@@ -112,6 +113,8 @@ class Params(Section):
     # `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.
     base: PretrainParams = Field(default_factory=PretrainParams)
     pretrain: PretrainParams = Field(default_factory=PretrainParams)
+    # `tapt/<task>`: continued MLM on each task's train texts (when finetune.encoders names tapt)
+    tapt: TaptParams = Field(default_factory=TaptParams)
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     distill: DistillParams = Field(default_factory=DistillParams)

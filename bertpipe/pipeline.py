@@ -2,13 +2,16 @@
 
     tasks ─(dev/test)─> prepare ─┬─(general)─> base* ─┐
       │                          ├─> start ───────────┤   (start.json: the base, or the champion to continue from)
-      │                          └─(domain)───────────┴─> vocab ─> pretrain ─┐
-      └─(task dir)──────────────────────────────────────────────────────────┴─> finetune/<task>/<encoder> ─> ...
-    ... ─> evaluate ─> register
+      │                          └─(domain)───────────┴─> vocab ─> pretrain ─┬──────────────┐
+      └─(task dir)──────────────────────────────────────────────────────────┴─> tapt/<t>* ─┴─> finetune/<t>/<encoder>
+    finetune ─> evaluate ─> register
     finetune ─> distill/<task> ─> export/<model> ─> register
 
 ``tasks`` materialises every finetune task's splits once; prepare removes their dev/test texts from the pretraining
 corpora, and finetune trains on the task dirs.
+
+``tapt/<task>`` (*) exists only when ``finetune.encoders`` names ``tapt``: continued MLM on the task's own train texts
+from the pretrain stage's encoder (DAPT + TAPT), the encoder of ``finetune/<task>/tapt``.
 
 ``base`` exists only when ``model.base: scratch``: it pretrains a small general-domain model from a config, since no
 pretrained Chinese weights can be downloaded here. Otherwise the base encoder is ``model.base`` (a dir or hub id).
@@ -28,7 +31,7 @@ from bertpipe.stage import Stage
 from bertpipe.start import encoder_paths, read_start, start_dir, start_file
 
 
-SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base or adapted.",
+SELECTOR_HELP = {"task": "One task from finetune.tasks (distill: distill.tasks).", "encoder": "base, adapted or tapt.",
                  "model": "<task>, <task>-student or encoder."}
 
 
@@ -36,7 +39,14 @@ def adapted_model(cfg: Config) -> Path:
     return cfg.work / "pretrain" / "model"
 
 
-def encoder_dir(cfg: Config, encoder: str) -> Path | str:
+def tapt_out(cfg: Config, task: str) -> Path:
+    return cfg.work / "tapt" / task
+
+
+def encoder_dir(cfg: Config, encoder: str, task: str) -> Path | str:
+    """The encoder ``finetune/<task>/<encoder>`` starts from: the base, the adapted encoder, or the task's TAPT one."""
+    if encoder == "tapt":
+        return tapt_out(cfg, task) / "model"
     return base_model(cfg) if encoder == "base" else adapted_model(cfg)
 
 
@@ -130,13 +140,33 @@ def pretrain_stage() -> Stage:
                  launcher=_ranked)
 
 
+def tapt_tasks(cfg: Config) -> list[str]:
+    """Tasks that get a TAPT encoder: every finetune task, when finetune.encoders names ``tapt``."""
+    return list(cfg.params.finetune.tasks) if "tapt" in cfg.params.finetune.encoders else []
+
+
+def tapt_stage(task: str) -> Stage:
+    from bertpipe.pretrain.tapt import stage as m
+    from bertpipe.taskdata import task_dir, task_params
+
+    def inputs(cfg: Config) -> dict:
+        task_params(cfg, task)  # an unknown task name is a one-line error
+        return {"model": adapted_model(cfg), "task": task_dir(cfg, task)}
+
+    # prepare's clean/dedup/exclude params define the leak check that keeps the task's dev/test texts out
+    return Stage(f"tapt/{task}", m.VERSION, ("tapt", "model.language", "prepare.clean", "prepare.dedup",
+                                             "prepare.exclude"), inputs, lambda c: tapt_out(c, task),
+                 lambda ctx: m.build(ctx, task=task), params_section="tapt", code=("pretrain/tapt",),
+                 libs=(*MODEL_LIBS, "datasketch", "jieba", "numpy"), cli=("tapt", "--task", task), task=task)
+
+
 def finetune_stage(task: str, encoder: str) -> Stage:
     from bertpipe.finetune import stage as m
     from bertpipe.taskdata import task_dir, task_params
 
     def inputs(cfg: Config) -> dict:
         task_params(cfg, task)  # an unknown task name is a one-line error
-        return {"encoder": encoder_dir(cfg, encoder), "task": task_dir(cfg, task)}
+        return {"encoder": encoder_dir(cfg, encoder, task), "task": task_dir(cfg, task)}
 
     def build(ctx):
         return m.build(ctx, task=task, encoder=encoder)
@@ -191,18 +221,29 @@ def distill_stage(task: str) -> Stage:
                  code=("distill",), libs=MODEL_LIBS, cli=("distill", "--task", task), task=task)
 
 
-def export_targets(cfg: Config) -> dict[str, tuple[str | None, Path]]:
-    """What register logs, by export key: {key: (task or None for the encoder, stage dir holding model/)}."""
-    out: dict[str, tuple[str | None, Path]] = {}
+def task_model_encoders(cfg: Config) -> list[str]:
+    """The encoders whose finetunes compete for a task's exported and registered model: every one in
+    finetune.encoders, when any adapted one (adapted, tapt) is among them; none when the tasks are finetuned on the
+    base alone (register then logs the encoder and any students)."""
+    enc = cfg.params.finetune.encoders
+    return list(enc) if any(e != "base" for e in enc) else []
+
+
+def export_targets(cfg: Config) -> dict[str, tuple[str | None, dict[str, Path]]]:
+    """What register logs, by export key: {key: (task or None for the encoder, {input key: stage dir})}. A task's
+    inputs are every competing encoder's finetune (``finetune/<encoder>``: export picks the best by dev score), a
+    student's and the encoder's the one stage dir holding model/ (``model``)."""
+    out: dict[str, tuple[str | None, dict[str, Path]]] = {}
     if not cfg.params.export.enabled:
         return out
-    for t, e in finetune_pairs(cfg):
-        if e == "adapted":
-            out[t] = (t, finetune_out(cfg, t, e))
+    encoders = task_model_encoders(cfg)
+    if encoders:
+        for t in cfg.params.finetune.tasks:
+            out[t] = (t, {f"finetune/{e}": finetune_out(cfg, t, e) for e in encoders})
     for t in distill_tasks(cfg):
-        out[f"{t}-student"] = (t, distill_out(cfg, t))
+        out[f"{t}-student"] = (t, {"model": distill_out(cfg, t)})
     if cfg.params.register.register_encoder:
-        out["encoder"] = (None, cfg.work / "pretrain")
+        out["encoder"] = (None, {"model": cfg.work / "pretrain"})
     return out
 
 
@@ -221,8 +262,7 @@ def export_stage(key: str) -> Stage:
 
         src = export_targets(cfg)[key][1]
         # a task model is checked on its test split, the encoder on domain texts
-        return {"model": src, "task": task_dir(cfg, task)} if task else {"model": src,
-                                                                         "corpus": corpus_dir(cfg, "domain")}
+        return {**src, "task": task_dir(cfg, task)} if task else {**src, "corpus": corpus_dir(cfg, "domain")}
 
     sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
     return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
@@ -254,10 +294,10 @@ def register_stage() -> Stage:
     from bertpipe.register import stage as m
 
     def sources(cfg: Config) -> dict[str, Stage]:
-        # the adapted encoder's finetunes, where there are any (finetune.encoders: [base] compares tasks on the base
-        # alone: register then logs the encoder and any students)
-        out: dict[str, Stage] = {f"finetune/{t}": finetune_stage(t, e) for t, e in finetune_pairs(cfg)
-                                 if e == "adapted"}
+        # every competing encoder's finetune of each task (register registers the best by dev score, as export
+        # exports it; none when finetune.encoders is [base]: register then logs the encoder and any students)
+        out: dict[str, Stage] = {f"finetune/{t}/{e}": finetune_stage(t, e) for t in cfg.params.finetune.tasks
+                                 for e in task_model_encoders(cfg)}
         out.update({f"distill/{t}": distill_stage(t) for t in distill_tasks(cfg)})
         out.update({f"export/{k}": export_stage(k) for k in export_targets(cfg)})
         return out
@@ -317,6 +357,8 @@ FAMILIES: tuple[Family, ...] = (
            lambda c: [vocab_stage()]),
     Family("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).",
            lambda c: [pretrain_stage()]),
+    Family("tapt", "Task-adaptive pretraining: continued MLM on each task's train texts (when finetune.encoders "
+           "names tapt; or one with --task).", lambda c: [tapt_stage(t) for t in tapt_tasks(c)], ("task",)),
     Family("finetune", "Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
            lambda c: [finetune_stage(t, e) for t, e in finetune_pairs(c)], ("task", "encoder")),
     Family("distill", "Distill each finetuned task into a smaller student (or one with --task).",

@@ -36,6 +36,16 @@ def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
     assert "base" not in g2 and g2["finetune/sentiment/base"] == ["tasks"]
 
 
+def test_tapt_sits_between_pretrain_and_its_finetune(tmp_path, sample_raw):
+    g = demo_graph(tmp_path, sample_raw, {"finetune": {"encoders": ["base", "adapted", "tapt"]}})
+    assert sorted(g["tapt/sentiment"]) == ["pretrain", "tasks"]
+    assert sorted(g["finetune/sentiment/tapt"]) == ["tapt/sentiment", "tasks"]
+    # the task's export (and register) weigh every encoder's finetune of it
+    assert {f"finetune/sentiment/{e}" for e in ("base", "adapted", "tapt")} <= set(g["export/sentiment"])
+    assert {f"finetune/sentiment/{e}" for e in ("base", "adapted", "tapt")} <= set(g["register"])
+    assert not [n for n in demo_graph(tmp_path / "p2", sample_raw) if n.startswith("tapt/")]  # not named: no stage
+
+
 def test_what_may_overlap_and_until(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
     light = {n for n, st in all_stages(load_config(tmp_path / "params.yaml")).items() if st.light}

@@ -4,6 +4,9 @@ Output (``ctx.out``): ``model.onnx`` (fp32, dynamic batch and sequence), ``model
 quantization), ``task.json`` (what inference needs: task type, labels, long-text handling) and ``checks.json``:
 the largest |torch - onnxruntime| output difference, whether predictions on the test split are identical, and each
 backend's test quality (torch, onnx, int8). A parity failure beyond ``export.atol`` fails the stage.
+
+A task's export takes every encoder's finetune of the task (inputs ``finetune/<encoder>``) and exports the best
+non-degenerate one by dev score (``bertpipe.export.choice``); ``selection.json`` records which, for register.
 """
 
 from __future__ import annotations
@@ -100,12 +103,19 @@ def describe(checks: dict) -> str:
 
 
 def build(ctx, key: str, task: str | None) -> dict:
+    from bertpipe.export.choice import SELECTION_FILE, choose
     from bertpipe.export.infer import task_meta
     from bertpipe.export.speed import dir_size
     from bertpipe.stage import write_json
 
     ep = ctx.params
-    model_dir = Path(ctx.inputs["model"]) / "model"
+    finetunes = {k.split("/", 1)[1]: Path(v) for k, v in ctx.inputs.items() if k.startswith("finetune/")}
+    choice = choose(finetunes) if finetunes else None
+    if choice is not None:
+        write_json(ctx.out / SELECTION_FILE, choice.record())
+        ctx.counts.update(encoder=choice.encoder, degenerate=int(choice.degenerate))
+        ctx.log(f"{key}: exporting the {choice.words()}")
+    model_dir = (Path(choice.source) if choice is not None else Path(ctx.inputs["model"])) / "model"
     if not (model_dir / "config.json").is_file():
         raise BertpipeError(f"export/{key}: no saved model at {model_dir}")
     meta = export_onnx(model_dir, ctx.out / ONNX_FILE, ep.opset)
@@ -119,6 +129,8 @@ def build(ctx, key: str, task: str | None) -> dict:
     sizes = {"torch": dir_size(model_dir), "onnx": dir_size(ctx.out / ONNX_FILE)}
     if ep.quantize:
         sizes["int8"] = dir_size(ctx.out / INT8_FILE)
+    if choice is not None:
+        checks.update(encoder=choice.encoder, degenerate=choice.degenerate)
     checks.update({"key": key, "task": task, "opset": ep.opset, "atol": ep.atol, "sizes": sizes, **meta,
                    "exporter": "torch.onnx.export(dynamo=False, dynamic_axes)",
                    "providers": {n: m.sess.get_providers() for n, m in backends.items() if hasattr(m, "sess")}})
@@ -134,5 +146,7 @@ def build(ctx, key: str, task: str | None) -> dict:
     flat.update({f"agreement_{n}": v for n, v in checks["agreement"].items()})
     flat.update({f"{n}_{checks['primary']}": v.get(checks["primary"], 0.0) for n, v in checks["quality"].items()})
     flat.update({f"size_{n}": float(v) for n, v in sizes.items()})
+    if choice is not None:
+        flat["degenerate"] = float(choice.degenerate)
     ctx.log_metrics(flat)
     return flat

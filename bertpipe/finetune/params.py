@@ -241,6 +241,11 @@ def default_tasks() -> dict[str, TaskParams]:
     }
 
 
+# base: model.base; adapted: the pretrain stage's (DAPT) encoder; tapt: that encoder after task-adaptive pretraining
+# on each task's train texts (the tapt/<task> stages)
+ENCODERS = ("base", "adapted", "tapt")
+
+
 class FinetuneParams(_Strict):
     encoders: list[str] = Field(default_factory=lambda: ["base", "adapted"], min_length=1)
     train: TrainParams = Field(default_factory=TrainParams)
@@ -250,9 +255,9 @@ class FinetuneParams(_Strict):
     @field_validator("encoders")
     @classmethod
     def _known_encoders(cls, v: list[str]) -> list[str]:
-        bad = [e for e in v if e not in ("base", "adapted")]
+        bad = [e for e in v if e not in ENCODERS]
         if bad or len(set(v)) != len(v):
-            raise ValueError(f"encoders must be distinct names from ['base', 'adapted'] (got {v})")
+            raise ValueError(f"encoders must be distinct names from {list(ENCODERS)} (got {v})")
         return v
 
     @field_validator("tasks", mode="before")  # before: a bad name is the error, not a field of its task

@@ -21,12 +21,14 @@ from bertpipe.stage import read_manifest
 
 EXPORT_ARTIFACTS = "bertpipe-export"
 EXPORT_TAG = "bertpipe.export_uri"
-FILES = ("model.onnx", "model.int8.onnx", "task.json", "checks.json", "checks.md")
+FILES = ("model.onnx", "model.int8.onnx", "task.json", "checks.json", "checks.md", "selection.json")
 
 
 def export_dir_for(model_dir: Path) -> Path | None:
-    """The export stage output made from ``model_dir`` (``<stage>/model``): found by its manifest's ``model`` input,
-    in the ``export/`` dir of the work tree that holds the model."""
+    """The export stage output made from ``model_dir`` (``<stage>/model``): found by the finetune its selection.json
+    chose or its manifest's ``model`` input, in the ``export/`` dir of the work tree that holds the model."""
+    from bertpipe.export.choice import read_selection
+
     src = Path(model_dir).resolve().parent
     for anc in list(src.parents)[:4]:
         exp = anc / "export"
@@ -34,7 +36,9 @@ def export_dir_for(model_dir: Path) -> Path | None:
             continue
         for d in sorted(exp.iterdir()):
             m = read_manifest(d) or {}
-            path = ((m.get("inputs") or {}).get("model") or {}).get("path")
+            # a task's export records the finetune it chose (selection.json); a student's, the encoder's: `model`
+            path = ((read_selection(d) or {}).get("source")
+                    or ((m.get("inputs") or {}).get("model") or {}).get("path"))
             if path and Path(path).resolve() == src and (d / "model.onnx").is_file():
                 return d
     return None

@@ -54,7 +54,9 @@ class Candidate:
     version: str = ""
     reused: bool = False
     pipeline_task: str = ""
-    degenerate: str | None = None  # why the model learned nothing (its finetune metrics.json says so): never crowned
+    encoder: str = ""  # a task model: which encoder's finetune (the best by dev score, bertpipe.export.choice)
+    choice: str = ""  # ... and why, in words
+    degenerate: str | None = None  # why the model learned nothing (its metrics.json says so): never crowned
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -87,23 +89,42 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     return version
 
 
+def _task_models(ctx: StageContext) -> list[tuple[str, str, Path, object]]:
+    """(source kind, task, output dir, choice or None) of each task model: per task the best encoder's finetune by
+    dev score (the choice export makes), then each student."""
+    from bertpipe.export.choice import choose
+
+    finetunes: dict[str, dict[str, Path]] = {}
+    out = []
+    for key, src in ctx.sources.items():  # the stages behind the inputs (bertpipe.pipeline.register_stage)
+        if src.family == "finetune":
+            finetunes.setdefault(src.task, {})[src.encoder] = Path(ctx.inputs[key])
+        elif src.family == "distill":
+            out.append(("distill", src.task, Path(ctx.inputs[key]), None))
+    chosen = []
+    for task, dirs in finetunes.items():
+        c = choose(dirs)
+        ctx.log(f"{task}: registering the {c.words()}")
+        chosen.append(("finetune", task, Path(c.source), c))
+    return chosen + out
+
+
 def _candidates(ctx: StageContext) -> list[Candidate]:
     cfg, p = ctx.cfg, ctx.params
     out = []
-    for key, src in ctx.sources.items():  # the stages behind the inputs (bertpipe.pipeline.register_stage)
-        if src.family in ("finetune", "distill"):  # a student: same metrics.json schema, "<prefix>-<task>-student"
-            task = src.task
-            suffix = "-student" if src.family == "distill" else ""
-            ft = Path(ctx.inputs[key])
-            fp = (read_manifest(ft) or {}).get("fingerprint")
-            if not fp:
-                raise BertpipeError(f"{ft}/manifest.json: missing (run finetune/{task}/adapted first)")
-            metrics = json.loads((ft / "metrics.json").read_text())
-            metric, value, _ = G.saved_seed_score(metrics, f"{ft}/metrics.json")
-            identity, parts = G.test_identity(cfg, ft, task)
-            task_data = (parts["data"].get("test_sha256") or identity)
-            out.append(Candidate(f"{p.prefix}-{task}{suffix}", ft / "model", ft, task, fp, metric, value, identity, parts,
-                                 D.lineage(cfg, ft, task_data), degenerate=G.degenerate_reason(metrics)))
+    for family, task, ft, choice in _task_models(ctx):  # a student: same metrics.json schema, "<name>-student"
+        suffix = "-student" if family == "distill" else ""
+        fp = (read_manifest(ft) or {}).get("fingerprint")
+        if not fp:
+            raise BertpipeError(f"{ft}/manifest.json: missing (run {family}/{task} first)")
+        metrics = json.loads((ft / "metrics.json").read_text())
+        metric, value, _ = G.saved_seed_score(metrics, f"{ft}/metrics.json")
+        identity, parts = G.test_identity(cfg, ft, task)
+        task_data = (parts["data"].get("test_sha256") or identity)
+        out.append(Candidate(f"{p.prefix}-{task}{suffix}", ft / "model", ft, task, fp, metric, value, identity, parts,
+                             D.lineage(cfg, ft, task_data), encoder=choice.encoder if choice else "",
+                             choice=choice.words() if choice else "",
+                             degenerate=G.degenerate_reason(metrics)))
     if p.register_encoder and not has_mlm_head(Path(ctx.inputs["adapted"]) / "model"):
         # an RTD-trained discriminator (pretrain.objective: rtd): the encoder gate scores masked-LM NLL against the
         # base and has nothing to score here; the finetuned task models carry the gate (docs/objectives.md)
@@ -154,6 +175,8 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
     tags = {"bertpipe.primary_metric": c.metric, "bertpipe.primary_value": f"{c.value:.6f}",
             "bertpipe.test_hash": c.identity,
             **{D.LINEAGE_PREFIX + k: v for k, v in c.lineage.items()}}
+    if c.encoder:  # which encoder's finetune this task model is (the best by dev score)
+        tags.update({"bertpipe.encoder": c.encoder, "bertpipe.degenerate": str(bool(c.degenerate)).lower()})
     _log_inputs(ctx, mlflow, c)
     preds = c.ft_dir / S.PREDICTIONS if c.ft_dir is not None else None
     if preds is not None and preds.is_file():
@@ -336,6 +359,8 @@ def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
     table = C.eval_table(Path(ctx.inputs["evaluate"]), c.task)
     card = C.model_card(c.name, c.pipeline_task, c.metric, c.value, C.card_lineage(ctx.cfg, c.ft_dir), table,
                         D.model_section(rec))
+    if c.choice:
+        card += f"\n\n**Encoder**: {c.choice}.\n"
     client.update_model_version(c.name, c.version, description=card + export_section(client, c.name, c.version))
     client.update_registered_model(c.name, description=C.registered_description(c.name, c.pipeline_task, c.task))
     rec["aliases"] = sorted(client.get_model_version(c.name, c.version).aliases)
