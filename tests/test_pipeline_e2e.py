@@ -35,11 +35,14 @@ TINY = {
     "vocab": {"top_k": 100, "min_freq": 5, "head_fit_steps": 0, "eval_texts": 16},
     "pretrain": {"max_seq_len": 64, "max_steps": 30, "batch_size": 16, "eval_every": 10, "save_every": 10,
                  "eval_examples": 32, "lr": 1e-3},
-    "finetune": {"train": {"epochs": 1, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
-                           "batch_size": 16, "lr": 1e-3}},
+    # 75 steps of batch 8 at lr 3e-3 take the sentiment and NER heads off their majority answers; law_department's
+    # 8 classes stay there (a degenerate run: registered as challenger only, and not retried).
+    "finetune": {"train": {"epochs": 3, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
+                           "batch_size": 8, "lr": 3e-3, "early_stopping": {"patience": 0}},
+                 "search": {"retries": 0}},
     "evaluate": {"mlm_max_texts": 50, "mlm_max_seq_len": 64},
     # Models trained for 30 steps need not beat a baseline; these tests are about the chain's mechanics (the floor
-    # has its own tests in test_register.py), so every first version may become champion.
+    # has its own tests in test_register.py), so every first version that learned something may become champion.
     "register": {"floor": "none"},
     # Stages one at a time in the flow's own process: no child process start-up per stage (what keeps the suite
     # inside CI's 30 minutes). Stages side by side in their own processes: tests/test_run_interrupt.py, the demo.
@@ -148,8 +151,9 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert reg["models"], reg
     # Both runs share the outputs; each model got exactly one version (the second run found them fresh).
     assert all(len(v) == 1 for v in registry_versions(project).values())
-    for m in reg["models"]:
-        assert m["version"] == "1" and "champion" in m["aliases"]
+    for m in reg["models"]:  # a model that learned nothing is never crowned
+        assert m["version"] == "1" and ("challenger" if m["degenerate"] else "champion") in m["aliases"], m
+    assert any("champion" in m["aliases"] for m in reg["models"] if m["name"] != "bertpipe-encoder"), reg
     logs = [(project / f"first-{i}.log").read_text() for i in range(2)]
     out = logs[0] + logs[1]
     assert "report:" in out and "registered: bertpipe-" in out and "mlflow ui" in out

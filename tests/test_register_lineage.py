@@ -24,7 +24,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     S.write_jsonl(tmp_path / "train.jsonl", rows)
     (tmp_path / "params.yaml").write_text(
         f"paths: {{work: work, state: state}}\nmodel: {{base: {enc}}}\n"
-        "finetune:\n  encoders: [base]\n  train: {lr: 2.0e-3, epochs: 2, batch_size: 16, max_seq_len: 32, "
+        "finetune:\n  encoders: [base]\n  train: {lr: 1.0e-2, epochs: 6, batch_size: 8, max_seq_len: 32, "
         "seeds: [7], early_stopping: {patience: 0}}\n"
         "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl}}\n"
         "register: {floor: none, register_encoder: false}\n", encoding="utf-8")
@@ -45,7 +45,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     assert v.run_id == ft.run_id == json.loads((ft.out / "manifest.json").read_text())["mlflow_run_id"]
     run = c.get_run(v.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["bertpipe.stage"] == "finetune/sentiment/base"
-    assert float(run.data.params["finetune.train.lr"]) == 2e-3
+    assert float(run.data.params["finetune.train.lr"]) == 1e-2
     curve = c.get_metric_history(v.run_id, "seed7_train_loss")
     assert len(curve) >= 2 and curve[0].step < curve[-1].step
     assert "curves.png" in {f.path for f in c.list_artifacts(v.run_id)}

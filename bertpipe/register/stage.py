@@ -265,7 +265,7 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
            "fingerprint": c.fingerprint, "metric": c.metric, "value": c.value, "test_identity": c.identity,
            "test_set": _test_set_words(c), "score_source": source, "champion_before": None, "champion_value": None,
            "champion_rescored": False, "ci95": None, "ci_note": "", "upstream_changes": [],
-           "promoted": False, "stays_champion": False, "below_floor": False}
+           "promoted": False, "stays_champion": False, "below_floor": False, "degenerate": c.degenerate}
     champ = current_champion(client, c.name)
     rec.update(floor="not needed for this decision", floor_value=None)
     if champ is not None and str(champ.version) == c.version:
