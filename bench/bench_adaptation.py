@@ -3,6 +3,8 @@
     OMP_NUM_THREADS=2 python bench/bench_adaptation.py   # profile `evidence` (params.yaml): ~35-60 min on 2 cores
     python bench/bench_adaptation.py --quick             # the demo profile at a few steps: proves the script end to end
     python bench/bench_adaptation.py --seeds 1 2 3 4 5 --project /tmp/evidence --raw data/raw --set KEY=VALUE
+    python bench/bench_adaptation.py --params examples/evidence_climate/params.yaml --tasks is_climate --raw data/raw \
+        --project /tmp/evidence-climate              # another domain, its own profiles (docs/evidence.md)
 
 Runs every stage alone through the CLI in a throwaway project over the real sample data (tasks, prepare, base, vocab,
 pretrain on every core, `--threads`; then each task x encoder x seed as its own `bertpipe finetune`, so every seed's
@@ -249,14 +251,28 @@ def main() -> None:
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--project", type=Path, default=Path("/tmp/bertpipe-evidence"))
     ap.add_argument("--raw", type=Path, default=REPO / ".bertpipe" / "test-raw")
+    ap.add_argument("--params", type=Path, default=None,
+                    help="another params file with its own domain and tasks (examples/evidence_climate/params.yaml), "
+                         "run with its own profiles (--quick: its `smoke` profile as it is); default: the repo's "
+                         "params.yaml and profiles.yaml")
     args = ap.parse_args()
-    profile = "demo" if args.quick else args.profile
+    profile = ("smoke" if args.params else "demo") if args.quick else args.profile
     seeds = args.seeds or ([1, 2] if args.quick else [1, 2, 3])
     workers = args.workers or args.threads
     tag = "quick" if args.quick else profile
-    setup_project(args.project, args.raw.resolve())
-    sets = {"profile": profile, "paths.work": str(args.project / f"work_{tag}"), **(QUICK_SETS if args.quick else {}),
-            **dict(kv.split("=", 1) for kv in args.extra)}
+    own: dict = {}
+    if args.params:  # its paths point at --raw and into the project; outputs named after its folder
+        args.project.mkdir(parents=True, exist_ok=True)
+        shutil.copy(args.params, args.project / "params.yaml")
+        (args.project / "profiles.yaml").unlink(missing_ok=True)
+        if (args.params.parent / "profiles.yaml").exists():
+            shutil.copy(args.params.parent / "profiles.yaml", args.project / "profiles.yaml")
+        tag = f"{args.params.resolve().parent.name}-{tag}"
+        own = {"paths.raw": str(args.raw.resolve()), "paths.state": str(args.project / ".bertpipe")}
+    else:
+        setup_project(args.project, args.raw.resolve())
+    sets = {"profile": profile, **own, "paths.work": str(args.project / f"work_{tag}"),
+            **(QUICK_SETS if args.quick and not args.params else {}), **dict(kv.split("=", 1) for kv in args.extra)}
     log = args.project / f"{tag}.log"
     # A rerun resumes: stages still fresh are skipped by bertpipe (their first build's times kept here), finetunes
     # whose predictions were kept are read back.
@@ -265,7 +281,7 @@ def main() -> None:
     times: dict = {}
     t_start = time.perf_counter()
     # tasks first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/tasks
-    for stage in ("tasks", "prepare", "base", "vocab", "pretrain"):
+    for stage in ("tasks", "prepare", "base", "start", "vocab", "pretrain"):
         manifest = Path(sets["paths.work"]) / stage / "manifest.json"
         before = manifest.read_text() if manifest.exists() else None
         wall, cpu, rc = run_cli(args.project, [stage], sets, log, args.threads)

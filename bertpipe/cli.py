@@ -393,7 +393,7 @@ def gc_cmd(
 @data_app.command("samples", help="Download (cached) and unpack the pinned sample corpora into paths.raw.")
 @user_errors
 def samples_cmd(
-    names: Optional[List[str]] = typer.Argument(None, help="Samples to fetch (default: the demo's)."),
+    names: Optional[List[str]] = typer.Argument(None, help="Samples to fetch (default: the demo's; optional: envtext, minilm)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     dvc: bool = typer.Option(True, "--dvc/--no-dvc", help="`dvc add` the raw folder when inside a DVC repo."),
 ):

