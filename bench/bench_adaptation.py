@@ -7,16 +7,19 @@
         --project /tmp/evidence-climate              # another domain, its own profiles (docs/evidence.md)
 
 Runs every stage alone through the CLI in a throwaway project over the real sample data (tasks, prepare, base, vocab,
-pretrain on every core, `--threads`; then each task x encoder x seed as its own `bertpipe finetune`, so every seed's
-test predictions are kept, `--workers` at once with the cores divided among them), then per task:
+pretrain on every core, `--threads`; tapt/<task> when `finetune.encoders` names tapt; then each task x encoder as its
+own `bertpipe finetune`, as the pipeline runs it: its search chooses the hyperparameters on dev, every seed trains
+with them and keeps its test predictions; `--workers` at once with the cores divided among them), then per task:
 
 - baselines trained on the task's capped train split and scored on the same test examples the finetunes saw, from
   `bertpipe.evaluate.baselines` (what evaluate reports): majority and TF-IDF + logistic regression (classification),
   no entity and the train lexicon (NER);
-- base and adapted: the primary test metric per seed (mean, std);
-- adapted − base and adapted − TF-IDF/lexicon: `bertpipe.evaluate.bootstrap.paired_bootstrap` over test examples, the
-  statistic being the mean over seeds of the per-seed metric (every seed's predictions resampled on the same draw), so
-  the interval covers the test set's chance; the seeds' spread is in the ± columns;
+- every encoder (base, adapted, tapt): the primary test metric per seed (mean, std), and whether the finetune found
+  every run degenerate on dev (then no difference is computed with it);
+- each encoder − base and the best encoder − TF-IDF/lexicon: `bertpipe.evaluate.bootstrap.paired_bootstrap` over
+  test examples, the statistic being the mean over seeds of the per-seed metric (every seed's predictions resampled on
+  the same draw), so the interval covers the test set's chance; the seeds' spread is in the ± columns, and a
+  difference whose seeds disagree in sign says so;
 - the encoder comparison per masked character (`bertpipe.evaluate.fair_mlm.compare_encoders`, as evaluate) of the
   base and adapted encoders on the domain test split, and register's gate score (`encoder_gate_score`) for each.
 
@@ -100,56 +103,41 @@ def _read_preds(path: Path) -> dict[str, dict]:
     return {r["id"]: r for r in (json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip())}
 
 
-def run_finetunes(project: Path, sets: dict, tasks: list[str], seeds: list[int], log: Path, times: dict,
-                  workers: int, threads: int) -> dict:
-    """{(task, encoder, seed): {id: prediction record}}, each seed its own `bertpipe finetune` run (the stage saves
-    one seed's predictions). `workers` runs at once, `threads` each; two runs of one task x encoder never overlap
-    (they share an output dir). Seed-major order, so a cut-short run still has whole seeds."""
-    keep = log.parent / f"predictions_{log.stem}"  # each run's predictions and times, so a rerun resumes
-    keep.mkdir(exist_ok=True)
-    jobs, preds = [], {}
-    for job in ((task, enc, seed) for seed in seeds for task in tasks for enc in ("base", "adapted")):
-        saved = keep / "{}.{}.seed{}.jsonl".format(*job)
-        if saved.exists() and saved.with_suffix(".time.json").exists():
-            preds[job] = _read_preds(saved)
-            times["finetune/{}/{}/seed{}".format(*job)] = json.loads(saved.with_suffix(".time.json").read_text())
-        else:
-            jobs.append(job)
-    busy: set = set()
-    cond = threading.Condition()
+def run_finetunes(project: Path, sets: dict, tasks: list[str], encoders: list[str], seeds: list[int], log: Path,
+                  times: dict, workers: int, threads: int) -> dict:
+    """{(task, encoder, seed): {id: prediction record}}: one `bertpipe finetune` per task x encoder, as the pipeline
+    runs it (its search chooses the hyperparameters on dev on the first seed, then every seed trains with them; a
+    degenerate seed is retrained), every seed's test predictions read from its ``predictions/seed<N>.jsonl``.
+    `workers` run at once, `threads` each; a fresh finetune (a rerun) is read back, not run again."""
+    jobs = [(task, enc) for task in tasks for enc in encoders]
+    preds: dict = {}
+    lock = threading.Lock()
     failed: list = []
+    built = times.setdefault("_built", {})
 
     def worker() -> None:
         while True:
-            with cond:
-                while True:
-                    if failed or not jobs:
-                        return
-                    job = next((j for j in jobs if j[:2] not in busy), None)
-                    if job:
-                        jobs.remove(job)
-                        busy.add(job[:2])
-                        break
-                    cond.wait()
-            task, encoder, seed = job
-            wall, cpu, rc = run_cli(project, ["finetune", "--task", task, "--encoder", encoder, "--force"],
-                                    {**sets, "finetune.train.seeds": f"[{seed}]", "finetune.train.num_threads": threads},
-                                    log, threads)
+            with lock:
+                if failed or not jobs:
+                    return
+                task, encoder = jobs.pop(0)
+            wall, cpu, rc = run_cli(project, ["finetune", "--task", task, "--encoder", encoder],
+                                    {**sets, "finetune.train.seeds": "[" + ",".join(map(str, seeds)) + "]",
+                                     "finetune.train.num_threads": threads}, log, threads)
             out = Path(sets["paths.work"]) / "finetune" / task / encoder
-            with cond:
+            with lock:
                 if rc:
-                    failed.append(f"finetune {task}/{encoder} seed {seed} failed (see {log})")
-                else:
-                    saved = keep / f"{task}.{encoder}.seed{seed}.jsonl"
-                    shutil.copyfile(out / "predictions_test.jsonl", saved)
-                    preds[job] = _read_preds(saved)
-                    t = times[f"finetune/{task}/{encoder}/seed{seed}"] = {"wall_s": round(wall, 1),
-                                                                          "cpu_s": round(cpu, 1)}
-                    saved.with_suffix(".time.json").write_text(json.dumps(t))
-                    print(f"[evidence] {task}/{encoder} seed {seed}: {wall:.0f} s wall, {cpu:.0f} CPU s "
-                          f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
-                busy.discard(job[:2])
-                cond.notify_all()
+                    failed.append(f"finetune {task}/{encoder} failed (see {log})")
+                    continue
+                for seed in seeds:
+                    preds[(task, encoder, seed)] = _read_preds(out / "predictions" / f"seed{seed}.jsonl")
+                key = f"finetune/{task}/{encoder}"
+                fp = json.loads((out / "manifest.json").read_text())["fingerprint"]
+                if built.get(key, {}).get("fingerprint") != fp:  # built now, not found fresh
+                    built[key] = {"fingerprint": fp, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+                times[key] = {k: built[key][k] for k in ("wall_s", "cpu_s")}
+                print(f"[evidence] {task}/{encoder}: {wall:.0f} s wall, {cpu:.0f} CPU s "
+                      f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
 
     pool = [threading.Thread(target=worker) for _ in range(max(1, workers))]
     for t in pool:
@@ -161,8 +149,9 @@ def run_finetunes(project: Path, sets: dict, tasks: list[str], seeds: list[int],
     return preds
 
 
-def summarise_task(task: str, ttype: str, seeds: list[int], preds: dict, train, test, n_boot: int) -> dict:
-    first = preds[(task, "base", seeds[0])]
+def summarise_task(task: str, ttype: str, encoders: list[str], seeds: list[int], preds: dict, train, test,
+                   n_boot: int, finetunes: dict) -> dict:
+    first = preds[(task, encoders[0], seeds[0])]
     ids = sorted(first)
     gold_by_id, _ = B.gold_pred(ttype, list(first.values()))
     gold = [gold_by_id[i] for i in ids]
@@ -173,21 +162,33 @@ def summarise_task(task: str, ttype: str, seeds: list[int], preds: dict, train, 
         raise SystemExit(f"{task}: {len(missing)} test ids of the finetune are not in the test split read here")
     base_lines = baseline_predictions(train, [by_id[i] for i in ids])
     stacked = {}
-    for enc in ("base", "adapted"):
+    for enc in encoders:
         per = [B.gold_pred(ttype, list(preds[(task, enc, s)].values()))[1] for s in seeds]
         stacked[enc] = [[p[i] for p in per] for i in ids]
     per_seed = {enc: [fn(gold, [row[k] for row in stacked[enc]]) for k in range(len(seeds))] for enc in stacked}
     out = {"type": ttype, "primary": "f1" if ttype == "ner" else "macro_f1", "test_examples": len(ids),
-           "train_examples": len(train), "seeds": seeds,
+           "train_examples": len(train), "seeds": seeds, "encoders": encoders,
            "baselines": {name: fn(gold, p) for name, p in base_lines.items()},
            **{enc: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0, "values": v}
-              for enc, v in per_seed.items()}}
+              for enc, v in per_seed.items()},
+           # what the finetune stage found: runs degenerate on dev (never a result) and the configuration it chose
+           "degenerate": {enc: m.get("degenerate_reason") for enc, m in finetunes.items() if m.get("degenerate")},
+           "chosen": {enc: (m.get("search") or {}).get("chosen") for enc, m in finetunes.items()}}
     sfn = Stacked(fn)
-    out["adapted_minus_base"] = B.paired_bootstrap(gold, stacked["base"], stacked["adapted"], sfn, n_boot, 0)
     strong = "lexicon" if ttype == "ner" else "tfidf"
     out["strong_baseline"] = strong
     rep = [[p] * len(seeds) for p in base_lines[strong]]
-    out["adapted_minus_baseline"] = B.paired_bootstrap(gold, rep, stacked["adapted"], sfn, n_boot, 1)
+    for enc in encoders[1:]:
+        if {"base", enc} & set(out["degenerate"]):
+            continue  # a comparison with a model that learned nothing says nothing
+        d = B.paired_bootstrap(gold, stacked["base"], stacked[enc], sfn, n_boot, 0)
+        deltas = [a - b for a, b in zip(per_seed[enc], per_seed["base"])]
+        d["seeds_agree"] = all(x > 0 for x in deltas) or all(x < 0 for x in deltas)
+        out[f"{enc}_minus_base"] = d
+    best = max((e for e in encoders if e not in out["degenerate"]), key=lambda e: out[e]["mean"], default=None)
+    if best:
+        out["best"] = best
+        out["best_minus_baseline"] = B.paired_bootstrap(gold, rep, stacked[best], sfn, n_boot, 1)
     return out
 
 
@@ -210,20 +211,30 @@ def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
 
 
 def _ci(x: dict | None) -> str:
-    return f"{x['mean']:+.3f} [{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}]" if x else "—"
+    if not x:
+        return "—"
+    s = f"{x['mean']:+.3f} [{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}]"
+    return s + ("" if x.get("seeds_agree", True) else " (seeds disagree)")
 
 
 def table(res: dict) -> str:
-    lines = [f"profile `{res['profile']}`, seeds {res['seeds']}, {res['when']}, load {res['load']:.1f} at the end", "",
-             "| task | metric | test ex | majority | TF-IDF / lexicon | base | adapted | adapted − base (95% CI) | "
-             "adapted − TF-IDF / lexicon (95% CI) |", "|---|---|---|---|---|---|---|---|---|"]
+    encoders = next(iter(res["tasks"].values()))["encoders"] if res["tasks"] else ["base", "adapted"]
+    others = encoders[1:]
+    lines = [f"profile `{res['profile']}`, seeds {res['seeds']}, {res['when']}, load {res['load']:.1f} at the end, "
+             f"precision {res.get('precision', '?')}", "",
+             "| task | metric | test ex | majority | TF-IDF / lexicon | " + " | ".join(encoders) + " | "
+             + " | ".join(f"{e} − base (95% CI)" for e in others) + " | best − TF-IDF / lexicon (95% CI) |",
+             "|---|---|---|---|---|" + "---|" * (len(encoders) + len(others) + 1)]
     for task, t in res["tasks"].items():
         b = t["baselines"]
+        cells = [("degenerate " if e in t["degenerate"] else "") + f"{t[e]['mean']:.3f} ± {t[e]['std']:.3f}"
+                 for e in encoders]
         lines.append(f"| {task} | {t['primary']} | {t['test_examples']} | {b['majority']:.3f} | "
-                     f"{b[t['strong_baseline']]:.3f} ({t['strong_baseline']}) | "
-                     f"{t['base']['mean']:.3f} ± {t['base']['std']:.3f} | "
-                     f"{t['adapted']['mean']:.3f} ± {t['adapted']['std']:.3f} | {_ci(t['adapted_minus_base'])} | "
-                     f"{_ci(t['adapted_minus_baseline'])} |")
+                     f"{b[t['strong_baseline']]:.3f} ({t['strong_baseline']}) | " + " | ".join(cells) + " | "
+                     + " | ".join(_ci(t.get(f"{e}_minus_base")) for e in others)
+                     + f" | {t.get('best', '—')}: {_ci(t.get('best_minus_baseline'))} |")
+    lines += ["", "Hyperparameters chosen on dev: " + "; ".join(
+        f"{task}/{e} {c}" for task, t in res["tasks"].items() for e, c in t["chosen"].items() if c)]
     ec = res.get("encoder_comparison")
     if ec and "delta" in ec:
         d = ec["delta"]
@@ -232,7 +243,7 @@ def table(res: dict) -> str:
                       f"{ec['adapted']['nll_per_char']:.4f}, adapted − base {d['nll_per_char']:+.4f} "
                       f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] (lower is better; {d['ci_method']})"]
     lines += ["", "| stage | wall s | CPU s |", "|---|---|---|"]
-    lines += [f"| {k} | {v['wall_s']} | {v['cpu_s']} |" for k, v in res["times"].items()]
+    lines += [f"| {k} | {v['wall_s']} | {v['cpu_s']} |" for k, v in res["times"].items() if not k.startswith("_")]
     return "\n".join(lines)
 
 
@@ -281,10 +292,19 @@ def main() -> None:
     times: dict = {}
     t_start = time.perf_counter()
     # tasks first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/tasks
-    for stage in ("tasks", "prepare", "base", "start", "vocab", "pretrain"):
+    from bertpipe.config import load_config
+
+    cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
+    encoders = list(cfg.params.finetune.encoders)
+    if encoders[0] != "base":
+        raise SystemExit(f"finetune.encoders {encoders}: the evidence compares every encoder with base, listed first")
+    stages = [[s] for s in ("tasks", "prepare", "base", "start", "vocab", "pretrain")]
+    stages += [["tapt", "--task", t] for t in args.tasks] if "tapt" in encoders else []
+    for cmd in stages:
+        stage = "/".join(c for c in cmd if not c.startswith("--"))
         manifest = Path(sets["paths.work"]) / stage / "manifest.json"
         before = manifest.read_text() if manifest.exists() else None
-        wall, cpu, rc = run_cli(args.project, [stage], sets, log, args.threads)
+        wall, cpu, rc = run_cli(args.project, cmd, sets, log, args.threads)
         if rc:
             raise SystemExit(f"bertpipe {stage} failed (see {log})")
         cached = before is not None and manifest.read_text() == before
@@ -293,22 +313,24 @@ def main() -> None:
         print(f"[evidence] {stage}: {wall:.0f} s wall, {cpu:.0f} CPU s ({time.strftime('%H:%M:%S')}, "
               f"load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
     ft_threads = max(1, args.threads // workers)
-    preds = run_finetunes(args.project, sets, args.tasks, seeds, log, times, workers, ft_threads)
-    from bertpipe.config import load_config
-
-    cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
+    times["_built"] = built.get("_built", {})
+    preds = run_finetunes(args.project, sets, args.tasks, encoders, seeds, log, times, workers, ft_threads)
+    times_file.write_text(json.dumps(times))
     res = {"profile": tag, "seeds": seeds, "sets": sets, "threads": args.threads, "workers": workers,
            "tasks": {}, "times": times}
     for task in args.tasks:
         train, test = task_splits(args.project, sets, task)
-        res["tasks"][task] = summarise_task(task, cfg.params.finetune.tasks[task].type, seeds, preds, train, test,
-                                            args.bootstrap)
+        finetunes = {e: json.loads((Path(sets["paths.work"]) / "finetune" / task / e / "metrics.json").read_text())
+                     for e in encoders}
+        res["precision"] = next(iter(finetunes.values()))["per_seed"][str(seeds[0])].get("bf16") and "bf16" or "fp32"
+        res["tasks"][task] = summarise_task(task, cfg.params.finetune.tasks[task].type, encoders, seeds, preds,
+                                            train, test, args.bootstrap, finetunes)
     t0, c0 = time.perf_counter(), time.process_time()
     res["encoder_comparison"] = encoder_comparison(args.project, sets, args.bootstrap)
     times["encoder comparison"] = {"wall_s": round(time.perf_counter() - t0, 1),
                                    "cpu_s": round(time.process_time() - c0, 1)}
     times["total"] = {"wall_s": round(time.perf_counter() - t_start, 1),
-                      "cpu_s": round(sum(v["cpu_s"] for v in times.values()), 1)}
+                      "cpu_s": round(sum(v["cpu_s"] for k, v in times.items() if not k.startswith("_")), 1)}
     res["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     res["load"] = os.getloadavg()[0]
     OUT.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,10 @@
-"""The finetune stage: one task head on one encoder, trained per seed, scored on dev and test.
+"""The finetune stage: one task head on one encoder. Hyperparameters are chosen on dev (``finetune.search``), then
+every seed trains with them; a seed whose run is degenerate on dev is trained again with another seed; each run is
+scored on dev and test.
 
 Output (``ctx.out``): ``model/`` (the best seed by dev metric, save_pretrained with its tokenizer and id2label, loadable
-by the Auto class and a transformers pipeline), ``metrics.json``, ``predictions_test.jsonl``, ``curves.png``.
+by the Auto class and a transformers pipeline), ``metrics.json``, ``predictions_test.jsonl`` (the saved seed's test
+predictions), ``predictions/seed<N>.jsonl`` (every seed's), ``curves.png``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
 def _mean_std(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "values": values}
+
+
+def _write_predictions(path: Path, recs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in recs:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 def _trial_identity(ctx, p) -> dict:
@@ -153,6 +163,7 @@ def build(ctx, task: str, encoder: str) -> dict:
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
             "trained_seed": f.seed, "degenerate": f.degenerate,
         }
+        _write_predictions(ctx.out / "predictions" / f"seed{seed}.jsonl", recs)
         ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "
                 f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)"
                 + (f", DEGENERATE: {f.degenerate}" if f.degenerate else ""))
@@ -169,9 +180,7 @@ def build(ctx, task: str, encoder: str) -> dict:
             modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                             base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
                             notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
-            with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as fh:
-                for r in recs:
-                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            _write_predictions(ctx.out / "predictions_test.jsonl", recs)
             for r in per_seed.values():
                 r.pop("saved", None)
             per_seed[str(seed)]["saved"] = True
