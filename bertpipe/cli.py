@@ -534,18 +534,20 @@ def models_predict(
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (auto: the GPU when there is one)."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad line (default: report it, go on)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ) -> None:
-    from bertpipe.export.batch import predict_file
+    from bertpipe.export.batch import check_paths, predict_file
     from bertpipe.export.infer import Predictor, resolve_device
     from bertpipe.register.artifacts import local_version
 
+    check_paths(Path(input_), Path(output), force)  # before the model is loaded (seconds)
     cfg = load(params, profile, set_)
     device = resolve_device(device)
     lv = local_version(cfg, model)
     predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size,
                                    device=device)
-    stats = predict_file(predictor, Path(input_), Path(output), strict=strict)
+    stats = predict_file(predictor, Path(input_), Path(output), strict=strict, force=force)
     typer.echo(f"{lv.name} v{lv.version} ({backend}, {device}): {stats['predicted']} of {stats['lines']} lines "
                f"predicted, {stats['bad']} bad -> {output}")
 
@@ -553,6 +555,9 @@ def models_predict(
 def main() -> None:  # pragma: no cover
     import signal
 
+    from bertpipe import lifeline
+
+    lifeline.start()  # what this command starts (stages, servers, pools) ends with it, even on SIGKILL
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (a scheduler stopping the job, `kill`) unwinds like Ctrl-C: temp dirs removed, MLflow run KILLED.
     signal.signal(signal.SIGTERM, raise_terminated)

@@ -425,7 +425,9 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
     res = CliRunner().invoke(app, ["models", "serve", "no-such-model", "--host", "0.0.0.0", "--params", p])
     assert res.exit_code != 0 and "warning: --host 0.0.0.0: the service has no authentication" in res.output
     if not torch.cuda.is_available():
-        for cmd in (["models", "serve", NAME], ["models", "predict", NAME, "-i", p, "-o", str(registry / "o.jsonl")]):
+        (registry / "in.txt").write_text("很好\n", encoding="utf-8")
+        for cmd in (["models", "serve", NAME],
+                    ["models", "predict", NAME, "-i", str(registry / "in.txt"), "-o", str(registry / "o.jsonl")]):
             res = CliRunner().invoke(app, cmd + ["--device", "cuda", "--params", p])
             lines = [ln for ln in res.output.splitlines() if ln.strip()]
             assert res.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: --device cuda: no CUDA"), \

@@ -32,11 +32,13 @@ from pathlib import Path
 import litserve as ls
 
 from bertpipe.serve import metrics as M
+from bertpipe.serve.conn import head_timeout_protocol
 from bertpipe.serve.params import ServeParams
 from bertpipe.serve.predictor import ModelRef, Served, input_kind, resolve_version
 from bertpipe.serve.schema import PredictResponse, QARequest, TextRequest
 
 log_ = logging.getLogger(__name__)
+RETRY_MAX_S = 300.0  # the longest wait before a version that failed to load is tried again
 
 
 class RegistryModelAPI(ls.LitAPI):
@@ -63,24 +65,46 @@ class RegistryModelAPI(ls.LitAPI):
         if self.ref.alias:  # a pinned version never moves
             threading.Thread(target=self._follow, name="follow-alias", daemon=True).start()
 
-    def _load(self, version: str) -> Served:
+    def _load(self, version: str, load_error: dict | None = None) -> Served:
         model = Served(self.cfg, self.ref.name, version, self.sp.backend, self.sp.max_batch_size, self.device)
-        _write_state(self.state_file, {"model": self.ref.name, "alias": self.ref.alias, "version": model.version,
-                                       "task": model.task, "backend": self.sp.backend, "device": self.device,
-                                       "worker_pid": os.getpid(), "loaded_at": time.time()})
+        self._state(model, load_error)
         M.serving(self.ref.name, model.version, self.model.version if self.model else None)
         return model
 
+    def _state(self, model: Served, load_error: dict | None) -> None:
+        state = {"model": self.ref.name, "alias": self.ref.alias, "version": model.version, "task": model.task,
+                 "backend": self.sp.backend, "device": self.device, "worker_pid": os.getpid(),
+                 "loaded_at": self.loaded_at if load_error else time.time()}
+        self.loaded_at = state["loaded_at"]
+        if load_error:
+            state["load_error"] = load_error
+        _write_state(self.state_file, state)
+
     def _follow(self) -> None:
+        """Swap in the version the alias points at. A version that fails to load is logged and reported in
+        /health (``load_error``) while the last good one keeps serving; it is tried again after a back-off
+        (doubling up to ``RETRY_MAX_S``), and a later move of the alias is followed as usual."""
+        failed, tries, retry_at = None, 0, 0.0
         while True:
             time.sleep(self.sp.poll_s)
             try:
                 version = resolve_version(self.client, self.ref)
-            except Exception:  # registry briefly unreachable or alias removed: keep serving what we have
+            except Exception:  # noqa: BLE001 (registry briefly unreachable or alias removed: keep serving)
                 continue
-            if version != self.model.version:
+            if version == self.model.version or (version == failed and time.monotonic() < retry_at):
+                continue
+            try:
                 with self.lock:  # loading while a batch runs breaks transformers' meta-device init
                     self.model = self._load(version)
+                failed, tries = None, 0
+            except Exception as e:  # noqa: BLE001 (any failure of a version's files: the service goes on)
+                tries = tries + 1 if version == failed else 1
+                failed, wait = version, min(RETRY_MAX_S, self.sp.poll_s * 2 ** tries)
+                retry_at = time.monotonic() + wait
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+                log_.error("%s@%s -> v%s failed to load (%s); still serving v%s, retrying in %.0f s",
+                           self.ref.name, self.ref.alias, version, why, self.model.version, wait)
+                self._state(self.model, {"version": version, "error": why, "at": time.time()})
 
     def decode_request(self, request: TextRequest):  # the annotation is what FastAPI validates and documents
         return request  # decoded by the Guard (the same type) before it was queued
@@ -222,7 +246,9 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
         s = served()
         draining = bool(shared.draining.value)
         up = bool(shared.worker_up.value)
-        body = {"status": "draining" if draining else ("ok" if s and up else "loading"), **s,
+        status = "draining" if draining else ("loading" if not (s and up) else
+                                              "degraded" if s.get("load_error") else "ok")
+        body = {"status": status, **s,
                 "inflight": shared.inflight.value, "rejected": shared.rejected.value,
                 "worker_restarts": shared.worker_gen.value}
         return JSONResponse(body, status_code=200 if s and up and not draining else 503)
@@ -257,7 +283,8 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
         f"schema: /docs)")
     try:
         server.run(host=sp.host, port=sp.port, num_api_servers=1, api_server_worker_type="process",
-                   generate_client_file=False, log_level="warning")
+                   generate_client_file=False, log_level="warning", timeout_keep_alive=sp.keep_alive_s,
+                   http=head_timeout_protocol(sp.head_timeout_s))
     finally:
         stop.set()
         M.disable(metrics_dir)
