@@ -32,7 +32,14 @@ if __name__ == "__main__":
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def test_sigkilled_command_takes_its_pool_workers_and_resource_tracker_with_it(tmp_path):
