@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,6 +91,44 @@ def test_openapi_shows_the_typed_request_and_responses(kind, field, tmp_path):
     assert field in req["properties"] and req["examples"], req
     answers = post["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
     assert {a["$ref"].rsplit("/", 1)[1] for a in answers} >= {"LabelResponse", "EntitiesResponse", "BatchResponse"}
+
+
+def test_openapi_documents_every_answer_and_the_docs_need_no_cdn(tmp_path):
+    """Each route's answers with their status and media type (text for / and /ready, Prometheus text for /metrics,
+    the Guard's {"error"} for 400/408/413/422/503), the limits the service enforces, and /docs, /redoc offline."""
+    import litserve as ls
+    from fastapi.testclient import TestClient
+
+    from bertpipe.serve import contract
+    from bertpipe.serve.app import RegistryModelAPI
+    from bertpipe.serve.params import ServeParams
+    from bertpipe.serve.predictor import ModelRef
+
+    sp = ServeParams(max_text_chars=100, max_items=3)
+    server = ls.LitServer(RegistryModelAPI(ModelRef("m", "champion"), ("p", None, []), sp, tmp_path / "s.json"),
+                          accelerator="cpu", healthcheck_path="/ready")
+    server.app.add_api_route("/metrics", lambda: None, methods=["GET"])
+    contract.install(server.app, sp)
+    client = TestClient(server.app)
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    assert list(paths["/"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert {c: list(r["content"]) for c, r in paths["/ready"]["get"]["responses"].items()} == {
+        "200": ["text/plain"], "503": ["text/plain"]}
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    answers = paths["/predict"]["post"]["responses"]
+    for code in ("400", "408", "413", "422", "503"):
+        assert answers[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert "Retry-After" in answers["503"]["headers"] and "HTTPValidationError" not in doc["components"]["schemas"]
+    text = doc["components"]["schemas"]["TextRequest"]["properties"]["text"]["anyOf"]
+    one, many = (text[0], text[1]) if text[0]["type"] == "string" else (text[1], text[0])
+    assert one["minLength"] == 1 and one["maxLength"] == 100 and "pattern" in one
+    assert many["minItems"] == 1 and many["maxItems"] == 3 and many["items"]["maxLength"] == 100
+    for page in ("/docs", "/redoc"):
+        html = client.get(page).text
+        assert "cdn" not in html and "https://" not in html, html
+        for asset in re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', html):
+            assert client.get(asset).status_code == 200, asset
 
 
 def test_exposure_warning():

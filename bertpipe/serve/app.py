@@ -31,6 +31,7 @@ from pathlib import Path
 
 import litserve as ls
 
+from bertpipe.serve import contract
 from bertpipe.serve import metrics as M
 from bertpipe.serve.conn import head_timeout_protocol
 from bertpipe.serve.params import ServeParams
@@ -185,6 +186,23 @@ def exposure_warning(host: str) -> str | None:
             "the network can use it; bind 127.0.0.1 and put an authenticating proxy in front to expose it")
 
 
+def check_port(host: str, port: int) -> None:
+    """A one-line error when ``host:port`` cannot be bound (another service, or an earlier one still running),
+    before any model is loaded. Bound as uvicorn binds it (SO_REUSEADDR), so a port in TIME_WAIT is free."""
+    import socket
+
+    from bertpipe.errors import BertpipeError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise BertpipeError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); another process "
+                                "holds it (stop it, or choose another --port / serve.port)") from None
+
+
 def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> None:
     """Tell the Guard whether a live, ready inference worker exists; count worker deaths (LitServe restarts them)."""
     from litserve.utils import WorkerSetupStatus
@@ -259,6 +277,7 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
 
     server.app.add_api_route("/health", health, methods=["GET"])
     server.app.add_api_route("/metrics", metrics, methods=["GET"])
+    contract.install(server.app, sp)  # an OpenAPI document true to every answer; /docs and /redoc offline
     stop = threading.Event()
     threading.Thread(target=supervise, args=(server, shared, stop), name="supervise-workers", daemon=True).start()
 
