@@ -89,6 +89,8 @@ def document(schema: dict, sp: ServeParams) -> dict:
             "408": _json(err, f"the body did not arrive within serve.body_timeout_s ({sp.body_timeout_s:g} s)"),
             "413": _json(err, f"over a limit: body bytes ({sp.max_body_bytes}), characters of a text "
                               f"({sp.max_text_chars}) or texts in a list ({sp.max_items})"),
+            "405": {**_json(err, "a method other than POST"),
+                    "headers": {"Allow": {"description": "POST", "schema": {"type": "string"}}}},
             "422": _json(err, "valid JSON of the wrong shape: unknown or missing fields, a non-string or blank text"),
             "500": _json({"$ref": "#/components/schemas/Failed"},
                          "the model failed on this request (the other requests of its batch are answered)"),
