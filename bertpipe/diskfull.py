@@ -1,0 +1,60 @@
+"""A full disk, however a library reports it, and which of the project's directories it is.
+
+Writers report a full disk in their own words, mostly without a file name: ``OSError`` ENOSPC/EDQUOT, torch's
+``RuntimeError`` from its zip writer ("unexpected pos ...", "file write failed"), SQLite's "database or disk is full"
+(MLflow's store), safetensors' and pyarrow's messages carrying "No space left on device". ``disk_full`` recognises
+each, through the exception's causes. ``full_dirs`` then names the directory to free from what the disk says, not
+from where the failing code happened to be writing: of the candidates (a stage's ``work/`` dir, ``paths.state``),
+those on the filesystem with the least space left.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+MARKERS = ("no space left on device", "disk quota exceeded", "database or disk is full", "unexpected pos",
+           "file write failed")
+
+
+def disk_full(e: BaseException | None) -> bool:
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e).lower()
+        if any(m in text for m in MARKERS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _space(path: Path) -> tuple[int, int] | None:
+    """(device, bytes available to this user) of the filesystem ``path`` (or its nearest existing parent) is on."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+        return os.stat(p).st_dev, st.f_bavail * st.f_frsize
+    except OSError:
+        return None
+
+
+def full_dirs(candidates: list[Path]) -> list[Path]:
+    """The candidates on the filesystem with the least space available (all of them when none can be measured)."""
+    spaces = {Path(c): _space(Path(c)) for c in dict.fromkeys(candidates)}
+    known = {c: s for c, s in spaces.items() if s is not None}
+    if not known:
+        return list(spaces)
+    dev = min(known.values(), key=lambda s: s[1])[0]
+    return [c for c, s in known.items() if s[0] == dev]
+
+
+def full_line(candidates: list[Path], doing: str) -> str:
+    """The one-line message: which directory is full, what was being done, what to do."""
+    where = " and ".join(str(d) for d in full_dirs(candidates))
+    return (f"{where}: no space left on device while {doing} (nothing half-written was kept); free some space "
+            "there and rerun")
