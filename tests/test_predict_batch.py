@@ -107,7 +107,7 @@ def test_progress_has_a_total(tmp_path, capsys):
 
 
 def test_cli_checks_its_files_before_the_model(tmp_path):
-    """A mistyped input is named at once, before the registry is even opened (the model load took 13 s)."""
+    """A mistyped input is named at once, before the registry is even opened (loading a model takes seconds)."""
     from typer.testing import CliRunner
 
     from bertpipe.cli import app
