@@ -10,11 +10,14 @@ What bertpipe adds around it:
 - ``RegistryModelAPI`` (inference worker): loads the version the alias points at, checks the alias every ``poll_s``
   in a background thread and swaps in a new version under the same lock the batches run under, so no request is
   dropped or answered by a half-loaded model; every response names the version that produced it, and a state file
-  lets ``/health`` and ``/info`` report it. A request the model fails on fails alone (its batch is re-run item by
-  item), never its neighbours.
+  lets ``/health`` and ``/info`` report it. A version that fails to load leaves the last good one serving and is
+  reported in ``/health`` (``degraded``, ``load_error``) until a later load succeeds. A request the model fails on
+  fails alone (its batch is re-run item by item), never its neighbours.
 - A supervisor thread (main process) tells the Guard whether a live, ready worker exists; LitServe's
   ``restart_workers`` starts a new one when it dies.
-- ``/metrics``: Prometheus (``bertpipe.serve.metrics``).
+- ``/metrics``: Prometheus (``bertpipe.serve.metrics``); ``/openapi.json``, ``/docs``, ``/redoc``: a document true
+  to every answer, pages that work offline (``bertpipe.serve.contract``); a deadline for each request head
+  (``bertpipe.serve.conn``).
 
 No ``from __future__ import annotations`` here: LitServe hands the annotations of ``decode_request`` and
 ``encode_response`` to FastAPI as types, and strings would not resolve there.
