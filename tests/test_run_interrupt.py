@@ -1,5 +1,6 @@
 """SIGTERM to `bertpipe run` while stages run in their own processes: the run ends (non-zero) within seconds, every
-stage process it started is stopped rather than left to run to the end, and no temp dir is left under work/."""
+stage process it started is stopped rather than left to run to the end, and no temp dir is left under work/. SIGKILL:
+nothing it started outlives it (bertpipe.lifeline)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_tokenizer_dir):
+def _start_run(tmp_path, sample_raw, zh_tokenizer_dir):
+    """`bertpipe run` (a temporary Prefect server) of a project whose long pretrain runs beside the base encoder's
+    finetune, each stage in its own process; returned once both stage processes exist."""
     from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     root = make_project(tmp_path / "p", sample_raw, enc, zh_tokenizer_dir)
-    # Two stages side by side (a long pretrain beside the base encoder's finetune): each in its own process.
     write_jsonl(root / "sentiment.jsonl", keyword_classification(3000, seed=1))
     params = root / "params.yaml"
     import yaml
@@ -44,13 +46,48 @@ def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_token
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
 
     log = open(root / "run.log", "w")
-    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, "ephemeral"), stdout=log, stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, "ephemeral"), stdout=log,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    me = psutil.Process(run.pid)
+    end = time.time() + 600
+    while time.time() < end and len(_stage_children(me)) < 2 and run.poll() is None:
+        time.sleep(0.5)
+    return root, run, me
+
+
+def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokenizer_dir):
+    """SIGKILL (the OOM killer, a lost terminal's kill -9) of `bertpipe run`: its temporary Prefect server, its
+    stage processes and what they started (tokenizer pools, resource trackers) all end with it."""
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir)
+    tree: list[psutil.Process] = []
     try:
-        me = psutil.Process(run.pid)
-        end = time.time() + 600
-        while time.time() < end and len(_stage_children(me)) < 2 and run.poll() is None:
-            time.sleep(0.5)
+        assert len(_stage_children(me)) >= 2, (root / "run.log").read_text()[-3000:]
+        time.sleep(3)  # well inside their work
+        tree = me.children(recursive=True)
+        cmdlines = []
+        for c in tree:
+            try:
+                cmdlines.append(" ".join(c.cmdline()))
+            except psutil.NoSuchProcess:
+                pass
+        assert any("prefect" in c and "uvicorn" in c for c in cmdlines), cmdlines  # the temporary server
+        run.kill()
+        run.wait(30)
+        gone, alive = psutil.wait_procs(tree, timeout=90)
+        assert not alive, [c.cmdline() for c in alive if c.is_running()]
+    finally:
+        if run.poll() is None:
+            stop(run)
+        for c in tree:  # what a failure left
+            try:
+                c.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_tokenizer_dir):
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir)
+    try:
         children = _stage_children(me)
         assert len(children) >= 2, (root / "run.log").read_text()[-3000:]
         time.sleep(3)  # well inside their work
