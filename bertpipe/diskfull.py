@@ -3,9 +3,9 @@
 Writers report a full disk in their own words, mostly without a file name: ``OSError`` ENOSPC/EDQUOT, torch's
 ``RuntimeError`` from its zip writer ("unexpected pos ...", "file write failed"), SQLite's "database or disk is full"
 (MLflow's store), safetensors' and pyarrow's messages carrying "No space left on device". ``disk_full`` recognises
-each, through the exception's causes. ``full_dirs`` then names the directory to free from what the disk says, not
-from where the failing code happened to be writing: of the candidates (a stage's ``work/`` dir, ``paths.state``),
-those on the filesystem with the least space left.
+each, through the exception's causes. ``full_dirs`` then names the directory to free: the candidate (a stage's
+``work/`` dir, ``paths.state``) holding the file the error names, or, when it names none, the candidates on the
+filesystem with the least space left.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ MARKERS = ("no space left on device", "disk quota exceeded", "database or disk i
 
 
 def disk_full(e: BaseException | None) -> bool:
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        text = str(e).lower()
-        if any(m in text for m in MARKERS):
+        if any(m in str(x).lower() for m in MARKERS):
             return True
-        e = e.__cause__ or e.__context__
     return False
 
 
@@ -43,8 +39,24 @@ def _space(path: Path) -> tuple[int, int] | None:
         return None
 
 
-def full_dirs(candidates: list[Path]) -> list[Path]:
-    """The candidates on the filesystem with the least space available (all of them when none can be measured)."""
+def _chain(e: BaseException | None):
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def full_dirs(candidates: list[Path], e: BaseException | None = None) -> list[Path]:
+    """The candidate holding the file whose write failed, when the error names one; else the candidates on the
+    filesystem with the least space available (all of them when none can be measured)."""
+    for x in _chain(e):
+        name = getattr(x, "filename", None) if isinstance(x, OSError) else None
+        if name:
+            p = Path(os.fsdecode(name)).absolute()
+            hit = [Path(c) for c in candidates if p.is_relative_to(Path(c).absolute())]
+            if hit:  # the innermost, should one candidate hold another
+                return [max(hit, key=lambda c: len(c.absolute().parts))]
     spaces = {Path(c): _space(Path(c)) for c in dict.fromkeys(candidates)}
     known = {c: s for c, s in spaces.items() if s is not None}
     if not known:
@@ -53,8 +65,8 @@ def full_dirs(candidates: list[Path]) -> list[Path]:
     return [c for c, s in known.items() if s[0] == dev]
 
 
-def full_line(candidates: list[Path], doing: str) -> str:
+def full_line(candidates: list[Path], doing: str, e: BaseException | None = None) -> str:
     """The one-line message: which directory is full, what was being done, what to do."""
-    where = " and ".join(str(d) for d in full_dirs(candidates))
+    where = " and ".join(str(d) for d in full_dirs(candidates, e))
     return (f"{where}: no space left on device while {doing} (nothing half-written was kept); free some space "
             "there and rerun")

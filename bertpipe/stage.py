@@ -344,7 +344,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             if isinstance(e, Exception) and disk_full(e):
                 # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
                 # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
-                raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}")) from None
+                raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
             raise
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)

@@ -90,3 +90,15 @@ def test_a_full_work_dir_is_named_not_state(tmp_path):
             run_stage(_stage(_work_output), cfg, tracker_factory=NO_TRACKING)
         assert str(e.value).startswith(f"{cfg.work}: no space left on device while building toy"), e.value
         assert _half_written(root) == []
+
+
+def test_the_dir_named_is_the_one_holding_the_file_the_error_names(tmp_path):
+    import errno
+
+    from bertpipe.diskfull import disk_full, full_dirs
+
+    work, state = tmp_path / "w", tmp_path / "s"
+    err = OSError(errno.ENOSPC, "No space left on device", str(state / "scratch" / "last.pt"))
+    assert disk_full(err) and full_dirs([work, state], err) == [state]
+    wrapped = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4020")
+    assert disk_full(wrapped) and not disk_full(RuntimeError("boom"))
