@@ -70,3 +70,34 @@ def full_line(candidates: list[Path], doing: str, e: BaseException | None = None
     where = " and ".join(str(d) for d in full_dirs(candidates, e))
     return (f"{where}: no space left on device while {doing} (nothing half-written was kept); free some space "
             "there and rerun")
+
+
+def _local(uri: str) -> Path | None:
+    from urllib.parse import unquote, urlparse
+
+    u = urlparse(uri)
+    return Path(unquote(u.path)) if u.scheme in ("file", "") and u.path else None
+
+
+def drop_partial_artifacts(client, run_id: str) -> list[Path]:
+    """After a run failed for want of space, remove what it wrote to a local artifact store (its artifacts, and the
+    logged models it created that no registered version uses), so the failure does not keep the disk full. Best
+    effort: whatever cannot be looked up or removed is left. Returns what was removed."""
+    import shutil
+
+    try:
+        run = client.get_run(run_id)
+        used = {getattr(mv, "model_id", None) for mv in client.search_model_versions(f"run_id = '{run_id}'")}
+        places = [run.info.artifact_uri]
+        for m in client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'"):
+            if m.model_id not in used:
+                places.append(m.artifact_location)
+    except Exception:  # noqa: BLE001 (the store itself may be unusable when the disk is full)
+        return []
+    removed = []
+    for uri in places:
+        p = _local(uri or "")
+        if p is not None and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed

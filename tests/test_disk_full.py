@@ -102,3 +102,27 @@ def test_the_dir_named_is_the_one_holding_the_file_the_error_names(tmp_path):
     assert disk_full(err) and full_dirs([work, state], err) == [state]
     wrapped = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 4020")
     assert disk_full(wrapped) and not disk_full(RuntimeError("boom"))
+
+
+def test_artifacts_half_logged_when_the_state_dir_fills_are_removed(tmp_path):
+    """The register case: MLflow's store in paths.state fills while a run logs its artifacts. One error line, and
+    the run's partial artifacts are gone (they would keep the disk full)."""
+    root = _project(tmp_path)
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(4):
+        (big / f"part{i}.bin").write_bytes(bytes(1_000_000))
+
+    def build(ctx):
+        (ctx.out / "part.txt").write_text("begun")
+        ctx.tracker.defer_artifact(big, "files")  # logged when the run finishes, as register's files are
+        return {}
+
+    with tmpfs(root / "s", "3m"):
+        cfg = load_config(root / "params.yaml")
+        with pytest.raises(BertpipeError) as e:
+            run_stage(_stage(build), cfg)  # the real MLflow run (sqlite and artifacts under paths.state)
+        assert str(e.value).startswith(f"{cfg.state}: no space left on device while building toy"), e.value
+        left = [p for p in (cfg.state / "mlartifacts").rglob("*") if p.is_file()]
+        assert left == [], left
+        assert _half_written(root) == []
