@@ -7,10 +7,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from typing import Callable
 
 import psutil
 import pytest
 
+from bertpipe.lifeline import EVERY_S
 from tests.e2e_project import env_for, stop
 from tests.test_kill_recovery import leftovers, make_project
 
@@ -28,9 +30,10 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def _start_run(tmp_path, sample_raw, zh_tokenizer_dir):
+def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.Process], bool] | None = None):
     """`bertpipe run` (a temporary Prefect server) of a project whose long pretrain runs beside the base encoder's
-    finetune, each stage in its own process; returned once both stage processes exist."""
+    finetune, each stage in its own process; returned once ``until(run)`` holds (default: both stage processes
+    exist)."""
     from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
@@ -49,32 +52,40 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir):
     run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, "ephemeral"), stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)
     me = psutil.Process(run.pid)
+    until = until or (lambda proc: len(_stage_children(proc)) >= 2)
     end = time.time() + 600
-    while time.time() < end and len(_stage_children(me)) < 2 and run.poll() is None:
+    while time.time() < end and not until(me) and run.poll() is None:
         time.sleep(0.5)
     return root, run, me
 
 
+def _cmdlines(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for c in procs:
+        try:
+            out.append(" ".join(c.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _prefect_server(proc: psutil.Process) -> bool:
+    return any("prefect" in c and "uvicorn" in c for c in _cmdlines(proc.children(recursive=True)))
+
+
 def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokenizer_dir):
-    """SIGKILL (the OOM killer, a lost terminal's kill -9) of `bertpipe run`: its temporary Prefect server, its
-    stage processes and what they started (tokenizer pools, resource trackers) all end with it."""
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir)
+    """SIGKILL (the OOM killer, kill -9) of `bertpipe run`: its temporary Prefect server, and whatever else it has
+    started by then, ends with it (bertpipe.lifeline; the same watcher ends a stage process's pools)."""
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=_prefect_server)
     tree: list[psutil.Process] = []
     try:
-        assert len(_stage_children(me)) >= 2, (root / "run.log").read_text()[-3000:]
-        time.sleep(3)  # well inside their work
+        assert _prefect_server(me), (root / "run.log").read_text()[-3000:]
+        time.sleep(2 * EVERY_S)  # the watcher has walked the tree since the server started
         tree = me.children(recursive=True)
-        cmdlines = []
-        for c in tree:
-            try:
-                cmdlines.append(" ".join(c.cmdline()))
-            except psutil.NoSuchProcess:
-                pass
-        assert any("prefect" in c and "uvicorn" in c for c in cmdlines), cmdlines  # the temporary server
         run.kill()
         run.wait(30)
         gone, alive = psutil.wait_procs(tree, timeout=90)
-        assert not alive, [c.cmdline() for c in alive if c.is_running()]
+        assert not alive, _cmdlines(alive)
     finally:
         if run.poll() is None:
             stop(run)
