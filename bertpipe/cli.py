@@ -504,7 +504,7 @@ def models_serve(
     from bertpipe.extras import require
 
     require("serve", "bertpipe models serve")
-    from bertpipe.serve.app import check_port, exposure_warning, serve
+    from bertpipe.serve.app import check_port, exposure_warning, listen_host, serve
     from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 
     extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size),
@@ -515,6 +515,7 @@ def models_serve(
     if exposure_warning(sp.host):
         typer.echo(exposure_warning(sp.host), err=True)
     sp.accelerator()  # --device cuda without a GPU: one error line before anything is loaded
+    sp.host = listen_host(sp.host)  # an address LitServe does not take: the same
     check_port(sp.host, sp.port)  # a busy port: the same
     ref = ModelRef.parse(model, sp.alias)
     # Load it once here: a missing model or export is a one-line error now, not a worker that never becomes ready

@@ -131,6 +131,15 @@ def test_openapi_documents_every_answer_and_the_docs_need_no_cdn(tmp_path):
             assert client.get(asset).status_code == 200, asset
 
 
+def test_listen_host_is_what_litserve_takes_or_one_line():
+    from bertpipe.errors import BertpipeError
+    from bertpipe.serve.app import listen_host
+
+    assert listen_host("localhost") == "127.0.0.1" and listen_host("::") == "::"
+    with pytest.raises(BertpipeError, match=r"--host 192\.168\.1\.5: the service listens on 127\.0\.0\.1"):
+        listen_host("192.168.1.5")
+
+
 def test_exposure_warning():
     assert exposure_warning("127.0.0.1") is None and exposure_warning("localhost") is None
     assert exposure_warning("::1") is None

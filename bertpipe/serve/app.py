@@ -189,6 +189,22 @@ def exposure_warning(host: str) -> str | None:
             "the network can use it; bind 127.0.0.1 and put an authenticating proxy in front to expose it")
 
 
+LISTEN_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the addresses LitServe's run() accepts
+
+
+def listen_host(host: str) -> str:
+    """The address to give LitServe: ``localhost`` is 127.0.0.1; an address LitServe does not take is a one-line
+    error here, before any model is loaded (LitServe raises ValueError only once everything is loaded)."""
+    from bertpipe.errors import BertpipeError
+
+    if host == "localhost":
+        return "127.0.0.1"
+    if host not in LISTEN_HOSTS:
+        raise BertpipeError(f"--host {host}: the service listens on 127.0.0.1 (this machine only), or on every "
+                            "interface with 0.0.0.0 (IPv4) or :: (IPv6); one interface of several cannot be chosen")
+    return host
+
+
 def check_port(host: str, port: int) -> None:
     """A one-line error when ``host:port`` cannot be bound (another service, or an earlier one still running),
     before any model is loaded. Bound as uvicorn binds it (SO_REUSEADDR), so a port in TIME_WAIT is free."""
