@@ -504,7 +504,7 @@ def models_serve(
     from bertpipe.extras import require
 
     require("serve", "bertpipe models serve")
-    from bertpipe.serve.app import exposure_warning, serve
+    from bertpipe.serve.app import check_port, exposure_warning, listen_host, serve
     from bertpipe.serve.predictor import ModelRef, Served, resolve_version
 
     extra = [f"serve.{k}={v}" for k, v in (("host", host), ("port", port), ("max_batch_size", max_batch_size),
@@ -515,6 +515,8 @@ def models_serve(
     if exposure_warning(sp.host):
         typer.echo(exposure_warning(sp.host), err=True)
     sp.accelerator()  # --device cuda without a GPU: one error line before anything is loaded
+    sp.host = listen_host(sp.host)  # an address LitServe does not take: the same
+    check_port(sp.host, sp.port)  # a busy port: the same
     ref = ModelRef.parse(model, sp.alias)
     # Load it once here: a missing model or export is a one-line error now, not a worker that never becomes ready
     # (and the version's files are then cached for the worker).
@@ -534,18 +536,20 @@ def models_predict(
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (auto: the GPU when there is one)."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad line (default: report it, go on)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ) -> None:
-    from bertpipe.export.batch import predict_file
+    from bertpipe.export.batch import check_paths, predict_file
     from bertpipe.export.infer import Predictor, resolve_device
     from bertpipe.register.artifacts import local_version
 
+    check_paths(Path(input_), Path(output), force)  # before the model is loaded (seconds)
     cfg = load(params, profile, set_)
     device = resolve_device(device)
     lv = local_version(cfg, model)
     predictor = Predictor.from_dir(lv.model_dir, lv.files_dir, backend=backend, batch_size=batch_size,
                                    device=device)
-    stats = predict_file(predictor, Path(input_), Path(output), strict=strict)
+    stats = predict_file(predictor, Path(input_), Path(output), strict=strict, force=force)
     typer.echo(f"{lv.name} v{lv.version} ({backend}, {device}): {stats['predicted']} of {stats['lines']} lines "
                f"predicted, {stats['bad']} bad -> {output}")
 
@@ -553,6 +557,9 @@ def models_predict(
 def main() -> None:  # pragma: no cover
     import signal
 
+    from bertpipe import lifeline
+
+    lifeline.start()  # what this command starts (stages, servers, pools) ends with it, even on SIGKILL
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (a scheduler stopping the job, `kill`) unwinds like Ctrl-C: temp dirs removed, MLflow run KILLED.
     signal.signal(signal.SIGTERM, raise_terminated)

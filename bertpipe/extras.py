@@ -13,7 +13,7 @@ import importlib.util
 from bertpipe.errors import BertpipeError
 
 # extra (pyproject.toml [project.optional-dependencies]) -> the top-level modules it provides
-EXTRAS = {"serve": ("litserve", "prometheus_client"), "dask": ("prefect_dask",)}
+EXTRAS = {"serve": ("litserve", "prometheus_client", "fastapi_offline"), "dask": ("prefect_dask",)}
 
 
 def _absent(module: str) -> bool:

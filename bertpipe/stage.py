@@ -18,7 +18,6 @@ fingerprint *will be* once its upstream stages are rebuilt, so staleness propaga
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import platform
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bertpipe.config import Config
+from bertpipe.diskfull import disk_full, full_line
 from bertpipe.errors import BertpipeError
 from bertpipe.outputs import (  # noqa: F401 (atomic_replace_dir, read_manifest: stages import them from here)
     MANIFEST, atomic_replace_dir, atomic_write_text, check_replaceable, missing_parents, output_lock, read_manifest,
@@ -346,12 +346,10 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
                 with contextlib.suppress(OSError):
                     d.rmdir()
-            if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or (
-                    isinstance(e, Exception) and "No space left on device" in str(e)):
-                # pyarrow, torch and zip writers report a full disk without the file name; safetensors (a model's
-                # save_pretrained) raises its own SafetensorError, not an OSError
-                raise BertpipeError(f"{out.parent}: no space left on device while building {stage.name} "
-                                    "(nothing was kept); free some space and rerun") from None
+            if isinstance(e, Exception) and disk_full(e):
+                # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
+                # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
+                raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
             raise
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)

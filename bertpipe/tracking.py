@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from bertpipe.config import Config
+from bertpipe.diskfull import disk_full, drop_partial_artifacts
 from bertpipe.orphans import close_orphans as _close_orphans
 from bertpipe.orphans import mark_closed, mark_open, owner_tags
 from bertpipe.redact import mask_text, mask_uri
@@ -238,6 +239,8 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     try:
         yield tracker
     except BaseException as e:
+        if isinstance(e, Exception) and disk_full(e):  # partial artifacts would keep the disk full
+            drop_partial_artifacts(c, run.info.run_id)
         _end_after_error(cfg, c, run.info.run_id, e, error_tag=True)
         raise
     c.set_terminated(run.info.run_id, "FINISHED")

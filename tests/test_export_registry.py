@@ -110,10 +110,11 @@ def test_models_predict_with_bad_lines_every_backend(registered, tmp_path):
     dst = tmp_path / "strict.jsonl"
     dst.write_text("keep me", encoding="utf-8")
     res = runner.invoke(app, ["models", "predict", "bertpipe-ner/1", "-i", str(src), "-o", str(dst), "--strict",
-                              "--params", p])
+                              "--force", "--params", p])
     assert res.exit_code == 2 and f"{src}:2:" in res.output and "Traceback" not in res.output
     assert dst.read_text(encoding="utf-8") == "keep me" and not list(tmp_path.glob(".strict.jsonl*"))
-    res = runner.invoke(app, ["models", "predict", "bertpipe-nope", "-i", str(src), "-o", str(dst), "--params", p])
+    res = runner.invoke(app, ["models", "predict", "bertpipe-nope", "-i", str(src), "-o", str(dst), "--force",
+                              "--params", p])
     assert res.exit_code == 2 and "no registered model 'bertpipe-nope'" in res.output
 
 

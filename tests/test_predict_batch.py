@@ -59,7 +59,7 @@ def test_strict_stops_and_writes_nothing(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text("previous results", encoding="utf-8")
     with pytest.raises(BertpipeError, match=r"in.jsonl:2: expected a non-empty string field 'text'"):
-        predict_file(LengthPredictor(), src, out, strict=True)
+        predict_file(LengthPredictor(), src, out, strict=True, force=True)
     assert out.read_text(encoding="utf-8") == "previous results"
     assert [p.name for p in tmp_path.iterdir()] and not list(tmp_path.glob(".out.jsonl*"))
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
@@ -78,3 +78,43 @@ def test_pyfunc_input_shapes():
     df = pd.DataFrame({"question": ["q"], "context": ["c"]})
     assert to_records(df, "qa") == [{"question": "q", "context": "c"}]
     assert to_records(pd.DataFrame({0: ["t"]}), "ner") == [{"text": "t", "text_pair": None}]
+
+
+def test_output_is_refused_when_it_exists_or_is_a_directory_naming_the_users_path(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("abcdef\nxy\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    out.write_text("earlier results", encoding="utf-8")
+    with pytest.raises(BertpipeError, match=r"out.jsonl: exists; give --force"):
+        predict_file(LengthPredictor(), src, out)
+    assert out.read_text(encoding="utf-8") == "earlier results"
+    predict_file(LengthPredictor(), src, out, force=True, log=lambda m: None)
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    (tmp_path / "d").mkdir()
+    with pytest.raises(BertpipeError) as e:
+        predict_file(LengthPredictor(), src, tmp_path / "d")
+    assert str(e.value).startswith(f"{tmp_path / 'd'}: is a directory") and ".tmp" not in str(e.value)
+    with pytest.raises(BertpipeError, match="does not exist"):
+        predict_file(LengthPredictor(), src, tmp_path / "nope" / "o.jsonl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "in.txt", "out.jsonl"]
+
+
+def test_progress_has_a_total(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "abcdef"}\n{broken\n{"text": "xy"}', encoding="utf-8")  # no newline at the end
+    predict_file(LengthPredictor(), src, tmp_path / "o.jsonl", log=lambda m: None)
+    assert "3/3" in capsys.readouterr().err
+
+
+def test_cli_checks_its_files_before_the_model(tmp_path):
+    """A mistyped input is named at once, before the registry is even opened (loading a model takes seconds)."""
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+
+    (tmp_path / "params.yaml").write_text("paths: {work: work, state: .bertpipe}\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["models", "predict", "no-such-model", "-i", str(tmp_path / "missing.jsonl"),
+                                   "-o", str(tmp_path / "o.jsonl"), "--params", str(tmp_path / "params.yaml")])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and lines == [f"error: {tmp_path / 'missing.jsonl'}: no such input file"], res.output
+    assert not (tmp_path / ".bertpipe").exists()  # nothing was opened or created

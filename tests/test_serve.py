@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -90,6 +91,53 @@ def test_openapi_shows_the_typed_request_and_responses(kind, field, tmp_path):
     assert field in req["properties"] and req["examples"], req
     answers = post["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
     assert {a["$ref"].rsplit("/", 1)[1] for a in answers} >= {"LabelResponse", "EntitiesResponse", "BatchResponse"}
+
+
+def test_openapi_documents_every_answer_and_the_docs_need_no_cdn(tmp_path):
+    """Each route's answers with their status and media type (text for / and /ready, Prometheus text for /metrics,
+    the Guard's {"error"} for 400/408/413/422/503), the limits the service enforces, and /docs, /redoc offline."""
+    import litserve as ls
+    from fastapi.testclient import TestClient
+
+    from bertpipe.serve import contract
+    from bertpipe.serve.app import RegistryModelAPI
+    from bertpipe.serve.params import ServeParams
+    from bertpipe.serve.predictor import ModelRef
+
+    sp = ServeParams(max_text_chars=100, max_items=3)
+    server = ls.LitServer(RegistryModelAPI(ModelRef("m", "champion"), ("p", None, []), sp, tmp_path / "s.json"),
+                          accelerator="cpu", healthcheck_path="/ready")
+    server.app.add_api_route("/metrics", lambda: None, methods=["GET"])
+    contract.install(server.app, sp)
+    client = TestClient(server.app)
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    assert list(paths["/"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert {c: list(r["content"]) for c, r in paths["/ready"]["get"]["responses"].items()} == {
+        "200": ["text/plain"], "503": ["text/plain"]}
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    answers = paths["/predict"]["post"]["responses"]
+    for code in ("400", "408", "413", "422", "503"):
+        assert answers[code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert "Retry-After" in answers["503"]["headers"] and "HTTPValidationError" not in doc["components"]["schemas"]
+    text = doc["components"]["schemas"]["TextRequest"]["properties"]["text"]["anyOf"]
+    one, many = (text[0], text[1]) if text[0]["type"] == "string" else (text[1], text[0])
+    assert one["minLength"] == 1 and one["maxLength"] == 100 and "pattern" in one
+    assert many["minItems"] == 1 and many["maxItems"] == 3 and many["items"]["maxLength"] == 100
+    for page in ("/docs", "/redoc"):
+        html = client.get(page).text
+        assert "cdn" not in html and "https://" not in html, html
+        for asset in re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', html):
+            assert client.get(asset).status_code == 200, asset
+
+
+def test_listen_host_is_what_litserve_takes_or_one_line():
+    from bertpipe.errors import BertpipeError
+    from bertpipe.serve.app import listen_host
+
+    assert listen_host("localhost") == "127.0.0.1" and listen_host("::") == "::"
+    with pytest.raises(BertpipeError, match=r"--host 192\.168\.1\.5: the service listens on 127\.0\.0\.1"):
+        listen_host("192.168.1.5")
 
 
 def test_exposure_warning():
@@ -373,8 +421,10 @@ def _slow_body(port: int) -> socket.socket:
 @pytest.mark.slow
 def test_no_request_can_break_another(registry):
     """Issue 23 (3)-(5) on real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker:
-    test_overload_...); and issue 22 (5): lists of texts, typed OpenAPI, /metrics, the version in /info."""
-    svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50")
+    test_overload_...); and issue 22 (5): lists of texts, typed OpenAPI, /metrics, the version in /info; connections
+    without a request head time out; schemathesis finds nothing the OpenAPI document does not say."""
+    svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50",
+                  "serve.head_timeout_s=1.5")
     try:
         # (3) a lone surrogate inside a burst of valid requests: it alone is refused, every other one answered.
         bad = b'{"text": "\\ud800abc"}'
@@ -409,9 +459,56 @@ def test_no_request_can_break_another(registry):
         metrics = svc.raw("/metrics")
         assert 'bertpipe_requests_total{status="200"}' in metrics and 'bertpipe_requests_total{status="400"}' in metrics
         assert "bertpipe_batch_size_count" in metrics and 'bertpipe_model_version{' in metrics
+        # A connection that sends nothing, or its head a byte at a time, is answered 408 and closed.
+        idle, trickle = (socket.create_connection(("127.0.0.1", svc.port), timeout=15) for _ in range(2))
+        try:
+            for ch in b"GET /health HTTP/1.1\r\nHost: x\r\n":
+                try:
+                    trickle.send(bytes([ch]))
+                except OSError:  # closed by the server: what is checked below
+                    break
+                time.sleep(0.2)
+            for s in (idle, trickle):
+                assert s.recv(100).startswith(b"HTTP/1.1 408"), "a connection without a request head stayed open"
+        finally:
+            idle.close()
+            trickle.close()
+        # The service against its own OpenAPI document: every documented operation, positive and negative data.
+        # schemathesis expects a schema-violating body to get 400 or 422; a text over serve.max_text_chars is 413
+        # here (as documented), so 413 is added to what that check accepts.
+        conf = registry / "schemathesis.toml"
+        conf.write_text("[checks.negative_data_rejection]\nexpected-statuses = [400, 405, 413, 422]\n")
+        st = subprocess.run([str(BIN / "st"), "--config-file", str(conf), "run", f"{svc.url}/openapi.json",
+                             "--checks", "all", "-w", "1",
+                             "--max-examples", "10", "--request-timeout", "30", "--suppress-health-check", "all",
+                             "--seed", "1"], cwd=registry, capture_output=True, text=True, timeout=300)
+        assert st.returncode == 0, st.stdout[-6000:]
     finally:
         rc = svc.stop()
     assert rc == 0, svc.output()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_service_leaves_nothing_on_its_port_and_a_busy_port_is_one_error_line(registry):
+    import psutil
+
+    svc = Service(registry)
+    try:
+        tree = [p for p in psutil.Process(svc.proc.pid).children(recursive=True)]
+        assert len(tree) >= 3, [p.cmdline() for p in tree]  # the watcher, the API server, the inference worker
+        second = subprocess.run([str(BIN / "bertpipe"), "models", "serve", NAME, "--port", str(svc.port)],
+                                cwd=registry, env=env_for(registry), capture_output=True, text=True, timeout=120)
+        lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert lines[0].startswith(f"error: --port {svc.port}: cannot listen on 127.0.0.1:{svc.port}"), lines
+        svc.proc.kill()
+        svc.proc.wait(10)
+        gone, alive = psutil.wait_procs(tree, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+        with pytest.raises(OSError):
+            svc.get("/health")
+    finally:
+        svc.stop()
 
 
 @pytest.mark.slow
@@ -425,7 +522,9 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
     res = CliRunner().invoke(app, ["models", "serve", "no-such-model", "--host", "0.0.0.0", "--params", p])
     assert res.exit_code != 0 and "warning: --host 0.0.0.0: the service has no authentication" in res.output
     if not torch.cuda.is_available():
-        for cmd in (["models", "serve", NAME], ["models", "predict", NAME, "-i", p, "-o", str(registry / "o.jsonl")]):
+        (registry / "in.txt").write_text("很好\n", encoding="utf-8")
+        for cmd in (["models", "serve", NAME],
+                    ["models", "predict", NAME, "-i", str(registry / "in.txt"), "-o", str(registry / "o.jsonl")]):
             res = CliRunner().invoke(app, cmd + ["--device", "cuda", "--params", p])
             lines = [ln for ln in res.output.splitlines() if ln.strip()]
             assert res.exit_code != 0 and len(lines) == 1 and lines[0].startswith("error: --device cuda: no CUDA"), \

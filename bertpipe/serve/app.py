@@ -10,11 +10,14 @@ What bertpipe adds around it:
 - ``RegistryModelAPI`` (inference worker): loads the version the alias points at, checks the alias every ``poll_s``
   in a background thread and swaps in a new version under the same lock the batches run under, so no request is
   dropped or answered by a half-loaded model; every response names the version that produced it, and a state file
-  lets ``/health`` and ``/info`` report it. A request the model fails on fails alone (its batch is re-run item by
-  item), never its neighbours.
+  lets ``/health`` and ``/info`` report it. A version that fails to load leaves the last good one serving and is
+  reported in ``/health`` (``degraded``, ``load_error``) until a later load succeeds. A request the model fails on
+  fails alone (its batch is re-run item by item), never its neighbours.
 - A supervisor thread (main process) tells the Guard whether a live, ready worker exists; LitServe's
   ``restart_workers`` starts a new one when it dies.
-- ``/metrics``: Prometheus (``bertpipe.serve.metrics``).
+- ``/metrics``: Prometheus (``bertpipe.serve.metrics``); ``/openapi.json``, ``/docs``, ``/redoc``: a document true
+  to every answer, pages that work offline (``bertpipe.serve.contract``); a deadline for each request head
+  (``bertpipe.serve.conn``).
 
 No ``from __future__ import annotations`` here: LitServe hands the annotations of ``decode_request`` and
 ``encode_response`` to FastAPI as types, and strings would not resolve there.
@@ -31,12 +34,15 @@ from pathlib import Path
 
 import litserve as ls
 
+from bertpipe.serve import contract
 from bertpipe.serve import metrics as M
+from bertpipe.serve.conn import head_timeout_protocol
 from bertpipe.serve.params import ServeParams
 from bertpipe.serve.predictor import ModelRef, Served, input_kind, resolve_version
 from bertpipe.serve.schema import PredictResponse, QARequest, TextRequest
 
 log_ = logging.getLogger(__name__)
+RETRY_MAX_S = 300.0  # the longest wait before a version that failed to load is tried again
 
 
 class RegistryModelAPI(ls.LitAPI):
@@ -63,24 +69,46 @@ class RegistryModelAPI(ls.LitAPI):
         if self.ref.alias:  # a pinned version never moves
             threading.Thread(target=self._follow, name="follow-alias", daemon=True).start()
 
-    def _load(self, version: str) -> Served:
+    def _load(self, version: str, load_error: dict | None = None) -> Served:
         model = Served(self.cfg, self.ref.name, version, self.sp.backend, self.sp.max_batch_size, self.device)
-        _write_state(self.state_file, {"model": self.ref.name, "alias": self.ref.alias, "version": model.version,
-                                       "task": model.task, "backend": self.sp.backend, "device": self.device,
-                                       "worker_pid": os.getpid(), "loaded_at": time.time()})
+        self._state(model, load_error)
         M.serving(self.ref.name, model.version, self.model.version if self.model else None)
         return model
 
+    def _state(self, model: Served, load_error: dict | None) -> None:
+        state = {"model": self.ref.name, "alias": self.ref.alias, "version": model.version, "task": model.task,
+                 "backend": self.sp.backend, "device": self.device, "worker_pid": os.getpid(),
+                 "loaded_at": self.loaded_at if load_error else time.time()}
+        self.loaded_at = state["loaded_at"]
+        if load_error:
+            state["load_error"] = load_error
+        _write_state(self.state_file, state)
+
     def _follow(self) -> None:
+        """Swap in the version the alias points at. A version that fails to load is logged and reported in
+        /health (``load_error``) while the last good one keeps serving; it is tried again after a back-off
+        (doubling up to ``RETRY_MAX_S``), and a later move of the alias is followed as usual."""
+        failed, tries, retry_at = None, 0, 0.0
         while True:
             time.sleep(self.sp.poll_s)
             try:
                 version = resolve_version(self.client, self.ref)
-            except Exception:  # registry briefly unreachable or alias removed: keep serving what we have
+            except Exception:  # noqa: BLE001 (registry briefly unreachable or alias removed: keep serving)
                 continue
-            if version != self.model.version:
+            if version == self.model.version or (version == failed and time.monotonic() < retry_at):
+                continue
+            try:
                 with self.lock:  # loading while a batch runs breaks transformers' meta-device init
                     self.model = self._load(version)
+                failed, tries = None, 0
+            except Exception as e:  # noqa: BLE001 (any failure of a version's files: the service goes on)
+                tries = tries + 1 if version == failed else 1
+                failed, wait = version, min(RETRY_MAX_S, self.sp.poll_s * 2 ** tries)
+                retry_at = time.monotonic() + wait
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+                log_.error("%s@%s -> v%s failed to load (%s); still serving v%s, retrying in %.0f s",
+                           self.ref.name, self.ref.alias, version, why, self.model.version, wait)
+                self._state(self.model, {"version": version, "error": why, "at": time.time()})
 
     def decode_request(self, request: TextRequest):  # the annotation is what FastAPI validates and documents
         return request  # decoded by the Guard (the same type) before it was queued
@@ -161,6 +189,39 @@ def exposure_warning(host: str) -> str | None:
             "the network can use it; bind 127.0.0.1 and put an authenticating proxy in front to expose it")
 
 
+LISTEN_HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the addresses LitServe's run() accepts
+
+
+def listen_host(host: str) -> str:
+    """The address to give LitServe: ``localhost`` is 127.0.0.1; an address LitServe does not take is a one-line
+    error here, before any model is loaded (LitServe raises ValueError only once everything is loaded)."""
+    from bertpipe.errors import BertpipeError
+
+    if host == "localhost":
+        return "127.0.0.1"
+    if host not in LISTEN_HOSTS:
+        raise BertpipeError(f"--host {host}: the service listens on 127.0.0.1 (this machine only), or on every "
+                            "interface with 0.0.0.0 (IPv4) or :: (IPv6); one interface of several cannot be chosen")
+    return host
+
+
+def check_port(host: str, port: int) -> None:
+    """A one-line error when ``host:port`` cannot be bound (another service, or an earlier one still running),
+    before any model is loaded. Bound as uvicorn binds it (SO_REUSEADDR), so a port in TIME_WAIT is free."""
+    import socket
+
+    from bertpipe.errors import BertpipeError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise BertpipeError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); another process "
+                                "holds it (stop it, or choose another --port / serve.port)") from None
+
+
 def supervise(server, shared, stop: threading.Event, every_s: float = 0.1) -> None:
     """Tell the Guard whether a live, ready inference worker exists; count worker deaths (LitServe restarts them)."""
     from litserve.utils import WorkerSetupStatus
@@ -222,7 +283,9 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
         s = served()
         draining = bool(shared.draining.value)
         up = bool(shared.worker_up.value)
-        body = {"status": "draining" if draining else ("ok" if s and up else "loading"), **s,
+        status = "draining" if draining else ("loading" if not (s and up) else
+                                              "degraded" if s.get("load_error") else "ok")
+        body = {"status": status, **s,
                 "inflight": shared.inflight.value, "rejected": shared.rejected.value,
                 "worker_restarts": shared.worker_gen.value}
         return JSONResponse(body, status_code=200 if s and up and not draining else 503)
@@ -233,6 +296,7 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
 
     server.app.add_api_route("/health", health, methods=["GET"])
     server.app.add_api_route("/metrics", metrics, methods=["GET"])
+    contract.install(server.app, sp)  # an OpenAPI document true to every answer; /docs and /redoc offline
     stop = threading.Event()
     threading.Thread(target=supervise, args=(server, shared, stop), name="supervise-workers", daemon=True).start()
 
@@ -257,7 +321,8 @@ def serve(ref: ModelRef, config: tuple, sp: ServeParams, state_dir: Path, task: 
         f"schema: /docs)")
     try:
         server.run(host=sp.host, port=sp.port, num_api_servers=1, api_server_worker_type="process",
-                   generate_client_file=False, log_level="warning")
+                   generate_client_file=False, log_level="warning", timeout_keep_alive=sp.keep_alive_s,
+                   http=head_timeout_protocol(sp.head_timeout_s))
     finally:
         stop.set()
         M.disable(metrics_dir)

@@ -47,8 +47,10 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/info" and self.refresh_info:
             self.refresh_info()  # LitServe's /info shows the version being served now, not the one at start
-        if scope["type"] != "http" or scope["path"] != "/predict":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"] != "/predict":
+            return await self.app(scope, receive, _typed(send))
         t0 = time.perf_counter()
         status = await self._predict(scope, receive, send)
         M.observe_request(status, time.perf_counter() - t0)
@@ -56,7 +58,7 @@ class Guard:
     async def _predict(self, scope, receive, send) -> int:
         sp, sh = self.sp, self.shared
         if scope["method"] != "POST":
-            return await _reply(send, 405, "use POST with a JSON body")
+            return await _reply(send, 405, "use POST with a JSON body", extra=[(b"allow", b"POST")])
         if sh.draining.value:
             return await _reply(send, 503, "shutting down", retry=sp.retry_after_s)
         if not sh.worker_up.value:
@@ -181,9 +183,22 @@ async def _read_body(receive, max_bytes: int, timeout_s: float) -> tuple[bytes, 
         timer.cancel()
 
 
-async def _reply(send, status: int, reason: str, retry: int | None = None) -> int:
+def _typed(send):
+    """``send`` that gives a response without a Content-Type (LitServe's ``/`` and ``/ready`` answer bare text) the
+    one its OpenAPI document states: text/plain."""
+
+    async def typed(msg):
+        if msg["type"] == "http.response.start" and not any(k.lower() == b"content-type"
+                                                            for k, _ in msg.get("headers", [])):
+            msg = {**msg, "headers": [*msg.get("headers", []), (b"content-type", b"text/plain; charset=utf-8")]}
+        await send(msg)
+
+    return typed
+
+
+async def _reply(send, status: int, reason: str, retry: int | None = None, extra: list | None = None) -> int:
     body = json.dumps({"error": reason}, ensure_ascii=False).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     if retry is not None:
         headers.append((b"retry-after", str(retry).encode()))
     if status == 408:

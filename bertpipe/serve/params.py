@@ -23,6 +23,10 @@ class ServeParams(BaseModel):
     max_body_bytes: int = Field(1_000_000, ge=64)
     # The whole body must arrive within this; a slow sender gets 408 and never counts against max_queue.
     body_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    # The request line and headers must arrive within this of the connection opening (or of the previous response
+    # ending): a silent or trickling connection gets 408 and is closed instead of holding a socket for ever.
+    head_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    keep_alive_s: int = Field(5, ge=1, le=3600)  # an idle kept-alive connection is closed after this
     poll_s: float = Field(5.0, gt=0.0, le=3600.0)  # how often the registry alias is checked for a new version
     request_timeout_s: float = Field(60.0, gt=0.0)
     # torch intra-op threads of the inference worker; 0 = torch's default (all cores). On a machine shared with other

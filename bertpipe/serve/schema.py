@@ -12,12 +12,21 @@ equal length); a list gets ``{"model", "version", "predictions": [...]}`` back, 
 
 from __future__ import annotations
 
-from typing import Union
+import re
+from typing import Annotated, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
-Texts = Union[str, list[str]]
+# A text must hold one character outside this class (blank texts are refused). The class is spelled the same in
+# Python's and ECMAScript's regex syntax, so the schema's ``pattern`` and the validator are one rule: JSON Schema
+# clients (and schemathesis) see exactly what the service enforces.
+NONBLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+_NONBLANK = re.compile(NONBLANK)
+TEXT_SCHEMA = {"type": "string", "minLength": 1, "pattern": NONBLANK}
+Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
+Texts = Union[Text, Annotated[list[str], WithJsonSchema({"type": "array", "items": TEXT_SCHEMA, "minItems": 1})]]
 
 
 def _check_text(name: str, v, info: ValidationInfo):
@@ -32,7 +41,7 @@ def _check_text(name: str, v, info: ValidationInfo):
             raise PydanticCustomError("too_long", f'"{name}" has {len(v)} items; the limit is {ctx["max_items"]}')
     for i, s in enumerate(items):
         where = f'"{name}"' + (f"[{i}]" if isinstance(v, list) else "")
-        if not s.strip():
+        if not _NONBLANK.search(s):
             raise PydanticCustomError("empty", f"{where} is empty")
         if ctx.get("max_chars") and len(s) > ctx["max_chars"]:
             raise PydanticCustomError("too_long", f"{where} has {len(s)} characters; the limit is {ctx['max_chars']}")
