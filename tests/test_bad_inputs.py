@@ -198,6 +198,21 @@ CASES = [
          {"t.jsonl": '{"text": "好"}\n'.encode()}, slow=True),
     Case("finetune-empty-file", FT, r"t\.jsonl.*no training examples", task("t", **CLS), {"t.jsonl": b""}, slow=True),
     Case("finetune-no-such-task", ["finetune", "--task", "nope"], r"no finetune task matches --task nope"),
+    Case("finetune-list-text", FT, r"t\.jsonl:2: field 'text' holds a list; expected a string", task("t", **CLS),
+         {"t.jsonl": '{"text": "好", "label": "pos"}\n{"text": ["a", "b"], "label": "neg"}\n'.encode()}),
+    Case("finetune-list-label", FT, r"t\.jsonl:1: field 'label' holds a list; expected a string", task("t", **CLS),
+         {"t.jsonl": '{"text": "好", "label": ["pos"]}\n'.encode()}),
+    Case("finetune-ner-overlapping-spans", FT, r"t\.jsonl:1: spans \[3, 6, LOC\] and \[4, 6, ORG\] overlap",
+         task("t", type="ner", format="jsonl", train="t.jsonl"),
+         {"t.jsonl": json.dumps({"text": "张三去北京市了", "spans": [{"start": 3, "end": 6, "label": "LOC"},
+                                                              {"start": 4, "end": 6, "label": "ORG"}]}).encode()}),
+    Case("finetune-one-example-per-label", FT,
+         r"finetune\.tasks\.t: the dev split is empty: .*10,000 of the 10,000 labels have fewer than 3 examples",
+         task("t", **CLS), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论内容", "label": f"c{i}"}) + "\n"
+                                              for i in range(10_000)).encode()}),
+    Case("finetune-test-ratio-zero", FT, r"finetune\.tasks\.t: no test file and test_ratio is 0",
+         task("t", **CLS, test_ratio=0), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论", "label": "ab"[i % 2]})
+                                                           + "\n" for i in range(40)).encode()}),
 ]
 
 
