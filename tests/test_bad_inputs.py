@@ -87,6 +87,14 @@ def immutable(d: Path) -> None:
         pytest.skip("chattr +i is not available here")
 
 
+def list_text_parquet(case: Path, sh: Shared) -> None:
+    """A parquet corpus whose text column holds lists (its repr would enter pretraining)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [["第一条", "本法"], ["第二条"]]}), case / "d.parquet")
+
+
 def notes_in_output(case: Path, sh: Shared) -> None:
     """A bertpipe output the user added a file to."""
     out = case / "work" / "prepare"
@@ -176,6 +184,9 @@ CASES = [
     Case("prepare-jsonl-array", ["prepare"], r"d\.jsonl:2: ",
          {"prepare": {"domain": {"sources": [{"path": "d.jsonl", "format": "jsonl", "name": "j"}]}}},
          {"d.jsonl": '{"text": "第一条 本法。"}\n[1, 2]\n'.encode()}, slow=True),
+    Case("prepare-parquet-list-text", ["prepare"], r"d\.parquet:1: field 'text' holds a list",
+         {"prepare": {"domain": {"sources": [{"path": "d.parquet", "name": "p"}]}}}, setup=list_text_parquet,
+         slow=True),
     Case("prepare-truncated-sqlite", ["prepare"], r"raw/china_law/laws\.db: .*malformed",
          {"prepare": {"domain": {"sources": [laws_source(Path("raw"), FEW_LAWS)]}}},
          setup=lambda c, sh: laws_copy(c, sh, lambda b: b[:16384]), slow=True),
