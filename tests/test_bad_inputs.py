@@ -95,6 +95,17 @@ def list_text_parquet(case: Path, sh: Shared) -> None:
     pq.write_table(pa.table({"text": [["第一条", "本法"], ["第二条"]]}), case / "d.parquet")
 
 
+def remote_code_base(case: Path, sh: Shared) -> None:
+    """model.base: a checkpoint whose config maps its classes to code it ships (auto_map); that code must not run."""
+    shutil.copytree(sh.encoder, case / "enc")
+    config = json.loads((case / "enc" / "config.json").read_text())
+    config.update(model_type="xbert", auto_map={"AutoConfig": "configuration_x.XConfig",
+                                                "AutoModelForMaskedLM": "modeling_x.XForMaskedLM"})
+    (case / "enc" / "config.json").write_text(json.dumps(config))
+    for name in ("configuration_x.py", "modeling_x.py"):
+        (case / "enc" / name).write_text("open('REMOTE-CODE-RAN', 'w').close()\n")
+
+
 def notes_in_output(case: Path, sh: Shared) -> None:
     """A bertpipe output the user added a file to."""
     out = case / "work" / "prepare"
@@ -146,6 +157,13 @@ CASES = [
     Case("stage-input-missing", ["vocab"], r"input 'corpus'.* does not exist|does not exist"),
     # ---- run: rejected before Prefect starts
     Case("run-until-bogus", ["run", "--until", "bogus"], r"--until 'bogus': not a stage"),
+    Case("run-base-remote-code", ["run"], r"model\.base: .*enc: this checkpoint needs code of its own "
+         r"\(AutoConfig, AutoModelForMaskedLM in its auto_map\), and remote code is not run",
+         {"model": {"base": "enc"}}, setup=remote_code_base),
+    Case("finetune-base-remote-code", ["finetune", "--task", "t", "--encoder", "base"],
+         r"model\.base: .*enc: this checkpoint needs code of its own .*remote code is not run",
+         {"model": {"base": "enc"}, **task("t", **CLS)}, {"t.jsonl": b'{"text": "a", "label": "x"}\n'},
+         setup=remote_code_base),
     # ---- data new-laws
     Case("new-laws-since-garbage", ["data", "new-laws", "--since", "garbage", "--out", "n.jsonl"],
          r"--since 'garbage': expected a date as YYYY-MM-DD"),
