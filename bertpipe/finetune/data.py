@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.finetune import tagging
+from bertpipe.finetune.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
 from bertpipe.finetune.params import TaskParams
 from bertpipe.sqlite_io import reading
 from bertpipe.taskdata import Example  # noqa: F401 (defined with the split files it is read from)
@@ -67,29 +68,6 @@ def read_sqlite(path: Path, query: str) -> Iterator[tuple[str, dict]]:
         names = [d[0] for d in cur.description]
         for i, row in enumerate(cur, 1):
             yield f"{path}:row{i}", dict(zip(names, row))
-
-
-def _get(rec: dict, key: str, where: str, required: bool = True) -> Any:
-    if key not in rec or rec[key] is None:
-        if required:
-            raise BertpipeError(f"{where}: missing field {key!r} (have {sorted(rec)})")
-        return None
-    return rec[key]
-
-
-def _scalar_text(value: Any, where: str, what: str) -> str:
-    """A string or a number as text; anything else (a list, a mapping, bytes) is an error: its Python repr would
-    become the text or the class name."""
-    if isinstance(value, (str, int, float)):
-        return str(value)
-    kind = {list: "a list", dict: "a mapping", bytes: "bytes"}.get(type(value), f"a {type(value).__name__}")
-    raise BertpipeError(f"{where}: {what} holds {kind}; expected a string")
-
-
-def _text(rec: dict, key: str, where: str, required: bool = True) -> str | None:
-    """Field ``key`` as text (see ``_scalar_text``); None when it is missing and not ``required``."""
-    v = _get(rec, key, where, required)
-    return None if v is None else _scalar_text(v, where, f"field {key!r}")
 
 
 # ---------------------------------------------------------------- per task type
@@ -189,19 +167,6 @@ def _ner_jsonl(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
         text, units = tagging.join_tokens(toks, p.conll_join)
         spans = [(units[s][0], units[e - 1][1], t) for s, e, t in tok_spans]
         yield Example(id=ex_id, text=text, units=units, spans=spans, where=where)
-
-
-def _disjoint(spans: list[tuple[int, int, str]], where: str) -> list[tuple[int, int, str]]:
-    """``spans`` sorted, a repeated span once; two spans sharing a character are an error naming both (each
-    character gets one tag, so the later span would overwrite the earlier one's)."""
-    out: list[tuple[int, int, str]] = []
-    for span in sorted(set(spans)):
-        last = out[-1] if out else None  # the spans so far are disjoint and sorted: the last reaches furthest
-        if last is not None and span[0] < last[1]:
-            raise BertpipeError(f"{where}: spans [{last[0]}, {last[1]}, {last[2]}] and [{span[0]}, {span[1]}, "
-                                f"{span[2]}] overlap; a character takes one entity tag, so keep one of them")
-        out.append(span)
-    return out
 
 
 def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
