@@ -231,9 +231,12 @@ def config_cmd(
 
 
 def _check_until(cfg, until: Optional[str]) -> None:
+    """What a flow would refuse at its start, refused before Prefect starts (one line, no flow-run traceback)."""
+    from bertpipe.layout import base_model, base_tokenizer
     from bertpipe.pipeline import all_stages, until_targets
 
-    until_targets(list(all_stages(cfg)), until)  # the flow's own --until rule, checked before Prefect starts
+    until_targets(list(all_stages(cfg)), until)  # the flow's own --until rule
+    base_model(cfg), base_tokenizer(cfg)  # a base or tokenizer that needs its own code (layout refuses it)
 
 
 def _prefect_env(cfg, params: str) -> None:
@@ -286,6 +289,7 @@ def retrain_cmd(
     overrides = flow_overrides(set_)
     cfg = load(params, profile, overrides)
     plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
+    _check_until(cfg, None)
     _prefect_env(cfg, params)
     from bertpipe_prefect.flows.retrain import retrain
     from bertpipe_prefect.flows.summary import summary

@@ -16,6 +16,12 @@ module is what they share:
   used, and only what this module wrote: directories named by a key holding a ``meta.json`` that names the same key,
   temp dirs of that shape, and lock files of that shape. Anything else in the directory is left alone.
 
+A store's meta.json records its files' content (``content_record``: each file's sha256, and the stat stamp it had
+when written), and a reader checks it (``changed_files``): a file whose stamp is unchanged was not written since
+(any write, and any call that sets mtime back, sets ctime to the present), so the check costs a stat per file; only
+a file with a new stamp (a copied or restored state dir, or a write) is read and hashed again. A store whose
+content differs from what was built would feed wrong data under its key (ids out of range only fail steps later).
+
 A lock file is removed only under its exclusive lock, so a process that opened it just before sees, once it holds
 the lock, that the path is gone or is another file, and opens it again (``_lock``).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -108,6 +115,43 @@ def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log 
         finally:
             os.close(fd)
         # then the lease, as any reader takes it (a collect in between makes the next round build it again)
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def content_record(d: Path, digests: dict[str, str]) -> dict:
+    """{file name: {"sha256", "stamp"}} of files in ``d`` whose sha256 the builder computed as it wrote them."""
+    return {name: {"sha256": digest, "stamp": _stamp(d / name)} for name, digest in digests.items()}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def changed_files(d: Path, record: dict | None, names: list[str]) -> list[str]:
+    """The files of ``names`` in ``d`` whose content is not what ``record`` (``content_record``) says: all of them
+    when there is no record; a file whose stamp is unchanged is taken as recorded without reading it."""
+    if not isinstance(record, dict):
+        return list(names)
+    bad = []
+    for name in names:
+        rec = record.get(name)
+        if not isinstance(rec, dict):
+            bad.append(name)
+            continue
+        try:
+            if _stamp(d / name) != rec.get("stamp") and file_sha256(d / name) != rec.get("sha256"):
+                bad.append(name)
+        except OSError:
+            bad.append(name)
+    return bad
 
 
 def release(path: Path | str) -> None:

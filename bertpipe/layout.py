@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertpipe.config import Config
+from bertpipe.modelinfo import refuse_remote_code
 
 
 def base_is_scratch(cfg: Config) -> bool:
@@ -16,11 +17,14 @@ def base_is_scratch(cfg: Config) -> bool:
 
 
 def base_model(cfg: Config) -> Path | str:
-    """The base encoder: the bootstrapped one, a local save_pretrained dir, or a hub id (kept as a string)."""
+    """The base encoder: the bootstrapped one, a local save_pretrained dir, or a hub id (kept as a string). One that
+    needs its own code is refused here, before any stage works towards loading it."""
     if base_is_scratch(cfg):
         return cfg.work / "base" / "model"
     p = cfg.path(cfg.params.model.base)
-    return p if p.exists() else cfg.params.model.base
+    ref = p if p.exists() else cfg.params.model.base
+    refuse_remote_code(ref, "model.base")
+    return ref
 
 
 def base_tokenizer(cfg: Config) -> Path | str:
@@ -28,7 +32,9 @@ def base_tokenizer(cfg: Config) -> Path | str:
     if not tok:
         return base_model(cfg)
     p = cfg.path(tok)
-    return p if p.exists() else tok
+    ref = p if p.exists() else tok
+    refuse_remote_code(ref, "model.tokenizer")
+    return ref
 
 
 def corpus_dir(cfg: Config, name: str) -> Path:

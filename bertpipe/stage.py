@@ -145,7 +145,12 @@ def _hash_cache_path(cfg: Config) -> Path:
 
 
 class _HashCache:
-    """Content hashes of big files, reused while (size, mtime_ns) are unchanged: a 90 MB checkpoint is hashed once."""
+    """Content hashes of big files, reused while the file's stat stamp is unchanged: a 90 MB checkpoint is hashed once.
+
+    The stamp is (size, mtime_ns, ctime_ns, inode). mtime alone is not enough: a rewrite of the same size whose
+    mtime is set back (``touch -r``, ``os.utime``, a copy tool preserving times) keeps size and mtime, but every
+    write and every ``utime`` call sets ctime to the present (no call sets it to a chosen value), and replacing the
+    file by a rename gives a new inode."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -158,7 +163,7 @@ class _HashCache:
     def file_hash(self, p: Path) -> str:
         st = p.stat()
         key = str(p.resolve())
-        stamp = [st.st_size, st.st_mtime_ns]
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         hit = self.data.get(key)
         if hit and hit[0] == stamp:
             return hit[1]

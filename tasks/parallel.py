@@ -27,35 +27,15 @@ import threading
 import time
 from typing import Iterator
 
+from bertpipe.cores import auto_workers, usable_cores  # noqa: F401 (auto_workers: used here and imported from here)
+
 # The graph as {stage: [upstream stages]}, in a topological order (bertpipe.pipeline.all_stages's order).
 Graph = dict[str, list[str]]
 
 
 def cores() -> int:
-    """Cores this process may use: the affinity mask (taskset, cpusets), narrowed by a cgroup v2 CPU quota
-    (`docker --cpus`), which the mask does not show."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
-
-
-def auto_workers(n_cores: int) -> int:
-    """``flow.max_parallel: auto``. On 2 cores two 1-thread finetunes beat one 2-thread finetune after another
-    (bench/bench_flow.py: in-flow / alone ratio > 1); tiny models stop scaling past a few threads, so bigger
-    machines run up to 4 stages of >= 2 threads each."""
-    if n_cores < 2:
-        return 1
-    if n_cores < 8:
-        return 2
-    return 4
+    """Cores this process may use (``bertpipe.cores.usable_cores``: affinity mask and cgroup quota)."""
+    return usable_cores()
 
 
 def plan(max_parallel: int | str, width: int, n_cores: int | None = None) -> tuple[int, int]:

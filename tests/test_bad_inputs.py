@@ -87,6 +87,25 @@ def immutable(d: Path) -> None:
         pytest.skip("chattr +i is not available here")
 
 
+def list_text_parquet(case: Path, sh: Shared) -> None:
+    """A parquet corpus whose text column holds lists (its repr would enter pretraining)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [["第一条", "本法"], ["第二条"]]}), case / "d.parquet")
+
+
+def remote_code_base(case: Path, sh: Shared) -> None:
+    """model.base: a checkpoint whose config maps its classes to code it ships (auto_map); that code must not run."""
+    shutil.copytree(sh.encoder, case / "enc")
+    config = json.loads((case / "enc" / "config.json").read_text())
+    config.update(model_type="xbert", auto_map={"AutoConfig": "configuration_x.XConfig",
+                                                "AutoModelForMaskedLM": "modeling_x.XForMaskedLM"})
+    (case / "enc" / "config.json").write_text(json.dumps(config))
+    for name in ("configuration_x.py", "modeling_x.py"):
+        (case / "enc" / name).write_text("open('REMOTE-CODE-RAN', 'w').close()\n")
+
+
 def notes_in_output(case: Path, sh: Shared) -> None:
     """A bertpipe output the user added a file to."""
     out = case / "work" / "prepare"
@@ -138,6 +157,13 @@ CASES = [
     Case("stage-input-missing", ["vocab"], r"input 'corpus'.* does not exist|does not exist"),
     # ---- run: rejected before Prefect starts
     Case("run-until-bogus", ["run", "--until", "bogus"], r"--until 'bogus': not a stage"),
+    Case("run-base-remote-code", ["run"], r"model\.base: .*enc: this checkpoint needs code of its own "
+         r"\(AutoConfig, AutoModelForMaskedLM in its auto_map\), and remote code is not run",
+         {"model": {"base": "enc"}}, setup=remote_code_base),
+    Case("finetune-base-remote-code", ["finetune", "--task", "t", "--encoder", "base"],
+         r"model\.base: .*enc: this checkpoint needs code of its own .*remote code is not run",
+         {"model": {"base": "enc"}, **task("t", **CLS)}, {"t.jsonl": b'{"text": "a", "label": "x"}\n'},
+         setup=remote_code_base),
     # ---- data new-laws
     Case("new-laws-since-garbage", ["data", "new-laws", "--since", "garbage", "--out", "n.jsonl"],
          r"--since 'garbage': expected a date as YYYY-MM-DD"),
@@ -176,6 +202,9 @@ CASES = [
     Case("prepare-jsonl-array", ["prepare"], r"d\.jsonl:2: ",
          {"prepare": {"domain": {"sources": [{"path": "d.jsonl", "format": "jsonl", "name": "j"}]}}},
          {"d.jsonl": '{"text": "第一条 本法。"}\n[1, 2]\n'.encode()}, slow=True),
+    Case("prepare-parquet-list-text", ["prepare"], r"d\.parquet:1: field 'text' holds a list",
+         {"prepare": {"domain": {"sources": [{"path": "d.parquet", "name": "p"}]}}}, setup=list_text_parquet,
+         slow=True),
     Case("prepare-truncated-sqlite", ["prepare"], r"raw/china_law/laws\.db: .*malformed",
          {"prepare": {"domain": {"sources": [laws_source(Path("raw"), FEW_LAWS)]}}},
          setup=lambda c, sh: laws_copy(c, sh, lambda b: b[:16384]), slow=True),
@@ -198,6 +227,21 @@ CASES = [
          {"t.jsonl": '{"text": "好"}\n'.encode()}, slow=True),
     Case("finetune-empty-file", FT, r"t\.jsonl.*no training examples", task("t", **CLS), {"t.jsonl": b""}, slow=True),
     Case("finetune-no-such-task", ["finetune", "--task", "nope"], r"no finetune task matches --task nope"),
+    Case("finetune-list-text", FT, r"t\.jsonl:2: field 'text' holds a list; expected a string", task("t", **CLS),
+         {"t.jsonl": '{"text": "好", "label": "pos"}\n{"text": ["a", "b"], "label": "neg"}\n'.encode()}),
+    Case("finetune-list-label", FT, r"t\.jsonl:1: field 'label' holds a list; expected a string", task("t", **CLS),
+         {"t.jsonl": '{"text": "好", "label": ["pos"]}\n'.encode()}),
+    Case("finetune-ner-overlapping-spans", FT, r"t\.jsonl:1: spans \[3, 6, LOC\] and \[4, 6, ORG\] overlap",
+         task("t", type="ner", format="jsonl", train="t.jsonl"),
+         {"t.jsonl": json.dumps({"text": "张三去北京市了", "spans": [{"start": 3, "end": 6, "label": "LOC"},
+                                                              {"start": 4, "end": 6, "label": "ORG"}]}).encode()}),
+    Case("finetune-one-example-per-label", FT,
+         r"finetune\.tasks\.t: the dev split is empty: .*10,000 of the 10,000 labels have fewer than 3 examples",
+         task("t", **CLS), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论内容", "label": f"c{i}"}) + "\n"
+                                              for i in range(10_000)).encode()}),
+    Case("finetune-test-ratio-zero", FT, r"finetune\.tasks\.t: no test file and test_ratio is 0",
+         task("t", **CLS, test_ratio=0), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论", "label": "ab"[i % 2]})
+                                                           + "\n" for i in range(40)).encode()}),
 ]
 
 

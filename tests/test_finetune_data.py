@@ -91,6 +91,40 @@ def test_jsonl_bad_line_and_missing_field(tmp_path):
         _load(p, tmp_path)
 
 
+@pytest.mark.parametrize("rec, error", [
+    ({"text": ["a", "b"], "label": "pos"}, r"a\.jsonl:2: field 'text' holds a list; expected a string"),
+    ({"text": "好评", "label": ["pos"]}, r"a\.jsonl:2: field 'label' holds a list; expected a string"),
+    ({"text": "好评", "label": {"name": "pos"}}, r"a\.jsonl:2: field 'label' holds a mapping; expected a string"),
+    ({"text": "好评", "label": "pos", "id": [1]}, r"a\.jsonl:2: field 'id' holds a list; expected a string"),
+])
+def test_a_list_or_mapping_is_no_text_or_label(tmp_path, rec, error):
+    """Its Python repr would become the text ("['a', 'b']") or a class ("['pos']")."""
+    _write(tmp_path / "a.jsonl", json.dumps({"text": "差评", "label": "neg"}) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(BertpipeError, match=error):
+        _load(TaskParams(type="classification", format="jsonl", train="a.jsonl", dev_ratio=0, test_ratio=0), tmp_path)
+
+
+def test_numbers_stay_allowed_as_labels_and_texts(tmp_path):
+    _write(tmp_path / "a.jsonl", "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in
+                                         [("好评", 1), (2024, 0), ("差评", 0)]))
+    data, _ = _load(TaskParams(type="classification", format="jsonl", train="a.jsonl", dev_ratio=0, test_ratio=0),
+                    tmp_path)
+    assert [(e.text, e.label) for e in data["train"]] == [("好评", "1"), ("2024", "0"), ("差评", "0")]
+
+
+def test_overlapping_ner_spans_are_an_error_naming_both(tmp_path):
+    """Each character takes one tag: the later span overwrote the earlier one's. A repeated span is kept once."""
+    spans = [{"start": 3, "end": 6, "label": "LOC"}, {"start": 4, "end": 6, "label": "ORG"}]
+    _write(tmp_path / "n.jsonl", json.dumps({"text": "张三去北京市了", "spans": spans[:1] * 2}, ensure_ascii=False)
+           + "\n" + json.dumps({"text": "张三去北京市了", "spans": spans}, ensure_ascii=False) + "\n")
+    p = TaskParams(type="ner", format="jsonl", train="n.jsonl", dev_ratio=0, test_ratio=0)
+    with pytest.raises(BertpipeError, match=r"n\.jsonl:2: spans \[3, 6, LOC\] and \[4, 6, ORG\] overlap"):
+        _load(p, tmp_path)
+    _write(tmp_path / "n.jsonl", json.dumps({"text": "张三去北京市了", "spans": spans[:1] * 2}, ensure_ascii=False))
+    data, _ = _load(p, tmp_path)
+    assert data["train"][0].spans == [(3, 6, "LOC")]
+
+
 def test_tsv_pair_classification_fields(tmp_path):
     rows = "\n".join(f"{i}\t问{i}\t答{i}\t{'yn'[i % 2]}" for i in range(10))
     _write(tmp_path / "p.tsv", "qid\tq\ta\ty\n" + rows)

@@ -79,9 +79,61 @@ def test_directory_glob_and_blank_line_units(tmp_path):
     (d / "skip.md").write_text("不读\n", encoding="utf-8")
     docs, _ = read(SourceParams(path=str(d), glob="*.txt", txt_unit="blank_line"))
     assert [d_["text"] for d_ in docs] == ["甲文档第一行\n甲文档第二行", "乙文档", "丙文档"]
-    assert [d_["id"] for d_ in docs] == ["a:1", "a:4", "b:1"]
+    assert [d_["id"] for d_ in docs] == ["a:1", "a:4", "sub/b:1"]
     docs, _ = read(SourceParams(path=str(tmp_path / "corpus" / "**" / "*.txt")))
     assert len(docs) == 4
+
+
+def test_ids_are_unique_per_file_of_a_named_directory_or_glob(tmp_path):
+    """A named directory or glob source (as examples/own_domain has) with several files: each file's records get ids
+    of their own (the name and the file's path under the source); a source naming one file keeps ``name:line``."""
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("甲文档\n\n乙文档\n", encoding="utf-8")
+    (d / "b.txt").write_text("丙文档\n", encoding="utf-8")
+    (d / "sub" / "a.txt").write_text("丁文档\n", encoding="utf-8")
+    docs, _ = read(SourceParams(path=str(d), glob="**/*.txt", name="t", group_field="_block"))
+    assert [(x["id"], x["group"], x["source"]) for x in docs] == [
+        ("t:a.txt:1", "t:a.txt:1", "t"), ("t:a.txt:3", "t:a.txt:3", "t"), ("t:b.txt:1", "t:b.txt:1", "t"),
+        ("t:sub/a.txt:1", "t:sub/a.txt:1", "t")]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        pq.write_table(pa.Table.from_pylist([{"text": f"{t}{i}"} for t in REVIEWS[:3]]), shards / f"part-{i}.parquet")
+    docs, _ = read(SourceParams(path=str(shards / "*.parquet"), name="p"))
+    assert [x["id"] for x in docs] == [f"p:part-{i}.parquet:{n}" for i in range(2) for n in (1, 2, 3)]
+    docs, _ = read(SourceParams(path=str(d / "b.txt"), name="t"))
+    assert [x["id"] for x in docs] == ["t:1"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("field, value, kind", [("text", ["a", "b"], "a list"), ("topic", {"k": 1}, "a mapping"),
+                                                ("doc", ["x"], "a list")])
+def test_a_list_or_mapping_field_is_refused_not_stringified(tmp_path, fmt, field, value, kind):
+    """A field holding a list or a mapping has no text: its Python repr ("['a', 'b']") must not enter the corpus."""
+    rows = [{"text": "好的评论内容", "doc": "r1", "topic": "书"}, {"text": "另一条评论", "doc": "r2", "topic": "书"}]
+    rows[1][field] = value
+    p = tmp_path / f"a.{fmt}"
+    if fmt == "jsonl":
+        p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    else:
+        pq.write_table(pa.Table.from_pylist([rows[1]]), p)  # one row: a column holds one type
+    src = SourceParams(path=str(p), id_field="doc", meta_fields=["topic"])
+    line = 2 if fmt == "jsonl" else 1
+    want = (rf"a\.{fmt}:{line}: expected a JSON object with a string field 'text'" if fmt == "jsonl" and field == "text"
+            else rf"a\.{fmt}:{line}: field '{field}' holds {kind}; expected a string or a number")
+    with pytest.raises(BertpipeError, match=want):
+        read(src)
+    docs, ing = read(src.model_copy(update={"on_bad_record": "skip"}))
+    assert ing.counts["bad_records"] == 1
+    assert [d["id"] for d in docs] == (["a:r1"] if fmt == "jsonl" else [])
+
+
+def test_numbers_stay_allowed_as_fields(tmp_path):
+    p = tmp_path / "n.parquet"
+    pq.write_table(pa.Table.from_pylist([{"text": "一条评论内容", "doc": 7, "score": 4.5}]), p)
+    docs, _ = read(SourceParams(path=str(p), id_field="doc", meta_fields=["score"], name="n"))
+    assert [(d["id"], d["score"]) for d in docs] == [("n:7", "4.5")]
 
 
 def test_max_docs_is_shared_by_sources():

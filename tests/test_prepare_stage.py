@@ -161,6 +161,31 @@ def test_mark_keeps_cluster_members_together(tmp_path):
     assert not (res.out / "general").exists()
 
 
+def test_named_directory_and_parquet_glob_of_several_files(tmp_path):
+    """examples/own_domain's source shape (a directory with `name:`) holding two files, and a named glob of parquet
+    shards: every record keeps an id of its own, so nothing "repeats" across the files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = [x for x in (DATA / "neg_small.txt").read_text(encoding="utf-8").splitlines() if len(x) > 20][:60]
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
+    (tmp_path / "corpus" / "b.txt").write_text("\n".join(lines[30:]) + "\n", encoding="utf-8")
+    (tmp_path / "shards").mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"text": [t[::-1] for t in lines[30 * i : 30 * i + 30]]}),
+                       tmp_path / "shards" / f"part-{i}.parquet")
+    domain = [{"path": str(tmp_path / "corpus"), "format": "txt", "glob": "*.txt", "name": "my_corpus"},
+              {"path": str(tmp_path / "shards" / "*.parquet"), "name": "shards"}]
+    cfg = make_config(tmp_path, domain=domain, general=[], overrides=["prepare.general.enabled=false",
+                                                                      "prepare.dedup.near=false"])
+    res = run_stage(prepare_stage(), cfg, tracker_factory=NO_TRACKER)
+    ids = [i for s in ("train", "valid", "test") for i in read_split(res.out / "domain", s).column("id").to_pylist()]
+    assert len(ids) == len(set(ids)) == 120
+    assert {i.rsplit(":", 1)[0] for i in ids} == {"my_corpus:a.txt", "my_corpus:b.txt", "shards:part-0.parquet",
+                                                  "shards:part-1.parquet"}
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -109,3 +109,30 @@ def test_a_damaged_store_is_one_line_error(tmp_path, tok, corpus):
     with pytest.raises(BertpipeError) as e:
         tokstore.open_or_build(corpus, "valid", tok, "zh", p, 0, 1, tmp_path, workers=1, **QUIET)
     assert str(e.value).startswith(f"{store.path}: token store files ['ids']") and "\n" not in str(e.value)
+
+
+def test_a_store_whose_content_changed_is_one_line_error(tmp_path, tok, corpus):
+    """ids rewritten out of the vocabulary, the size kept: opening the store says so (training would fail steps
+    later on an embedding lookup); a store copied elsewhere with its content intact still opens."""
+    import os
+    import shutil
+
+    from bertpipe.errors import BertpipeError
+
+    p = PretrainParams(max_seq_len=64)
+    store, rec = tokstore.open_or_build(corpus, "valid", tok, "zh", p, 0, 1, tmp_path, workers=1, **QUIET)
+    copy = tmp_path / "copy"
+    shutil.copytree(store.path, copy)  # new inodes: the content is hashed again and matches
+    assert len(tokstore.ExampleStore(copy)) == len(store)
+    ids = store.path / "ids.bin"
+    st = ids.stat()
+    bad = np.full(len(store.ids), len(tok) + 5, np.int32)
+    with open(ids, "r+b") as f:
+        f.write(bad.tobytes())
+    os.utime(ids, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ids.stat().st_size == st.st_size
+    with pytest.raises(BertpipeError) as e:
+        tokstore.open_or_build(corpus, "valid", tok, "zh", p, 0, 1, tmp_path, workers=1, **QUIET)
+    msg = str(e.value)
+    assert msg.startswith(f"{store.path}: token store files ['ids.bin'] differ from what was built") and "\n" not in msg
+    assert "delete the directory and rerun to rebuild it" in msg

@@ -49,6 +49,35 @@ def test_base_from_scratch_loss_falls(tmp_path, sample_raw, zh_tokenizer_dir):
     assert run_stage(base_stage(), cfg, **NO_TRACKER).skipped
 
 
+def test_weights_follow_the_stage_not_the_doors_thread_count(tmp_path, sample_raw, zh_tokenizer_dir):
+    """The CLI (torch's default: every core) and the flow (a child process with its share, or its own process with
+    every core) give a stage different ambient thread counts; CPU reductions split by thread count, so the weights
+    differed under one fingerprint. The stage sets its own count (bertpipe.cores.training_threads)."""
+    from safetensors.torch import load_file
+
+    from bertpipe.cores import training_threads
+
+    texts = law_texts(sample_raw, 300)
+    weights, fps = [], set()
+    for ambient in (2, 1):
+        root = tmp_path / f"ambient{ambient}"
+        write_corpus(root / "work" / "prepare" / "general", texts[:240], texts[240:])
+        params = write_params(root, {"base": "scratch", "tokenizer": str(zh_tokenizer_dir), "language": "zh"},
+                              base={"arch": TINY_ARCH, "max_seq_len": 64, "batch_size": 8, "max_steps": 6,
+                                    "eval_every": 6, "save_every": 6, "eval_examples": 16, "threads": 0})
+        torch.set_num_threads(ambient)
+        try:
+            res = run_stage(base_stage(), load_config(params), **NO_TRACKER)
+        finally:
+            torch.set_num_threads(1)
+        fps.add(res.fingerprint)
+        manifest = json.loads((root / "work" / "base" / "manifest.json").read_text())
+        assert manifest["counts"]["torch_threads"] == training_threads(0)
+        weights.append(load_file(root / "work" / "base" / "model" / "model.safetensors"))
+    assert len(fps) == 1 and weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def _pretrain_setup(tmp_path, model_dir, corpus_train, corpus_valid, language="zh", **pretrain):
     write_corpus(tmp_path / "work" / "prepare" / "domain", corpus_train, corpus_valid)
     (tmp_path / "work" / "vocab").mkdir(parents=True, exist_ok=True)

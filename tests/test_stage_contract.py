@@ -56,6 +56,26 @@ def test_second_run_skips_and_input_change_rebuilds(project):
     assert not r3.skipped and r3.fingerprint != r1.fingerprint and len(calls) == 2
 
 
+def test_same_size_rewrite_with_restored_mtime_rebuilds(project):
+    """A rewrite of the same size whose mtime is set back (touch -r, a copy tool keeping times) changes the input:
+    the hash cache must not serve the old digest."""
+    import os
+
+    cfg = load_config(project / "params.yaml")
+    calls: list = []
+    st = counting_stage(calls)
+    f = project / "in.txt"
+    old = f.stat()
+    r1 = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    f.write_text("jello\n")  # same size
+    os.utime(f, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+    assert not is_fresh(st, cfg)[0]
+    r2 = run_stage(st, cfg, tracker_factory=NO_TRACKING)
+    assert not r2.skipped and (r2.out / "copy.txt").read_text() == "JELLO\n" and len(calls) == 2
+    assert run_stage(st, cfg, tracker_factory=NO_TRACKING).skipped
+
+
 def test_params_and_version_change_the_fingerprint(project):
     cfg = load_config(project / "params.yaml")
     st = counting_stage([])

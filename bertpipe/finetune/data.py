@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.finetune import tagging
+from bertpipe.finetune.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
 from bertpipe.finetune.params import TaskParams
 from bertpipe.sqlite_io import reading
 from bertpipe.taskdata import Example  # noqa: F401 (defined with the split files it is read from)
@@ -69,26 +70,18 @@ def read_sqlite(path: Path, query: str) -> Iterator[tuple[str, dict]]:
             yield f"{path}:row{i}", dict(zip(names, row))
 
 
-def _get(rec: dict, key: str, where: str, required: bool = True) -> Any:
-    if key not in rec or rec[key] is None:
-        if required:
-            raise BertpipeError(f"{where}: missing field {key!r} (have {sorted(rec)})")
-        return None
-    return rec[key]
-
-
 # ---------------------------------------------------------------- per task type
 
 
 def _classification(records: Iterator[tuple[str, dict]], p: TaskParams, prefix: str) -> Iterator[Example]:
     for n, (where, rec) in enumerate(records):
-        ex_id = rec.get(p.id_field)
+        ex_id = _text(rec, p.id_field, where, required=False)
         yield Example(
             id=f"{prefix}{ex_id if ex_id is not None else n}",
-            text=str(_get(rec, p.text_field, where)),
-            text_pair=str(_get(rec, p.text_pair_field, where)) if p.type == "pair_classification" else None,
-            label=str(_get(rec, p.label_field, where)),
-            group=str(_get(rec, p.group_field, where)) if p.group_field else None,
+            text=_text(rec, p.text_field, where),
+            text_pair=_text(rec, p.text_pair_field, where) if p.type == "pair_classification" else None,
+            label=_text(rec, p.label_field, where),
+            group=_text(rec, p.group_field, where) if p.group_field else None,
             where=where,
         )
 
@@ -146,21 +139,24 @@ def read_conll(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
 
 def _ner_jsonl(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
     for n, (where, rec) in enumerate(read_jsonl(path)):
-        ex_id = f"{path.name}:{rec.get(p.id_field, n)}"
+        ex_id = f"{path.name}:{_text(rec, p.id_field, where, required=False) or n}"
         if p.spans_field in rec:
-            text = str(_get(rec, p.text_field, where))
+            text = _text(rec, p.text_field, where)
             spans = []
             for s in rec[p.spans_field] or []:
                 try:
-                    a, b, t = int(s["start"]), int(s["end"]), str(s["label"])
+                    a, b, t = int(s["start"]), int(s["end"]), _scalar_text(s["label"], where, "a span's label")
                 except (KeyError, TypeError, ValueError):
                     raise BertpipeError(f"{where}: each span needs integer start, end and a label") from None
                 if not (0 <= a < b <= len(text)):
                     raise BertpipeError(f"{where}: span {a}..{b} outside the text (length {len(text)})")
                 spans.append((a, b, t))
-            yield Example(id=ex_id, text=text, spans=sorted(spans), units=[], where=where)
+            yield Example(id=ex_id, text=text, spans=_disjoint(spans, where), units=[], where=where)
             continue
         toks, tags = _get(rec, p.tokens_field, where), _get(rec, p.tags_field, where)
+        if not isinstance(toks, list) or not isinstance(tags, list):
+            raise BertpipeError(f"{where}: fields {p.tokens_field!r} and {p.tags_field!r} must be lists")
+        toks = [_scalar_text(t, where, f"a token of {p.tokens_field!r}") for t in toks]
         if len(toks) != len(tags):
             raise BertpipeError(f"{where}: {len(toks)} tokens but {len(tags)} tags")
         try:
@@ -168,7 +164,7 @@ def _ner_jsonl(path: Path, p: TaskParams, counts: Counter) -> Iterator[Example]:
         except tagging.TagError as e:
             raise BertpipeError(f"{where}: token {e.index}: {e.message}") from None
         counts["tags_repaired"] += repaired
-        text, units = tagging.join_tokens([str(t) for t in toks], p.conll_join)
+        text, units = tagging.join_tokens(toks, p.conll_join)
         spans = [(units[s][0], units[e - 1][1], t) for s, e, t in tok_spans]
         yield Example(id=ex_id, text=text, units=units, spans=spans, where=where)
 
@@ -196,7 +192,8 @@ def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
                     raise BertpipeError(f"{where}: missing 'question'")
                 answers = []
                 for a in qa.get("answers", []):
-                    text, start = str(a.get("text", "")), a.get("answer_start", -1)
+                    text = _scalar_text(a.get("text", ""), where, "an answer's 'text'")
+                    start = a.get("answer_start", -1)
                     if not text:
                         continue
                     if not (isinstance(start, int) and ctx[start : start + len(text)] == text):
@@ -207,7 +204,8 @@ def read_squad(path: Path, counts: Counter) -> Iterator[Example]:
                         start = found
                     answers.append((text, start))
                 yield Example(
-                    id=str(qa.get("id", f"{i}-{j}-{k}")), text=ctx, question=str(qa["question"]), answers=answers,
+                    id=str(qa.get("id", f"{i}-{j}-{k}")), text=ctx,
+                    question=_scalar_text(qa["question"], where, "'question'"), answers=answers,
                     where=where,
                 )
 
@@ -305,6 +303,15 @@ def group_split(
     for g, members in groups.items():
         out[where[g]].extend(members)
     return out
+
+
+def thin_strata(exs: list[Example], key: Callable[[Example], str] = own_group) -> tuple[int, int]:
+    """(strata, strata too small to give a split a group) of ``group_split``'s stratification of ``exs``."""
+    groups: dict[str, list[Example]] = defaultdict(list)
+    for ex in exs:
+        groups[key(ex)].append(ex)
+    sizes = Counter(Counter(m.label or "" for m in members).most_common(1)[0][0] for members in groups.values())
+    return len(sizes), sum(n < 3 for n in sizes.values())
 
 
 def cap(exs: list[Example], n: int, seed: int) -> list[Example]:

@@ -35,7 +35,9 @@ class SourceParams(_Model):
     # txt: "word/tag  word/tag" (People's Daily style) -> plain text.
     strip_pos_tags: bool = False
     text_field: str = "text"  # jsonl / csv / parquet / sqlite column holding the text
-    id_field: str = ""  # empty: ids are <source name>:<row number>
+    # Empty: ids are <source name>:<line or row>, and for a directory or glob <name>:<file under it>:<line or row>
+    # (ingest.id_prefix). A field holding a list or a mapping is a bad record (see on_bad_record).
+    id_field: str = ""
     # Leakage group (e.g. law_name); empty: every document is its own group. txt sources offer "_block": the
     # blank-line separated block a line belongs to (one People's Daily article), so its paragraphs share a split.
     group_field: str = ""

@@ -90,7 +90,8 @@ class PretrainParams(BaseModel):
     fill_mask_samples: int = Field(5, ge=0, le=50)
 
     seed: int = 42
-    threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0: torch's default
+    # torch intra-op threads; 0: the machine's cores // the flow's auto workers, in every door (bertpipe.cores)
+    threads: int = Field(0, ge=0, le=1024)
     # processes (torchrun, one per device): auto = one per visible GPU (1 with none or one); a number: that many
     # (CPU: gloo). `bertpipe run`, the flow and `dvc repro` all start them (bertpipe/pretrain/run.py)
     nproc: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"

@@ -8,12 +8,14 @@ by every rank on resume, so with several nodes ``paths.state`` must be on a shar
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from bertpipe.cores import training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report, rtd, tokstore
@@ -77,8 +79,10 @@ def _load(ctx, p):
 
 def _build(ctx, d) -> dict:
     p = ctx.params
-    if p.threads:
-        torch.set_num_threads(p.threads)
+    # The same count in every door (bertpipe.cores): the weights depend on it, the fingerprint holds only p.threads
+    threads = training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    torch.set_num_threads(threads)
+    ctx.counts["torch_threads"] = threads
     language = ctx.cfg.params.model.language
     mlm, tok, fresh, origin, p = _load(ctx, p)
     corpus = Path(ctx.inputs["corpus"])

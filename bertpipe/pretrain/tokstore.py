@@ -80,6 +80,10 @@ class ExampleStore:
         if bad or (n and int(self.offsets[-1]) != tokens):
             raise BertpipeError(f"{self.path}: token store files {bad or ['offsets']} do not match meta.json "
                                 f"({n} examples, {tokens} tokens); delete the directory and rerun to rebuild it")
+        changed = keyedstore.changed_files(self.path, self.meta.get("content"), [f"{k}.bin" for k in ARRAYS])
+        if changed:
+            raise BertpipeError(f"{self.path}: token store files {changed} differ from what was built (their sha256 "
+                                f"is not the one in meta.json); delete the directory and rerun to rebuild it")
         self.lengths = np.diff(self.offsets)  # tokens per example, for batching and bucketing without a loop
 
     def __len__(self) -> int:
@@ -270,9 +274,15 @@ class _Writer:
     """Appends examples chunk by chunk to the store's flat files (the build holds one chunk's examples at a time)."""
 
     def __init__(self, d: Path):
+        self.dir = d
         self.files = {name: open(d / f"{name}.bin", "wb") for name in ARRAYS}
-        self.files["offsets"].write(np.zeros(1, np.int64).tobytes())
+        self.digests = {name: hashlib.sha256() for name in ARRAYS}  # of the bytes as written: no second read
+        self._write("offsets", np.zeros(1, np.int64).tobytes())
         self.n, self.tokens = 0, 0
+
+    def _write(self, name: str, data: bytes) -> None:
+        self.files[name].write(data)
+        self.digests[name].update(data)
 
     def add(self, examples: list[Example]) -> None:
         if not examples:
@@ -286,15 +296,17 @@ class _Writer:
             "pair": np.fromiter((e.pair_label for e in examples), np.int64, len(examples)),
         }
         for name, arr in cols.items():
-            self.files[name].write(arr.astype(ARRAYS[name]).tobytes())
+            self._write(name, arr.astype(ARRAYS[name]).tobytes())
         self.n += len(examples)
         self.tokens += int(lens.sum())
 
-    def close(self) -> None:
+    def close(self) -> dict:
+        """Closes the files; returns their content record for meta.json (``keyedstore.content_record``)."""
         for f in self.files.values():
             f.flush()
             os.fsync(f.fileno())
             f.close()
+        return keyedstore.content_record(self.dir, {f"{k}.bin": h.hexdigest() for k, h in self.digests.items()})
 
 
 def _progress(total_docs: int, desc: str):
@@ -323,9 +335,9 @@ def _build(tmp: Path, corpus: Path, split: str, tokenizer, language: str, p, lim
             w.add(got)
     finally:
         bar.close()
-        w.close()
+        content = w.close()
     wall = time.perf_counter() - started
-    return {"examples": w.n, "tokens": w.tokens, "documents": docs, "workers": workers,
+    return {"examples": w.n, "tokens": w.tokens, "documents": docs, "workers": workers, "content": content,
             "build_s": round(wall, 3), "parent_cpu_s": round(time.process_time() - cpu0, 3),
             "tokens_per_s": round(w.tokens / max(wall, 1e-9), 1), "created": time.time()}
 

@@ -3,7 +3,8 @@
 Per task: read and clean its files (``bertpipe.finetune.data``), find near-duplicates among all its examples
 (prepare's MinHash and settings), split off the missing dev/test by group with near-duplicate groups merged, drop what
 still crosses splits (``bertpipe.taskdata.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
-task ``train_overrides`` included) and map unknown dev/test labels. The files then hold exactly what finetune trains,
+task ``train_overrides`` included), refuse an empty dev or test split (finetune would score nothing, a nan metric;
+see ``empty_split``) and map unknown dev/test labels. The files then hold exactly what finetune trains,
 selects and scores on, what prepare removes from the pretraining corpora, and what register identifies a test set by.
 
 The fingerprint covers the task definitions, the two caps and prepare.dedup, not e.g. the finetune learning rate.
@@ -73,8 +74,30 @@ def materialise(task: str, p: TaskParams, shared_train, resolve, dedup, root: Pa
         counts[f"{s}_examples"] = len(data[s])
     if not data["train"]:
         raise BertpipeError(f"finetune.tasks.{task}: no training examples left after near-duplicate removal")
+    for s in ("dev", "test"):
+        if not data[s] and not (s == "dev" and "dev" not in files and p.dev_ratio == 0):
+            raise BertpipeError(empty_split(task, p, s, files, lambda ex: key_of[id(ex)]))
     labels = D.label_list(p, data, counts)  # maps unseen dev/test labels (unknown_label: map) in place
     return data, labels, counts, caps
+
+
+def empty_split(task: str, p: TaskParams, split: str, files: dict, key) -> str:
+    """Why ``split`` of a task holds no example (finetune would score nothing: a nan metric), and what to change.
+    Only dev may be empty, and only when asked for (``dev_ratio: 0`` without a dev file: no seed selection)."""
+    where = f"finetune.tasks.{task}"
+    if split in files:
+        return (f"{where}.{split}: {getattr(p, split)}: no {split} example left after cleaning and near-duplicate "
+                "removal (finetune would score nothing)")
+    ratio = getattr(p, f"{split}_ratio")
+    if ratio == 0:
+        return f"{where}: no {split} file and {split}_ratio is 0; a task needs {split} examples to be scored"
+    total, few = D.thin_strata(files.get("train", []), key)
+    if few:
+        return (f"{where}: the {split} split is empty: it is split off train stratified by label, and {few:,} of "
+                f"the {total:,} labels have fewer than 3 examples (a label's only examples stay in train); give a "
+                f"{split} file, or fewer labels with more examples each")
+    return (f"{where}: the {split} split is empty: nothing of train could go to it ({split}_ratio {ratio}, after "
+            f"near-duplicate removal); give a {split} file or more training examples")
 
 
 def build(ctx) -> dict:
