@@ -78,7 +78,8 @@ def run_hf(enc, feats, args, bf16: bool) -> dict:
     rows = [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
-                                  learning_rate=args.lr, warmup_steps=max(1, round(0.1 * args.steps)), logging_strategy="no", save_strategy="no",
+                                  learning_rate=args.lr, warmup_steps=max(1, round(0.1 * args.steps)),
+                                  logging_strategy="no", save_strategy="no",
                                   report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True,
                                   bf16=bf16)
         trainer = Trainer(model=model, args=targs, train_dataset=rows, data_collator=DataCollatorWithPadding(tok))

@@ -1,6 +1,6 @@
 """The GPU check: one run on a CUDA machine that prints what bertpipe gets from it.
 
-    bench/gpu_check.sh            # on the GPU machine (<= 8 minutes); needs torch, transformers, pydantic
+    bench/gpu_check.sh            # on the GPU machine (<= 9.5 minutes); needs torch, transformers, pydantic
     bench/gpu_check.sh --smoke    # tiny shapes, any device (the CI runs this on the CPU)
 
 1. the precision policy's choice for the device and the matmul peaks measured here (bf16, fp16, fp32/TF32);
@@ -283,13 +283,14 @@ def main() -> int:
     results["pretrain"] = {"bertpipe": bp, "hf": hf, "flops_per_token": fpt}
     packed = run_bertpipe(a, tok, device, prec.dtype, docs=3)
     results["pretrain"]["packed_3_docs"] = packed
-    print(f"pretrain, rows packing 3 documents (document-confined attention): {packed['tokens_per_s']:.0f} tokens/s, "
-          f"x{packed['tokens_per_s'] / bp['tokens_per_s']:.2f} of one document per row", flush=True)
+    print(f"pretrain, rows packing 3 documents (document-confined attention): {packed['tokens_per_s']:.0f} "
+          f"tokens/s, x{packed['tokens_per_s'] / bp['tokens_per_s']:.2f} of one document per row", flush=True)
     if a.compile == "on":
         comp = run_bertpipe(a, tok, device, prec.dtype, compile_setting="on")
         results["pretrain"]["compiled"] = comp
-        print(f"pretrain, compiled: {comp['tokens_per_s']:.0f} tokens/s (x{comp['tokens_per_s'] / bp['tokens_per_s']:.2f} "
-              f"of eager), MFU {comp['tokens_per_s'] * fpt / peak:.1%}; compiling took ~{comp['compile_s'] or 0:.0f} s",
+        print(f"pretrain, compiled: {comp['tokens_per_s']:.0f} tokens/s "
+              f"(x{comp['tokens_per_s'] / bp['tokens_per_s']:.2f} of eager), "
+              f"MFU {comp['tokens_per_s'] * fpt / peak:.1%}; compiling took ~{comp['compile_s'] or 0:.0f} s",
               flush=True)
     results["finetune"] = {}
     for precision in ("bf16", "fp16"):

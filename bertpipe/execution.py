@@ -9,7 +9,7 @@ every real key of its row, as under a 2D padding mask, so no softmax row is all 
 
 Compilation: ``compile: auto | on | off``. Inductor needs a C++ compiler on the CPU and Triton on CUDA; ``on``
 without one is an error naming the key, ``auto`` compiles only a run long enough to repay the compile time
-(``AUTO_MIN_STEPS``, measured in bench/bench_pretrain.py --compile and recorded in docs/speed.md).
+(``AUTO_MIN_STEPS``, measured with bench/bench_pretrain.py --variants compiled; docs/speed.md).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from bertpipe.errors import BertpipeError
 
 CompileSetting = Literal["auto", "on", "off"]
 
-# Steps from which `compile: auto` compiles. On the 2-core AVX512-BF16 CPU (6L/384H, batch 16, seq 128, bf16) the
-# compile costs ~60-90 s and saves well under 0.1 s a step, so only runs of thousands of steps repay it; the demo
-# stages (tens to hundreds of steps) stay eager. docs/speed.md has the measurement.
-AUTO_MIN_STEPS = 2000
+# Steps from which `compile: auto` compiles. Measured on the 2-core AVX512-BF16 CPU (bench_pretrain.py, 2L/256H,
+# seq 128, batch 16, bf16, load ~12): compiling took ~190 s and made a step ~1.6x faster (2.8 s saved of 7.3), so
+# it repays itself after ~70 steps; each new shape (length buckets, evaluation) compiles again, so the threshold
+# keeps a margin of several times that. The demo stages (tens to a few hundred steps) stay eager. docs/speed.md.
+AUTO_MIN_STEPS = 500
 
 
 # ---------------------------------------------------------------- document-confined attention

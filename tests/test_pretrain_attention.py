@@ -84,7 +84,8 @@ def test_one_document_rows_agree_with_the_padding_mask(family, family_dirs):  # 
     for impl in impls:
         mlm.set_attn_implementation(impl)
         pm = PretrainModel(mlm, pair=False).eval()
-        enc = tok(["根据法律规定，当事人应当履行合同。", "the court"], padding=True, return_tensors="pt")
+        texts = ["根据法律规定，当事人应当履行合同。", "the court"]
+        enc = tok(texts, padding=True, return_tensors="pt")
         am = enc["attention_mask"]
         assert am.sum() < am.numel()  # the second row is padded
         tt = torch.zeros_like(enc["input_ids"])
