@@ -1,14 +1,20 @@
-"""Finetuning throughput on a tiny BERT: length-bucketed batches vs plain shuffled batches (the baseline), and bf16
-autocast vs fp32, measured in the same run on the same data.
+"""Finetuning throughput: bertpipe's finetune loop vs HF's Trainer with run_classification's defaults and dynamic
+padding, same model, examples, batch, steps and precision, in one run.
 
-    .venv/bin/python bench/bench_finetune.py [--threads 2] [--steps 30]
+    .venv/bin/python bench/bench_finetune.py [--steps 30] [--batch 32] [--layers 4] [--hidden 256] [--raw DIR]
 
-Prints examples/s for each variant and the ratio against the baseline.
+Data: a keyword classification (the label's keyword once in a review-like text of varying length: mostly short, a
+long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.finetune.train.train``
+(length-bucketed batches, one host copy of the losses per step). HF: ``Trainer`` + ``DataCollatorWithPadding``
+(shuffled batches padded to their longest row), as run_classification.py does by default. Prints examples/s, the
+ratio, the dev accuracy of each, the matmul peak measured in this run (best of 1024²..4096²), MFU against it and the
+load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -20,72 +26,122 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_pretrain import SIZES, matmul_peak  # noqa: E402
 
 from bertpipe.finetune import heads as H  # noqa: E402
 from bertpipe.finetune import train as TR  # noqa: E402
 from bertpipe.finetune.data import Example  # noqa: E402
 from bertpipe.finetune.params import TaskParams, TrainParams  # noqa: E402
-from bertpipe.finetune.synthetic import FILLER, tiny_encoder  # noqa: E402
+from bertpipe.finetune.synthetic import FILLER, KEYS  # noqa: E402
+
+LABELS = ["neg", "pos"]
 
 
-def _examples(n: int, seed: int = 0) -> list[Example]:
-    rng = random.Random(seed)  # review-like lengths: mostly short, a long tail
-    return [Example(id=str(i), text="".join(rng.choice(FILLER) for _ in range(min(250, int(rng.expovariate(1 / 60)) + 5))),
-                    label="ab"[i % 2]) for i in range(n)]
+def examples(n: int, seed: int) -> list[Example]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        lab = LABELS[i % 2]
+        a, b = (int(rng.expovariate(1 / 40)) + 3 for _ in range(2))
+        text = "".join(rng.choice(FILLER) for _ in range(min(a, 120))) + KEYS[lab] + \
+            "".join(rng.choice(FILLER) for _ in range(min(b, 120)))
+        out.append(Example(id=str(i), text=text, label=lab))
+    return out
 
 
-def _run(model, feats, order: list[list[int]], pad: int, bf16: bool, steps: int) -> float:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model.train()
-    seen = 0
-    start = time.perf_counter()
-    for idx in order[:steps]:
-        batch = TR.collate([feats[i] for i in idx], pad)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(**batch).loss
-        loss.float().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        seen += len(idx)
-    return seen / (time.perf_counter() - start)
+def dev_accuracy(model, feats, labels_of) -> float:
+    outs = H.run_model(model, feats, 0, 64, bf16=False)
+    return sum(int(o.argmax()) == labels_of[f["example"]] for o, f in zip(outs, feats)) / len(feats)
+
+
+def run_bertpipe(enc, feats, args, precision: str) -> dict:
+    torch.manual_seed(0)
+    model = H.load_model("classification", enc, LABELS)
+    tp = TrainParams(lr=args.lr, epochs=args.steps * args.batch / len(feats), batch_size=args.batch,
+                     precision=precision, warmup_ratio=0.1, evals_per_epoch=1, max_seq_len=args.seq)
+    t = time.perf_counter()
+    res = TR.train(model, feats, tp, lambda m: (0.0, {}), pad_id=0, seed=0)
+    secs = time.perf_counter() - t
+    return {"model": model, "examples": res.steps * args.batch, "seconds": secs, "precision": res.precision.words()}
+
+
+def run_hf(enc, feats, args, bf16: bool) -> dict:
+    """run_classification.py's defaults: Trainer, DataCollatorWithPadding (pad to the batch's longest row), shuffled
+    batches (no group_by_length), AdamW, linear schedule; the same lr, warm-up, batch and steps as bertpipe."""
+    from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = H.load_model("classification", enc, LABELS)
+    tok = AutoTokenizer.from_pretrained(str(enc))
+    rows = [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in feats]
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
+                                  learning_rate=args.lr, warmup_steps=max(1, round(0.1 * args.steps)),
+                                  logging_strategy="no", save_strategy="no",
+                                  report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True,
+                                  bf16=bf16)
+        trainer = Trainer(model=model, args=targs, train_dataset=rows, data_collator=DataCollatorWithPadding(tok))
+        t = time.perf_counter()
+        trainer.train()
+        secs = time.perf_counter() - t
+    return {"model": model, "examples": args.steps * args.batch, "seconds": secs}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
+    ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
+    from bertpipe.device import precision_for
+    from bertpipe.finetune.synthetic import tiny_encoder
+
+    prec = precision_for(args.precision, torch.device("cpu"))
+    peak32, _ = matmul_peak(torch.float32)
+    peak16, _ = matmul_peak(torch.bfloat16)
+    peak = peak16 if prec.bf16 else peak32
     with tempfile.TemporaryDirectory() as tmp:
-        enc = tiny_encoder(Path(tmp) / "enc", REPO / "data" / "raw" / "bert-base-chinese", layers=2, hidden=128)
+        enc = tiny_encoder(Path(tmp) / "enc", Path(args.raw) / "bert-base-chinese", layers=args.layers,
+                           hidden=args.hidden)
         tok = AutoTokenizer.from_pretrained(str(enc))
-        exs = _examples(args.batch * args.steps)
         p = TaskParams(type="classification", format="jsonl", train="x")
-        feats = H.featurize(tok, exs, p, TrainParams(max_seq_len=256), {"a": 0, "b": 1}, Counter(), "train").feats
-        rng = random.Random(0)
-        plain = list(range(len(feats)))
-        rng.shuffle(plain)
-        plain_batches = [plain[i : i + args.batch] for i in range(0, len(plain), args.batch)]
-        bucketed = TR.batches(feats, args.batch, random.Random(0))
-        pad = tok.pad_token_id
-        variants = [
-            ("fp32, shuffled batches (baseline)", plain_batches, False),
-            ("fp32, length-bucketed batches", bucketed, False),
-            ("bf16 autocast, length-bucketed", bucketed, True),
-        ]
-        print(f"threads={args.threads} steps={args.steps} batch={args.batch} "
-              f"cpu bf16 supported: {TR.bf16_ok(torch.device('cpu'))}")
-        base = None
-        for name, order, bf16 in variants:
-            torch.manual_seed(0)
-            model = H.load_model("classification", enc, ["a", "b"])
-            _run(model, feats, order, pad, bf16, 2)  # warm-up
-            rate = _run(model, feats, order, pad, bf16, args.steps)
-            base = base or rate
-            print(f"{name:38s} {rate:8.1f} examples/s   x{rate / base:.2f}")
+        tp = TrainParams(max_seq_len=args.seq)
+        label2id = {lab: i for i, lab in enumerate(LABELS)}
+        feats = H.featurize(tok, examples(args.steps * args.batch, 0), p, tp, label2id, Counter(), "train").feats
+        dev_ex = examples(512, 1)
+        dev = H.featurize(tok, dev_ex, p, tp, label2id, Counter(), "dev").feats
+        dev_labels = [label2id[e.label] for e in dev_ex]
+        mean_len = sum(len(f["input_ids"]) for f in feats) / len(feats)
+        results = {"HF Trainer (dynamic padding)": run_hf(enc, feats, args, prec.bf16),
+                   "bertpipe finetune loop": run_bertpipe(enc, feats, args, prec.dtype)}
+        # useful FLOPs per example: 6 x the encoder's weights per token (+ attention), over its real tokens
+        h, L = args.hidden, args.layers
+        fpe = mean_len * L * (6 * (4 * h * h + 2 * h * 2 * h) + 12 * mean_len * h)
+        load = os.getloadavg()
+        print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg {load[0]:.2f} "
+              f"(loaded: shared machine; compare the ratio, not the absolute rates)")
+        print(f"model {L} layers, hidden {h}; {len(feats)} examples (mean {mean_len:.0f} tokens), batch {args.batch},"
+              f" {args.steps} steps; precision {prec.words()}; matmul peak (best of {'/'.join(map(str, SIZES))}) "
+              f"fp32 {peak32 / 1e9:.1f}, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+        print(f"{'':30s} {'examples/s':>10s} {'seconds':>8s} {'dev acc':>8s} {'MFU':>6s}")
+        for name, r in results.items():
+            r["rate"] = r["examples"] / r["seconds"]
+            r["dev"] = dev_accuracy(r["model"], dev, dev_labels)
+            print(f"{name:30s} {r['rate']:10.1f} {r['seconds']:8.1f} {r['dev']:8.3f} {r['rate'] * fpe / peak:6.1%}")
+        ratio = results["bertpipe finetune loop"]["rate"] / results["HF Trainer (dynamic padding)"]["rate"]
+        print(f"speed ratio bertpipe / HF Trainer: {ratio:.2f}x; load avg after {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

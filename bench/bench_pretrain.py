@@ -35,16 +35,26 @@ def law_texts(raw: Path, n: int, offset: int) -> list[str]:
     return [r[0] for r in rows]
 
 
-def matmul_peak(dtype, n: int = 1024, reps: int = 20) -> float:
+SIZES = (1024, 2048, 4096)
+
+
+def matmul_peak(dtype, sizes=SIZES, seconds: float = 1.5) -> tuple[float, dict]:
+    """The best matmul FLOP/s over square sizes (``sizes``), each timed for about ``seconds`` after a warm-up: one
+    size understates the peak (a 1024² bf16 matmul reached ~55% of the 2048² rate on an AMX CPU)."""
     import torch
 
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
+    per = {}
+    for n in sizes:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        t = time.perf_counter()
         a @ b
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t)
+        one = max(time.perf_counter() - t, 1e-6)
+        reps = max(2, min(50, int(seconds / one)))
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        per[n] = 2 * n**3 * reps / (time.perf_counter() - t)
+    return max(per.values()), per
 
 
 def model_config(args, vocab: int):
@@ -123,6 +133,15 @@ def run_plain(args, tok) -> dict:
             "loss_at_end": score(model, heldout(args, tok)), "loss_same_tokens": None}
 
 
+def rows_attend_across_documents() -> None:
+    """The ``bertpipe-rows`` variant: batches without ``doc_ids``, so the documents packed into a row attend to each
+    other (plain padding mask) - the reference for document-confined attention's speed and held-out loss."""
+    from bertpipe.pretrain import train as T
+
+    collate = T.collate
+    T.collate = lambda examples, pad_id: {k: v for k, v in collate(examples, pad_id).items() if k != "doc_ids"}
+
+
 def run_bertpipe(args, tok) -> dict:
     import torch
 
@@ -135,7 +154,10 @@ def run_bertpipe(args, tok) -> dict:
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=args.bertpipe_batch or args.batch, max_steps=args.bertpipe_steps or args.steps, lr=args.lr,
                        warmup_ratio=0.1, eval_every=10**9, save_every=10**9, log_every=1, precision=args.precision,
-                       whole_word=not args.token_masking, seed=0)
+                       whole_word=not args.token_masking, seed=0,
+                       compile="on" if args.which == "bertpipe-compiled" else "off")
+    if args.which == "bertpipe-rows":
+        rows_attend_across_documents()
     ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
     torch.manual_seed(0)
     mlm = BertForMaskedLM(model_config(args, len(tok)))
@@ -150,8 +172,10 @@ def run_bertpipe(args, tok) -> dict:
         res = train(PretrainModel(mlm, pair=False), ex, ho, p, MaskSpec.from_params(p), tok, normal_token_ids(tok),
                     Path(tmp), Dist(), on_log, extra_eval_steps={args.match_step})
     tokens_at = {h["step"]: h["tokens"] for h in res.history if "loss" in h}
+    rates = sorted(h["tokens_per_s"] for h in res.history if "tokens_per_s" in h)
     return {"tokens": res.tokens, "seconds": res.train_seconds, "loss_at_end": res.final_eval["eval_loss"],
-            "loss_same_tokens": same.get("loss"), "tokens_at_match": tokens_at.get(args.match_step)}
+            "loss_same_tokens": same.get("loss"), "tokens_at_match": tokens_at.get(args.match_step),
+            "compile_s": res.compile_s, "median_step_tokens_per_s": rates[len(rates) // 2] if rates else None}
 
 
 def profile_steps(args, tok) -> None:
@@ -227,7 +251,11 @@ def main() -> None:
     ap.add_argument("--plain-result", default="", help="reuse the JSON of an earlier plain run (same settings)")
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
     ap.add_argument("--profile", type=int, default=0, help="profile N of bertpipe's steps (torch.profiler) and exit")
-    ap.add_argument("--which", choices=("plain", "bertpipe"), help=argparse.SUPPRESS)
+    ap.add_argument("--variants", default="rows",
+                    help="extra bertpipe variants, comma-separated: rows (packed documents attend to each other), "
+                         "compiled (compile: on); '' for none")
+    ap.add_argument("--which", choices=("plain", "bertpipe", "bertpipe-rows", "bertpipe-compiled"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--match-step", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.bf16 = args.precision == "bf16"
@@ -258,8 +286,8 @@ def main() -> None:
     from bertpipe.device import precision_for
 
     prec = precision_for(args.precision, torch.device("cpu"))
-    peak32 = matmul_peak(torch.float32)
-    peak16 = matmul_peak(torch.bfloat16)  # emulated (slow) where the CPU has no bf16 units
+    peak32, per32 = matmul_peak(torch.float32)
+    peak16, per16 = matmul_peak(torch.bfloat16)  # emulated (slow) where the CPU has no bf16 units
     peak = peak16 if prec.bf16 else peak32
     cfg = model_config(args, len(tok))
     h, v = cfg.hidden_size, cfg.vocab_size
@@ -270,7 +298,8 @@ def main() -> None:
     results = {}
     if args.plain_result:
         results["plain"] = json.loads(Path(args.plain_result).read_text())["plain"]
-    for which in [w for w in ("plain", "bertpipe") if w not in results]:
+    extra = [f"bertpipe-{v}" for v in args.variants.split(",") if v]
+    for which in [w for w in ("plain", "bertpipe", *extra) if w not in results]:
         cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:] + [
             "--precision", prec.dtype]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -283,16 +312,19 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}")
     print(f"model: {cfg.num_hidden_layers} layers, hidden {h}, vocab {v}; seq {args.seq}, batch {args.batch}, "
-          f"{args.steps} steps; matmul peak fp32 {peak32 / 1e9:.1f} GFLOP/s, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+          f"{args.steps} steps; matmul peak (best of {'/'.join(map(str, SIZES))}) fp32 {peak32 / 1e9:.1f} GFLOP/s, "
+          f"bf16 {peak16 / 1e9:.1f} GFLOP/s")
+    print("matmul GFLOP/s by size: fp32 " + ", ".join(f"{n}: {f / 1e9:.0f}" for n, f in per32.items())
+          + "; bf16 " + ", ".join(f"{n}: {f / 1e9:.0f}" for n, f in per16.items()))
     print(f"precision (both sides): {prec.words()}")
     print(f"mean non-padding tokens per example: plain {plain_len:.1f}, bertpipe (packed) {packed_len:.1f}")
-    print(f"{'':10s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
+    print(f"{'':18s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
           f"{'peak MB':>8s} {'MFU':>6s} {'MFU fp32':>9s}" + (f" {'MFU bf16':>9s}" if prec.bf16 else ""))
     for which, r in results.items():
         tps = r["tokens"] / r["seconds"]
         r["tokens_per_s"] = tps
         same = r["loss_at_end"] if which == "plain" else r["loss_same_tokens"]
-        print(f"{which:10s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
+        print(f"{which:18s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
               f"{same if same is not None else math.nan:17.3f} {r['peak_rss_mb']:8.0f} "
               f"{tps * flops_per_token / peak:6.1%} "
               f"{tps * flops_per_token / peak32:9.1%}" + (f" {tps * flops_per_token / peak16:9.1%}" if prec.bf16 else ""))
@@ -303,6 +335,11 @@ def main() -> None:
     print(f"MFU against the {prec.dtype} matmul peak measured in this run: bertpipe "
           f"{results['bertpipe']['tokens_per_s'] * flops_per_token / peak:.1%}, HF "
           f"{results['plain']['tokens_per_s'] * flops_per_token / peak:.1%}; load avg after {os.getloadavg()[0]:.2f}")
+    for which, r in results.items():
+        if r.get("compile_s") is not None:
+            print(f"{which}: ~{r['compile_s']:.0f} s of its first steps were compiling; median step rate "
+                  f"{r['median_step_tokens_per_s']:.0f} tokens/s vs bertpipe (eager) "
+                  f"{results['bertpipe']['median_step_tokens_per_s']:.0f}")
     print("JSON " + json.dumps({"ratio": ratio, "precision": prec.dtype, "load": load, **results}))
 
 

@@ -1,14 +1,18 @@
-"""The GPU check (issue 20): one run on a CUDA machine that prints what bertpipe gets from it.
+"""The GPU check: one run on a CUDA machine that prints what bertpipe gets from it.
 
-    bench/gpu_check.sh            # on the GPU machine (<= 8 minutes); needs torch, transformers, pydantic
+    bench/gpu_check.sh            # on the GPU machine (<= 9.5 minutes); needs torch, transformers, pydantic
     bench/gpu_check.sh --smoke    # tiny shapes, any device (the CI runs this on the CPU)
 
 1. the precision policy's choice for the device and the matmul peaks measured here (bf16, fp16, fp32/TF32);
 2. a BERT-base-shaped MLM (12 layers, hidden 768, vocab 21128) at seq 512: bertpipe's pretrain loop
    (bertpipe.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on grouped,
    full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul peak;
-3. one finetune epoch (bertpipe.finetune.train.train, sequence classification) in bf16 and in fp16 + GradScaler;
-4. batched inference: torch (eager, autocast) and onnxruntime's CUDA provider when it is installed.
+   the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same rows
+   as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile time;
+3. one finetune epoch (bertpipe.finetune.train.train, sequence classification) in bf16 and in fp16 + GradScaler, with
+   its MFU;
+4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA
+   provider when it is installed.
 
 Data are random token ids (no corpus or tokenizer download on the GPU machine): speed, not quality, is measured;
 the losses are printed only to show that each run trained.
@@ -74,7 +78,8 @@ def flops_per_token(a, seq: int) -> float:
     return a.layers * (72 * h * h + 12 * seq * h) + 6 * 0.15 * (h * h + h * VOCAB)
 
 
-def random_examples(n: int, seq: int, seed: int):
+def random_examples(n: int, seq: int, seed: int, docs: int = 1):
+    """``n`` full rows of random ids; ``docs`` > 1 packs that many documents per row ([SEP] between them)."""
     import numpy as np
 
     from bertpipe.pretrain.data import Example
@@ -86,11 +91,14 @@ def random_examples(n: int, seq: int, seed: int):
         ids[0], ids[-1] = 101, 102
         words = np.arange(seq, dtype=np.int32)
         words[0] = words[-1] = -1
+        for k in range(1, docs):  # document separators: special tokens inside the row
+            cut = k * seq // docs
+            ids[cut], words[cut] = 102, -1
         out.append(Example(ids, words, seq))
     return out
 
 
-def run_bertpipe(a, tok, device, prec_name: str) -> dict:
+def run_bertpipe(a, tok, device, prec_name: str, docs: int = 1, compile_setting: str = "off") -> dict:
     from transformers import BertForMaskedLM
 
     from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
@@ -100,8 +108,8 @@ def run_bertpipe(a, tok, device, prec_name: str) -> dict:
 
     p = PretrainParams(max_seq_len=a.seq, batch_size=a.batch, max_steps=a.steps, lr=1e-4, warmup_ratio=0.1,
                        eval_every=10**9, save_every=10**9, log_every=max(1, a.steps // 4), precision=prec_name,
-                       whole_word=False, eval_examples=a.batch, seed=0)
-    ex = random_examples(a.batch * a.steps, a.seq, 0)
+                       whole_word=False, eval_examples=a.batch, seed=0, compile=compile_setting)
+    ex = random_examples(a.batch * a.steps, a.seq, 0, docs)
     spec = MaskSpec.from_params(p)
     evals = eval_batches(random_examples(a.batch, a.seq, 1), p, spec, tok.mask_token_id, normal_token_ids(tok),
                          tok.pad_token_id)
@@ -113,7 +121,7 @@ def run_bertpipe(a, tok, device, prec_name: str) -> dict:
     # the first window holds warm-up (allocator, kernels): the later ones are the steady state
     steady = rates[1:] or rates
     return {"tokens_per_s": sorted(steady)[len(steady) // 2], "loss": res.final_eval["eval_loss"],
-            "precision": res.precision.words()}
+            "precision": res.precision.words(), "compiled": res.compiled, "compile_s": res.compile_s}
 
 
 def run_hf(a, tok, device, prec) -> dict:
@@ -165,26 +173,33 @@ def finetune_epoch(a, device, precision: str) -> dict:
     sync(device)
     secs = time.perf_counter() - t
     return {"precision": res.precision.words(), "examples_per_s": len(feats) / secs, "seconds": secs,
-            "loss_first": res.losses[0][1], "loss_last": res.losses[-1][1]}
+            "loss_first": res.losses[0][1], "loss_last": res.losses[-1][1],
+            "flops_per_example": a.ft_seq * a.layers * (72 * a.hidden**2 + 12 * a.ft_seq * a.hidden)}
 
 
 def inference(a, device, prec) -> dict:
     from transformers import BertForSequenceClassification
 
     model = BertForSequenceClassification(bert_config(a)).to(device).eval()
-    ids = torch.randint(104, VOCAB, (a.inf_batch, a.ft_seq), device=device)
-    mask = torch.ones_like(ids)
     out = {}
     dtype = prec.autocast
-    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        for _ in range(3):
-            model(input_ids=ids, attention_mask=mask)
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(a.inf_reps):
-            model(input_ids=ids, attention_mask=mask)
-        sync(device)
-    out["torch"] = {"examples_per_s": a.inf_batch * a.inf_reps / (time.perf_counter() - t), "dtype": prec.dtype}
+    for batch in (1, a.inf_batch):
+        ids = torch.randint(104, VOCAB, (batch, a.ft_seq), device=device)
+        mask = torch.ones_like(ids)
+        reps = a.inf_reps * (4 if batch == 1 else 1)
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype or torch.float32,
+                                                    enabled=dtype is not None):
+            for _ in range(3):
+                model(input_ids=ids, attention_mask=mask)
+            sync(device)
+            t = time.perf_counter()
+            for _ in range(reps):
+                model(input_ids=ids, attention_mask=mask)
+            sync(device)
+        secs = time.perf_counter() - t
+        key = "torch" if batch == a.inf_batch else "torch_batch1"
+        out[key] = {"batch": batch, "examples_per_s": batch * reps / secs, "latency_ms": 1000 * secs / reps,
+                    "dtype": prec.dtype}
     try:
         import onnxruntime as ort
     except ImportError:
@@ -221,7 +236,11 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and steps (any device; what CI runs)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--compile", choices=("on", "off"), default=None,
+                    help="also time the compiled pretrain loop (default: on, off under --smoke: compiling on a CPU "
+                         "takes minutes)")
     a = ap.parse_args()
+    a.compile = a.compile or ("off" if a.smoke else "on")
     if a.smoke:
         a.layers, a.hidden, a.heads, a.seq, a.batch, a.steps, a.mm = 2, 64, 2, 64, 4, 3, 256
         a.ft_seq, a.ft_batch, a.ft_examples, a.inf_batch, a.inf_reps = 32, 8, 16, 8, 2
@@ -262,12 +281,26 @@ def main() -> int:
         hf = {"skipped": f"{type(e).__name__}: {str(e)[:200]}"}
         print(f"pretrain, HF recipe skipped ({hf['skipped']})", flush=True)
     results["pretrain"] = {"bertpipe": bp, "hf": hf, "flops_per_token": fpt}
+    packed = run_bertpipe(a, tok, device, prec.dtype, docs=3)
+    results["pretrain"]["packed_3_docs"] = packed
+    print(f"pretrain, rows packing 3 documents (document-confined attention): {packed['tokens_per_s']:.0f} "
+          f"tokens/s, x{packed['tokens_per_s'] / bp['tokens_per_s']:.2f} of one document per row", flush=True)
+    if a.compile == "on":
+        comp = run_bertpipe(a, tok, device, prec.dtype, compile_setting="on")
+        results["pretrain"]["compiled"] = comp
+        print(f"pretrain, compiled: {comp['tokens_per_s']:.0f} tokens/s "
+              f"(x{comp['tokens_per_s'] / bp['tokens_per_s']:.2f} of eager), "
+              f"MFU {comp['tokens_per_s'] * fpt / peak:.1%}; compiling took ~{comp['compile_s'] or 0:.0f} s",
+              flush=True)
     results["finetune"] = {}
     for precision in ("bf16", "fp16"):
         r = finetune_epoch(a, device, precision)
         results["finetune"][precision] = r
+        mfu = r["examples_per_s"] * r["flops_per_example"] / peaks.get(precision, peak)
+        r["mfu"] = mfu
         print(f"finetune epoch ({a.ft_examples} examples, seq {a.ft_seq}) in {r['precision']}: "
-              f"{r['examples_per_s']:.0f} examples/s, loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}", flush=True)
+              f"{r['examples_per_s']:.0f} examples/s, MFU {mfu:.1%}, loss {r['loss_first']:.3f} -> "
+              f"{r['loss_last']:.3f}", flush=True)
     results["inference"] = inference(a, device, prec)
     print(f"inference (batch {a.inf_batch}, seq {a.ft_seq}): {json.dumps(results['inference'])}", flush=True)
     results["seconds"] = time.perf_counter() - started

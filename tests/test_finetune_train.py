@@ -112,3 +112,30 @@ def test_collate_pads_and_masks():
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[0, 1, 0], [1, -100, -100]]
     assert W.windows(0, 5, 2) == [(0, 0)]
+
+
+def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
+    monkeypatch.setattr(H, "INFERENCE_TOKENS", 64)
+    lengths = [4] * 40 + [30] * 6
+    got = H.inference_batches(list(range(len(lengths))), lengths, batch_size=4)
+    assert [i for b in got for i in b] == list(range(len(lengths)))  # every row once, in the given order
+    assert len(got[0]) == 16  # short rows: 16 x 4 tokens fill the budget, beyond the batch size of 4
+    assert all(len(b) >= 4 for b in got[:-1])  # never fewer rows than asked, whatever the budget
+    assert all(len(b) * max(lengths[i] for i in b) <= 64 or len(b) == 4 for b in got)
+
+
+def test_large_inference_batches_give_the_small_batches_outputs(encoder, feats):
+    model = _model(encoder)
+    small = H.run_model(model, feats, 0, batch_size=2, bf16=False)
+    large = H.run_model(model, feats, 0, batch_size=64, bf16=False)
+    for a, b in zip(small, large):
+        assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5)
+
+
+def test_backward_step_returns_each_micro_batch_loss(encoder, feats):
+    model = _model(encoder)
+    group = [TR.collate(feats[i : i + 8], 0) for i in (0, 8)]
+    losses = TR.backward_step(model, group, torch.device("cpu"))
+    assert len(losses) == 2 and all(isinstance(x, float) for x in losses)
+    with torch.no_grad():
+        assert losses[1] == pytest.approx(float(model(**group[1]).loss), rel=1e-5)

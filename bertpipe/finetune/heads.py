@@ -124,6 +124,26 @@ def featurize(tok, exs: list[Example], p: TaskParams, tp: TrainParams, label2id:
     return out
 
 
+# Tokens per inference batch: rows sorted by length are grouped up to this many (padded) tokens, and never fewer
+# rows than the caller's batch size, so short texts run in large batches (the device stays busy) while long ones
+# stay within memory. Rows do not interact (each attends to its own tokens), so the grouping changes no result.
+INFERENCE_TOKENS = 32768
+
+
+def inference_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """``order`` (indices sorted by length) cut into batches of at least ``batch_size`` rows, more while the batch
+    stays within ``INFERENCE_TOKENS`` padded tokens."""
+    out, cur = [], []
+    for i in order:
+        if cur and len(cur) >= batch_size and (len(cur) + 1) * max(lengths[i], 1) > INFERENCE_TOKENS:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
 def run_model(model: torch.nn.Module, feats: Sequence[dict], pad_id: int, batch_size: int, bf16: bool
               ) -> list[Any]:
     """Raw outputs per feature: class logits, per-piece logits (trimmed), or (start, end) logits for QA."""
@@ -135,11 +155,10 @@ def run_model(model: torch.nn.Module, feats: Sequence[dict], pad_id: int, batch_
     was_training = model.training
     model.eval()
     with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        for c in range(0, len(order), batch_size):
-            idx = order[c : c + batch_size]
+        for idx in inference_batches(order, [len(f["input_ids"]) for f in feats], batch_size):
             batch = collate([{k: v for k, v in feats[i].items() if k in ("input_ids", "token_type_ids")}
                              for i in idx], pad_id)
-            res = model(**{k: v.to(device) for k, v in batch.items()})
+            res = model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
             if hasattr(res, "start_logits"):
                 s, e = res.start_logits.float().cpu().numpy(), res.end_logits.float().cpu().numpy()
                 for j, i in enumerate(idx):

@@ -65,27 +65,27 @@ def param_groups(model: torch.nn.Module, tp: TrainParams) -> list[dict]:
     return weight_decay_groups(model, tp.weight_decay, lr_of)
 
 
+def _padded(rows: Sequence[Sequence[int]], n: int, fill: int) -> torch.Tensor:
+    """Rows of ints padded to ``n`` with ``fill``: one numpy array filled row by row, one tensor at the end (a
+    torch.tensor per row was most of collate's time on short rows)."""
+    arr = np.full((len(rows), n), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        arr[i, : len(r)] = r
+    return torch.from_numpy(arr)
+
+
 def collate(feats: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Pad a batch of features; only keys a model's forward takes become tensors."""
     n = max(len(f["input_ids"]) for f in feats)
     out: dict[str, torch.Tensor] = {}
-    ids = torch.full((len(feats), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(feats), n), dtype=torch.long)
-    for i, f in enumerate(feats):
-        ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"])
-        mask[i, : len(f["input_ids"])] = 1
-    out["input_ids"], out["attention_mask"] = ids, mask
+    out["input_ids"] = _padded([f["input_ids"] for f in feats], n, pad_id)
+    lens = torch.tensor([len(f["input_ids"]) for f in feats])
+    out["attention_mask"] = (torch.arange(n)[None, :] < lens[:, None]).long()
     if "token_type_ids" in feats[0]:
-        tt = torch.zeros((len(feats), n), dtype=torch.long)
-        for i, f in enumerate(feats):
-            tt[i, : len(f["token_type_ids"])] = torch.tensor(f["token_type_ids"])
-        out["token_type_ids"] = tt
+        out["token_type_ids"] = _padded([f["token_type_ids"] for f in feats], n, 0)
     if "labels" in feats[0]:
         if isinstance(feats[0]["labels"], list):
-            lab = torch.full((len(feats), n), -100, dtype=torch.long)
-            for i, f in enumerate(feats):
-                lab[i, : len(f["labels"])] = torch.tensor(f["labels"])
-            out["labels"] = lab
+            out["labels"] = _padded([f["labels"] for f in feats], n, -100)
         else:
             out["labels"] = torch.tensor([f["labels"] for f in feats], dtype=torch.long)
     for k in ("start_positions", "end_positions"):
@@ -122,20 +122,22 @@ def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.d
     micro-batches. Under fp16 ``scaler`` (a GradScaler) scales the loss.
     """
     token_level = "labels" in group[0] and group[0]["labels"].dim() == 2
+    # the label counts come from the host tensors (collate's): counting them costs no device sync
     n_step = sum(int((b["labels"] != -100).sum()) for b in group) if token_level else 0
     out = []
     for b in group:
         n = int((b["labels"] != -100).sum()) if token_level else 0
         if token_level and n == 0:  # nothing scored (a mean over no tokens is NaN): no gradient, no loss
             continue
-        b = {k: v.to(device) for k, v in b.items()}
+        b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
         with autocast(device, prec):
             res = model(**b)
         loss = res.loss.float()
         share = loss * (n / max(n_step, 1)) if token_level else loss / len(group)
         (scaler.scale(share) if scaler is not None else share).backward()
-        out.append(loss.item())
-    return out
+        out.append(loss.detach())
+    # one device-to-host copy per optimizer step, not one per micro-batch (each .item() waits for the device)
+    return torch.stack(out).tolist() if out else []
 
 
 @dataclass

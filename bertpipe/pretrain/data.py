@@ -293,7 +293,12 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, b
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, "torch.Tensor"]:  # noqa: F821
+    """Pad ``examples`` into one batch. When a row packs several documents, ``doc_ids`` numbers each token's
+    document (1, 2, ...; 0 on padding) so attention stays inside it (``bertpipe.execution.document_mask``); a batch
+    whose rows each hold one document has no ``doc_ids`` and runs with the plain padding mask."""
     import torch  # here, not at the top: the token store's tokenizer processes import this module without torch
+
+    from bertpipe.execution import document_ids
 
     n = max(len(e) for e in examples)
     b = len(examples)
@@ -301,14 +306,19 @@ def collate(examples: Sequence[Example], pad_id: int) -> dict[str, "torch.Tensor
     words = np.full((b, n), -1, np.int64)
     types = np.zeros((b, n), np.int64)
     attn = np.zeros((b, n), np.int64)
+    docs = np.zeros((b, n), np.int64)
     for i, e in enumerate(examples):
         k = len(e)
         ids[i, :k], words[i, :k], attn[i, :k] = e.ids, e.words, 1
         types[i, e.n_first : k] = 1
-    return {
+        docs[i, :k] = document_ids(e.words, k, e.n_first)
+    out = {
         "input_ids": torch.from_numpy(ids),
         "word_ids": torch.from_numpy(words),
         "token_type_ids": torch.from_numpy(types),
         "attention_mask": torch.from_numpy(attn),
         "pair_labels": torch.tensor([e.pair_label for e in examples], dtype=torch.long),
     }
+    if docs.max(initial=0) > 1:
+        out["doc_ids"] = torch.from_numpy(docs)
+    return out

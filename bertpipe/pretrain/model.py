@@ -1,7 +1,8 @@
 """Loading the model to pretrain (a checkpoint, or a fresh one from params) and its MLM (+ pair) loss.
 
 The loss runs the encoder over the whole batch but the MLM head (transform + vocabulary projection, the costliest
-matmul of a small BERT) only at the chosen positions: ~15% of the tokens instead of every token and pad.
+matmul of a small BERT) only at the chosen positions: ~15% of the tokens instead of every token and pad. Documents
+packed into one row attend only to themselves (``bertpipe.execution.document_mask``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 from bertpipe import families
 from bertpipe.device import bf16_ok  # noqa: F401 (one precision rule for every stage; imported from here)
 from bertpipe.errors import BertpipeError
+from bertpipe.execution import encoder_mask
 from bertpipe.pretrain.masking import IGNORE
 
 # model types whose AutoModelForMaskedLM has the BERT layout (encoder + MLM head over hidden states)
@@ -115,9 +117,11 @@ class PretrainModel(nn.Module):
         """What becomes model/ (the interface every objective's module has; see ``rtd.RtdModel``)."""
         return self.mlm
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None) -> dict:
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None, doc_ids=None) -> dict:
+        """Losses of one batch; ``doc_ids`` (``data.collate``'s, when a row packs several documents) confines each
+        token's attention to its own document."""
         sel = labels != IGNORE
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        inputs = {"input_ids": input_ids, "attention_mask": encoder_mask(self.mlm, attention_mask, doc_ids)}
         if self.token_types:
             inputs["token_type_ids"] = token_type_ids
         if self.encoder is not None:

@@ -80,6 +80,9 @@ class PretrainParams(BaseModel):
     # GPUs, fp32 elsewhere (bertpipe/device.py); the choice and its reason are in the manifest
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     bucket: bool = True  # length-bucketed batches (less padding)
+    # torch.compile (Inductor) of the model: on, off, or auto = only a run of execution.AUTO_MIN_STEPS steps or more
+    # that can repay the compile time, and only where a compiler exists (C++ on the CPU, Triton on CUDA)
+    compile: Literal["auto", "on", "off"] = "auto"
 
     # ---- evaluation, checkpoints
     eval_every: int = Field(200, ge=1)

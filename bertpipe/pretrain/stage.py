@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from bertpipe.cores import training_threads
 from bertpipe.errors import BertpipeError
+from bertpipe.execution import should_compile
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report, rtd, tokstore
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
@@ -83,6 +84,7 @@ def _build(ctx, d) -> dict:
     threads = training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
     ctx.counts["torch_threads"] = threads
+    should_compile(p.compile, p.max_steps, d.device, f"{ctx.name}.compile")  # a bad setting fails before the data
     language = ctx.cfg.params.model.language
     mlm, tok, fresh, origin, p = _load(ctx, p)
     corpus = Path(ctx.inputs["corpus"])
@@ -106,7 +108,8 @@ def _build(ctx, d) -> dict:
     def on_log(metrics: dict, step: int) -> None:
         ctx.log_metrics(metrics, step=step)
 
-    res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log)
+    res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log,
+                compile_key=f"{ctx.name}.compile")
     restarts = elastic_restarts(d)
 
     best_path = ctx.scratch / "best.pt"
@@ -136,6 +139,8 @@ def _build(ctx, d) -> dict:
         # the machine's speed, so the manifest says so.
         "stopped_by_max_time_s": int(res.stopped == "max_time_s"),
     }
+    if res.compile_s is not None:
+        metrics["compile_seconds"] = round(res.compile_s, 1)
     for k in ("eval_pair_acc", "eval_mlm_loss", "eval_disc_loss", "eval_disc_acc"):
         if k in res.final_eval:
             metrics[k] = float(res.final_eval[k])
@@ -171,6 +176,7 @@ def _build(ctx, d) -> dict:
         "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from}"
                  + (f"; the job restarted {restarts} time(s) after a process failed)" if restarts else ")"),
         "precision": res.precision.words(),
+        "compile": res.compile_why + (f" (~{res.compile_s:.0f} s compiling)" if res.compile_s is not None else ""),
         "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
         "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",
         f"held-out {p.objective.upper()} loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "

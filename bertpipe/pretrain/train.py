@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from bertpipe.device import Precision, autocast, grad_scaler, precision_for
 from bertpipe.errors import BertpipeError
+from bertpipe.execution import compile_in_place, compile_seconds, should_compile
 from bertpipe.pretrain.data import Example, collate, epoch_batches
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
 from bertpipe.pretrain.model import PretrainModel
@@ -243,7 +244,8 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, prec: Precision
     for b in batches[d.rank :: d.world]:
         b = to_device(b, d.device)
         with autocast(d.device, prec):
-            out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
+            out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
+                        doc_ids=b.get("doc_ids"))
         sums[0] += float(out["mlm_sum"])
         sums[1] += float(out["n_masked"])
         if "pair_acc" in out:
@@ -294,7 +296,8 @@ def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = F
             torch.manual_seed(seeds[k])
         with sync:
             with autocast(d.device, prec):
-                out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"])
+                out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
+                            doc_ids=b.get("doc_ids"))
             loss = out["mlm_sum"] * scale
             if "disc_sum" in out:
                 loss = loss + out["disc_weight"] * out["disc_sum"] * (d.world / max(tok_step, 1.0))
@@ -319,6 +322,9 @@ class TrainResult:
     stopped: str  # max_steps | max_time_s | early_stop
     resumed_from: int
     precision: Precision = FP32  # what it ran in, and why
+    compiled: bool = False
+    compile_why: str = ""  # the compile setting and why it was (not) applied
+    compile_s: float | None = None  # the slow first steps' time over the median step: what compiling cost
 
 
 def train(
@@ -333,10 +339,12 @@ def train(
     d: Dist,
     on_log: Callable[[dict, int], None] = lambda m, s: None,
     extra_eval_steps: set[int] = frozenset(),
+    compile_key: str = "pretrain.compile",
 ) -> TrainResult:
     prec = precision_for(p.precision, d.device)
+    compiled, compile_why = should_compile(p.compile, p.max_steps, d.device, compile_key)
     if d.main:
-        print(f"[pretrain] precision {prec.words()}", file=sys.stderr, flush=True)
+        print(f"[pretrain] precision {prec.words()}; {compile_why}", file=sys.stderr, flush=True)
     scaler = grad_scaler(d.device, prec)
     pm.to(d.device)
     opt = make_optimizer(pm, p)
@@ -355,6 +363,8 @@ def train(
         if d.main:
             print(f"[pretrain] resuming from checkpoint at step {state['step']}", file=sys.stderr, flush=True)
     resumed_from = state["step"]
+    if compiled:
+        compile_in_place(pm)
     model = pm
     if d.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(pm, device_ids=[d.device.index] if d.device.type == "cuda" else None)
@@ -376,6 +386,7 @@ def train(
     # BERTPIPE_PRETRAIN_TRACE=<dir>: each process records what it trained on and its final weights (DDP tests)
     trace_dir = os.environ.get("BERTPIPE_PRETRAIN_TRACE")
     trace = {"rank": d.rank, "world": d.world, "batches": []} if trace_dir else None
+    step_times: list[float] = []  # the first steps' times: what compiling cost
 
     def save(step: int) -> None:
         if d.main:
@@ -417,6 +428,8 @@ def train(
         sched.step()
         opt.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - t0
+        if compiled and len(step_times) < 8:
+            step_times.append(time.perf_counter() - t0)
         state["step"] = step = step + 1
         bar.update(1)
         stop = None
@@ -472,6 +485,9 @@ def train(
         (Path(trace_dir) / f"rank{d.rank}.json").write_text(json.dumps(trace))
     if not final_eval:  # resumed at the very end: the history holds the last evaluation
         final_eval = next((h for h in reversed(state["history"]) if "eval_loss" in h), {})
+    compile_s = compile_seconds(step_times) if compiled else None
+    if compiled and d.main and compile_s is not None:
+        print(f"[pretrain] compiling took ~{compile_s:.1f} s of the first steps", file=sys.stderr, flush=True)
     return TrainResult(state["step"], state["history"], state["best"], final_eval, state["tokens"], train_s, stopped,
-                       resumed_from, prec)
+                       resumed_from, prec, compiled, compile_why, compile_s)
 
