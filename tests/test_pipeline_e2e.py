@@ -169,6 +169,30 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
 
 
+LONG = {"fill-mask": "今天[MASK]气。" + "很好" * 300, "token-classification": "张三在北京大学工作。" * 44}
+
+
+def test_every_saved_model_dir_runs_a_pipeline_on_a_long_text(project):
+    """Each model directory the chain saved (base, vocab, pretrain, every finetune, every student) loads the way a
+    Hugging Face user loads it, and a text longer than its position table truncates instead of failing."""
+    from huggingface_hub import ModelCard
+    from transformers import pipeline
+
+    dirs = sorted(d.parent for d in (project / "work").rglob("model/config.json"))
+    kinds = {d.relative_to(project / "work").parts[0] for d in dirs}
+    assert {"base", "vocab", "pretrain", "finetune", "distill"} <= kinds, dirs
+    for d in dirs:
+        card = ModelCard.load(d / "README.md")
+        task = card.data.pipeline_tag
+        text = LONG.get(task, "很好" * 300)
+        pipe = pipeline(task if task != "fill-mask" else "fill-mask", model=str(d))
+        out = pipe(text, tokenizer_kwargs={"truncation": True}) if task == "fill-mask" else pipe(text, truncation=True)
+        assert out, (d, task)
+        assert card.data.license and not (card.data.base_model or "").startswith(("work/", "/")), (d, card.data)
+        if task in ("text-classification", "token-classification"):
+            assert card.data.eval_results and card.data.datasets, (d, card.data)
+
+
 def test_second_run_is_all_cached_and_registers_nothing(project):
     before = registry_versions(project)
     states, elapsed, log = flow_states(project)
