@@ -223,11 +223,25 @@ def config_cmd(
 
     cfg = load(params, profile, set_)
     if section:
+        _known_section(cfg, section)
         data = cfg.section_shown(section)
     else:
         data = cfg.params.model_dump(mode="json", exclude={"profiles"})
         data["tracking"] = cfg.section_shown("tracking")
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+
+
+def _known_section(cfg, section: str) -> None:
+    """A section path that params has, or one line naming the first unknown part and the names known there."""
+    node = cfg.params.model_dump(mode="json", exclude={"profiles"})
+    done = []
+    for part in section.split("."):
+        if not isinstance(node, dict) or part not in node:
+            where = ".".join(done) or "params"
+            known = ", ".join(sorted(node)) if isinstance(node, dict) else f"none ({where} is a value)"
+            raise BertpipeError(f"config {section}: no section {part!r} in {where}; known: {known}")
+        done.append(part)
+        node = node[part]
 
 
 def _check_until(cfg, until: Optional[str]) -> None:
