@@ -94,3 +94,51 @@ def _why(stage: Stage, manifest: dict) -> str:
 def expected_fingerprint(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> str:
     """The fingerprint stage ``name`` will have once its upstream stages are fresh ("" while inputs are missing)."""
     return expected(cfg, stages, only=[name])[name].fingerprint
+
+
+def upstream_graph(cfg: Config, name: str) -> dict[str, Stage]:
+    """Stage ``name`` and every stage above it, made family by family from the inputs' places (a stage's output is
+    ``work/<family>/...``): a one-stage command imports the modules of what it reads, never the whole chain's."""
+    from bertpipe.pipeline import COMMANDS, family_stages
+
+    graph: dict[str, Stage] = {}
+    families: list[str] = []
+    todo = [name.split("/")[0]]
+    work = cfg.work.resolve()
+    while todo:
+        fam = todo.pop()
+        if fam in families:
+            continue
+        families.append(fam)
+        for st in family_stages(cfg, fam).values():
+            graph[st.name] = st
+            for p in st.inputs(cfg).values():
+                path = cfg.path(p).resolve() if not isinstance(p, str) or Path(p).exists() or Path(p).is_absolute() \
+                    else None
+                if path is not None and work in path.parents:
+                    up = path.relative_to(work).parts[0]
+                    if up in COMMANDS and up not in families:
+                        todo.append(up)
+    order = list(COMMANDS)  # FAMILIES order respects the dependencies: expected() visits upstream first anyway
+    return dict(sorted(graph.items(), key=lambda kv: order.index(kv[1].family)))
+
+
+def refuse_stale_upstream(cfg: Config, name: str) -> None:
+    """A one-stage command builds on fresh inputs only: when a stage above ``name`` is stale (its params, inputs or
+    code changed, e.g. by the same ``--set``) or not built, one line naming the stage to run first, rather than a
+    build on an output that `bertpipe stages` calls stale."""
+    from bertpipe.pipeline import producers
+
+    graph = upstream_graph(cfg, name)
+    states = expected(cfg, graph, only=[name])
+    direct = {up for up, _ in producers(name, cfg, graph).values()}
+    bad = [f for n, f in states.items() if n != name and not f.fresh]
+    if not bad:
+        return
+    first = bad[0]  # upstream first: the one to run before the others
+    why = first.reason or first.state
+    fix = " ".join(["bertpipe", *graph[first.name].command])
+    also = f" (and {', '.join(f.name for f in bad[1:])} after it)" if len(bad) > 1 else ""
+    near = "" if first.name in direct else f", above {name}'s inputs"
+    raise BertpipeError(f"{name}: stage {first.name}{near} is {first.state} ({why}); run `{fix}`{also} first, or "
+                        f"`bertpipe run --until {name}` to build them in order (with the same --set/--profile)")

@@ -70,3 +70,13 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     assert second == {"tasks": "Cached", "prepare": "Completed"}, second
     assert rebuilt["fingerprint"] == manifest["fingerprint"] and rebuilt["mlflow_run_id"] != manifest["mlflow_run_id"]
     assert (tmp_path / "work" / "prepare" / "manifest.json").exists()
+    # A one-stage command builds on fresh inputs only: with a --set that stales tasks (its near-duplicate settings),
+    # `bertpipe prepare` says to run tasks first, as `bertpipe stages` calls tasks stale, and keeps its output.
+    over = ["--set", "prepare.dedup.threshold=0.8"]
+    states = {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages", *over], tmp_path).stdout.splitlines()}
+    assert (states["tasks"], states["prepare"]) == ("stale", "stale"), states
+    refused = run(["bertpipe", "prepare", *over], tmp_path, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "error: prepare: stage tasks is stale (inputs or params changed); run `bertpipe tasks` first"), refused.stderr
+    assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text()) == rebuilt
