@@ -44,7 +44,15 @@ print("MANIFESTS=" + json.dumps(manifests))
 """
 
 
+FLOW_ONCE = FLOW_TWICE.split("import shutil")[0] + """
+state = domain_adaptation("params.yaml", None, [], "prepare", return_state=True)
+assert state.is_completed(), state
+print("STATES=" + json.dumps(states(state.state_details.flow_run_id)))
+"""
+
+
 def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path, sample_raw):
+    import shutil
     import sys
 
     write_project(tmp_path, sample_raw, {"finetune": one_task()})
@@ -80,3 +88,9 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     assert refused.stderr.strip().splitlines()[-1].startswith(
         "error: prepare: stage tasks is stale (inputs or params changed); run `bertpipe tasks` first"), refused.stderr
     assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text()) == rebuilt
+    # A Prefect home with no records of these outputs (its result storage removed: what a new PREFECT_HOME has): the
+    # fresh stages read as Cached on the first flow run, not Completed
+    shutil.rmtree(tmp_path / ".bertpipe" / "prefect" / "storage")
+    proc = run([sys.executable, "-c", FLOW_ONCE], tmp_path)
+    again = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1][len("STATES="):])
+    assert again == {"tasks": "Cached", "prepare": "Cached"}, again
