@@ -337,54 +337,71 @@ def schedule_cmd(
 app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
-@app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml) from the stage graph and params (or --check "
-             "that they are current).")
+@app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml, params_effective/) from the stage graph and "
+             "params (or --check that they are current).")
 @user_errors
 def dvc_yaml_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     check: bool = typer.Option(False, "--check", help="Exit 1 if a generated file differs from what would be written."),
-    effective: bool = typer.Option(False, "--effective", help="Write only params_effective.json, the resolved "
-                                   "params and code digests DVC tracks (dvc.yaml's first stage runs this when "
-                                   "params.yaml or a source file changes)."),
+    effective: bool = typer.Option(False, "--effective", help="Write only params_effective/, each stage's resolved "
+                                   "params and code digest, which its DVC stage depends on (dvc.yaml's first stage "
+                                   "runs this when params.yaml, profiles.yaml or the project's code changes)."),
 ):
-    from bertpipe.dvcfile import (EFFECTIVE, LEGACY_EFFECTIVE, SPLIT_DIR, leftover_files, render_effective,
-                                  refuse_foreign, render_files, split_stages, stale_root_locks)
+    from bertpipe.dvcfile import (EFFECTIVE, OLD_EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective,
+                                  leftover_files, refuse_foreign, render_effective, render_files, split_stages,
+                                  stale_root_locks)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
-    eff, eff_text = cfg.root / EFFECTIVE, render_effective(cfg)  # what dvc.yaml's params: entries name
+    eff = render_effective(cfg)  # what each DVC stage depends on
     if effective:
-        atomic_write_text(eff, eff_text)
-        typer.echo(f"wrote {eff}")
+        for p in leftover_effective(cfg.root, eff):
+            (cfg.root / p).unlink()
+        for p, text in eff.items():
+            (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
+            if not (cfg.root / p).is_file() or (cfg.root / p).read_text(encoding="utf-8") != text:
+                atomic_write_text(cfg.root / p, text)
+        typer.echo(f"wrote {cfg.root / EFFECTIVE}/")
         return
-    files = {**render_files(cfg), EFFECTIVE: eff_text}  # everything rendered before anything is written
-    leftover, split = leftover_files(cfg.root, files), split_stages(files)
+    files = {**render_files(cfg), **eff}  # everything rendered before anything is written
+    leftover = leftover_files(cfg.root, files) + leftover_effective(cfg.root, eff)
+    split = split_stages(files)
     if check:
         stale = [p for p, text in files.items()
                  if not (cfg.root / p).exists() or (cfg.root / p).read_text(encoding="utf-8") != text] + leftover
         if stale:
-            typer.echo(f"{', '.join(stale)} out of date in {cfg.root}: run `bertpipe dvc-yaml`", err=True)
+            shown = stale if len(stale) <= 6 else stale[:6] + [f"{len(stale) - 6} more"]
+            typer.echo(f"{', '.join(shown)} out of date in {cfg.root}: run `bertpipe dvc-yaml`", err=True)
             raise typer.Exit(1)
-        typer.echo(f"{cfg.root / 'dvc.yaml'} is current")
+        typer.echo(f"{cfg.root / 'dvc.yaml'} and {EFFECTIVE}/ are current")
         return
     refuse_foreign(cfg.root, files)
     for p, text in files.items():
+        (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.root / p, text)
-        if p != EFFECTIVE:
+        if p not in eff:
             typer.echo(f"wrote {cfg.root / p}")
+    typer.echo(f"wrote {cfg.root / EFFECTIVE}/")
     for p in leftover:  # a stage no longer in a file of its own: a second definition of it would break DVC
         (cfg.root / p).unlink()
         typer.echo(f"removed {cfg.root / p} (no longer generated)")
+    ignore = dvcignore_lines(cfg)
+    if ignore:  # a line appended to the user's file, which keeps everything it had
+        with open(cfg.root / ".dvcignore", "a", encoding="utf-8") as f:
+            f.write("".join(f"{ln}\n" for ln in ignore))
+        typer.echo(f"added {', '.join(ignore)} to {cfg.root / '.dvcignore'} (bytecode is no code change)")
     if split:
-        typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/`): a `dvc exp run --temp` copy "
-                   "holds only tracked files")
+        typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/ {EFFECTIVE}/`): a `dvc exp run "
+                   "--temp` copy holds only tracked files")
     old = stale_root_locks(cfg.root, split)
     if old:  # the user's file: said, not edited. DVC reads a lock entry only for a stage of the dvc.yaml beside it,
         # and keeps entries it does not know when it rewrites the lock (dvc/dvcfile.py Lockfile.dump_stages)
         typer.echo(f"note: dvc.lock still holds {', '.join(old)} from the one-file layout; DVC ignores it (and keeps "
                    f"it): delete that entry from dvc.lock, or leave it")
-    if (cfg.root / LEGACY_EFFECTIVE).exists():  # the user's tracked file: said, not deleted
-        typer.echo(f"note: dvc.yaml no longer reads {LEGACY_EFFECTIVE} (now {EFFECTIVE}): `git rm {LEGACY_EFFECTIVE}`")
+    for name in OLD_EFFECTIVE:  # the user's tracked file: said, not deleted
+        if (cfg.root / name).exists():
+            typer.echo(f"note: dvc.yaml no longer reads {name} (each stage depends on its file in {EFFECTIVE}/): "
+                       f"`git rm {name}`")
 
 
 @app.command("gc", help="Remove token stores (paths.state/tokstore) that no stage output uses, keeping the most "

