@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from bertpipe.cli import app
 from bertpipe.config import load_config
 from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, OLD_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
-                              effective_file, effective_files, render_files)
+                              effective_file, effective_files, render_effective, render_files)
 from bertpipe.pipeline import all_stages
 from tests.e2e_project import REPO, write_project
 
@@ -138,3 +138,21 @@ def test_a_file_of_the_users_where_a_sub_file_goes_is_refused_and_kept(tmp_path,
     assert res.exit_code == 2 and res.output.startswith("error: ") and str(mine) in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
     assert mine.read_text() == "stages: {}\n" and not (tmp_path / "dvc.yaml").exists()  # nothing written
+
+
+def test_the_committed_generated_files_are_what_this_install_generates(tmp_path, sample_raw):
+    """The repo's dvc.yaml, stages/*/dvc.yaml and params_effective/ (whose code digests include the libraries'
+    versions) equal what this install generates: scripts/setup.sh installs requirements.lock, so a fresh install
+    of the same commit rebuilds nothing. A project laid out as the repo (its params, its code, the sample data as
+    data/raw), generated and compared file by file."""
+    for name in ("params.yaml", "profiles.yaml"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    (tmp_path / "bertpipe").symlink_to(REPO / "bertpipe")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "raw").symlink_to(sample_raw)
+    cfg = load_config(tmp_path / "params.yaml")
+    generated = {**render_files(cfg), **render_effective(cfg)}
+    committed = {p.relative_to(REPO).as_posix() for p in (REPO / EFFECTIVE).glob("*.json")}
+    assert committed == {p for p in generated if p.startswith(f"{EFFECTIVE}/")}
+    stale = [p for p, text in generated.items() if (REPO / p).read_text(encoding="utf-8") != text]
+    assert not stale, f"{stale}: run `bertpipe dvc-yaml` (with the sample data in data/raw) and commit them"

@@ -134,6 +134,8 @@ def project(tmp_path_factory, sample_raw):
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     run(["dvc", "add", "data/raw"], root)
+    run(["bertpipe", "dvc-yaml"], root)  # before any run: a run must leave it as it is
+    (root / "dvc.yaml.before").write_bytes((root / "dvc.yaml").read_bytes())
     return root
 
 
@@ -167,6 +169,13 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     c = MlflowClient(tracking_uri=f"sqlite:///{project / '.bertpipe' / 'mlflow.db'}")
     running = c.search_runs([e.experiment_id for e in c.search_experiments()], "attributes.status = 'RUNNING'")
     assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
+
+
+def test_dvc_yaml_is_the_same_after_a_run(project):
+    """dvc.yaml is a function of the config, never of what work/ holds: byte-identical after the run, and --check
+    passes."""
+    assert (project / "dvc.yaml").read_bytes() == (project / "dvc.yaml.before").read_bytes()
+    assert "are current" in run(["bertpipe", "dvc-yaml", "--check"], project).stdout
 
 
 LONG = {"fill-mask": "今天[MASK]气。" + "很好" * 300, "token-classification": "张三在北京大学工作。" * 44}
