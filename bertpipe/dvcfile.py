@@ -123,11 +123,40 @@ def _dep(cfg: Config, p) -> str | None:
     return os.path.relpath(cfg.path(p), cfg.root)
 
 
+def inputs_when_built(cfg: Config) -> dict[str, dict]:
+    """Each stage's inputs as they are once the chain has run, whatever work/ holds now: a stage may read an output
+    only where it exists (register, the tasks' splits), and dvc.yaml must not change with a run. They are computed
+    over a scratch work folder in which every path any stage reads or writes there exists (as an empty folder; twice,
+    so an input found in the first pass counts in the second), then mapped back to work/."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bertpipe-dvc-") as tmp:
+        work = Path(tmp).resolve()
+        view = cfg.with_overrides([f"paths.work={work}"])
+        found: dict[str, dict] = {}
+        for _ in range(2):
+            stages = all_stages(view)
+            for st in stages.values():
+                st.output(view).mkdir(parents=True, exist_ok=True)
+            found = {n: st.inputs(view) for n, st in stages.items()}
+            for ins in found.values():
+                for p in ins.values():
+                    q = view.path(p).resolve()
+                    if work in q.parents:
+                        q.mkdir(parents=True, exist_ok=True)
+
+        def back(p):
+            q = view.path(p).resolve()
+            return cfg.work / q.relative_to(work) if q == work or work in q.parents else p
+        return {n: {k: back(p) for k, p in ins.items()} for n, ins in found.items()}
+
+
 def dvc_yaml(cfg: Config) -> dict:
     stages = {"params": _params_stage(cfg)}
+    when_built = inputs_when_built(cfg)
     for name, st in all_stages(cfg).items():
         deps = []
-        for p in st.inputs(cfg).values():
+        for p in when_built[name].values():
             rel = _dep(cfg, p)
             if rel is not None and rel not in deps:
                 deps.append(rel)

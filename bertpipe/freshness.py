@@ -123,22 +123,26 @@ def upstream_graph(cfg: Config, name: str) -> dict[str, Stage]:
     return dict(sorted(graph.items(), key=lambda kv: order.index(kv[1].family)))
 
 
-def refuse_stale_upstream(cfg: Config, name: str) -> None:
-    """A one-stage command builds on fresh inputs only: when a stage above ``name`` is stale (its params, inputs or
-    code changed, e.g. by the same ``--set``) or not built, one line naming the stage to run first, rather than a
-    build on an output that `bertpipe stages` calls stale."""
+def refuse_stale_upstream(cfg: Config, name: str, baseline: Config) -> None:
+    """A one-stage command run with ``--set``/``--profile`` builds on inputs that are fresh under those settings:
+    when they make a stage above ``name`` stale (``bertpipe stages`` with the same options says so) while it is fresh
+    under the params file alone (``baseline``), one line naming the stage to run first with the same options, rather
+    than a build on that stage's output made with other settings. (A stage already stale without the options is
+    the params file's state, which the one-stage commands build on as it is: `bertpipe run` builds the chain.)"""
     from bertpipe.pipeline import producers
 
     graph = upstream_graph(cfg, name)
     states = expected(cfg, graph, only=[name])
-    direct = {up for up, _ in producers(name, cfg, graph).values()}
-    bad = [f for n, f in states.items() if n != name and not f.fresh]
+    before = expected(baseline, upstream_graph(baseline, name), only=[name])
+    bad = [f for n, f in states.items() if n != name and not f.fresh and n in before and before[n].fresh]
     if not bad:
         return
+    direct = {up for up, _ in producers(name, cfg, graph).values()}
     first = bad[0]  # upstream first: the one to run before the others
     why = first.reason or first.state
     fix = " ".join(["bertpipe", *graph[first.name].command])
     also = f" (and {', '.join(f.name for f in bad[1:])} after it)" if len(bad) > 1 else ""
     near = "" if first.name in direct else f", above {name}'s inputs"
-    raise BertpipeError(f"{name}: stage {first.name}{near} is {first.state} ({why}); run `{fix}`{also} first, or "
-                        f"`bertpipe run --until {name}` to build them in order (with the same --set/--profile)")
+    raise BertpipeError(f"{name}: stage {first.name}{near} is {first.state} with these options ({why}); run `{fix}`"
+                        f"{also} with the same --set/--profile first, or `bertpipe run --until {name}` with them to "
+                        f"build them in order")

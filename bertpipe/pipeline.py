@@ -272,11 +272,12 @@ def register_stage() -> Stage:
         if cfg.params.register.register_encoder:
             ins["corpus"] = corpus_dir(cfg, "domain")
             ins["base"] = base_model(cfg)
-        # The vocab and tasks stages are in every graph: their outputs are inputs whether or not they are built yet,
-        # so the inputs (and dvc.yaml, made from them) are a function of the config, never of what work/ holds. The
-        # split hashes identify each task's test set.
-        ins["vocab"] = cfg.work / "vocab"
-        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks})
+        if cfg.params.register.register_encoder or (cfg.work / "vocab").exists():
+            ins["vocab"] = cfg.work / "vocab"
+        # read where present (the split hashes identify the test set; a registry can be built from finetune
+        # outputs alone, as before the tasks stage existed)
+        ins.update({f"tasks/{t}": cfg.work / "tasks" / t for t in cfg.params.finetune.tasks
+                    if (cfg.work / "tasks" / t).exists()})
         return ins
 
     return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,

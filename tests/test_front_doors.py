@@ -86,7 +86,8 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     refused = run(["bertpipe", "prepare", *over], tmp_path, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1].startswith(
-        "error: prepare: stage tasks is stale (inputs or params changed); run `bertpipe tasks` first"), refused.stderr
+        "error: prepare: stage tasks is stale with these options (inputs or params changed); run `bertpipe tasks` "
+        "with the same --set/--profile first"), refused.stderr
     assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text()) == rebuilt
     # A Prefect home with no records of these outputs (its result storage removed: what a new PREFECT_HOME has): the
     # fresh stages read as Cached on the first flow run, not Completed

@@ -237,7 +237,7 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     (project / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
     assert {k for k, v in stage_states(project).items() if v != "fresh"} == {"register"}, stage_states(project)
     third = run(["dvc", "repro"], project)
-    # params: the stage that resolves params.yaml into params_effective.json (what the stages' params: read) reruns on
+    # params: the stage that resolves params.yaml into params_effective/ (each stage's dep file) reruns on
     # any edit of the file; of the stages after it only register's effective values moved
     assert re.findall(r"Running stage '([^']+)'", third.stdout) == [
         "params", "stages/start/dvc.yaml:start", "register"], third.stdout
