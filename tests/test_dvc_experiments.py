@@ -163,7 +163,8 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     # bounded: params.yaml's own keys, the per-task metrics, one column per dep (hundreds when every resolved value
     # and code digest was a DVC param and every source file a dep)
     assert len(cols) <= 100 and len(cols) == len(set(cols)), (len(cols), cols)
-    assert not [c for c in cols if c.startswith(("code", "params_effective.json")) or "profiles." in c], cols
+    assert not [c for c in cols if c.startswith(("code.", "params_effective.json", "profiles."))
+                and c != "profiles.yaml"], cols
     assert {"finetune.train.lr", "profiles.yaml", "bertpipe", "params_effective/finetune_cls_base.json"} <= set(cols)
     table = sh(["dvc", "metrics", "show"], project)  # one row per task file, its metrics as columns
     assert "work/evaluate/metrics/cls.json" in table and "base.macro_f1" in table, table
