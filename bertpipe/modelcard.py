@@ -53,13 +53,14 @@ def _shown(cfg, v) -> str:
 
 def user_base_model(cfg) -> str | None:
     """The base model as the user named it in params.yaml (``model.continue_from`` when set, else ``model.base``): a
-    hub id or their own path, never a resolved work path; None for a base trained from scratch by the base stage."""
+    hub id or their own path (relative to the project when inside it), never a work path a stage resolved; None for
+    a base trained from scratch by the base stage."""
     from bertpipe.layout import base_is_scratch
 
-    given = cfg.params.model.continue_from.strip()
-    if given:
-        return given
-    return None if base_is_scratch(cfg) else cfg.params.model.base.strip()
+    given = cfg.params.model.continue_from.strip() or (None if base_is_scratch(cfg) else cfg.params.model.base.strip())
+    if given and cfg.path(given).exists():  # their directory: relative to the project when inside it, so the card
+        return _shown(cfg, cfg.path(given))  # (hashed into later stages) is the same wherever the project lives
+    return given
 
 
 def _license(base: str | None, cfg) -> str:
