@@ -132,6 +132,10 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
     if stage_name not in stages:
         stages = all_stages(cfg)  # for the message
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
+    if overrides or profile is not None:  # the same answer `bertpipe stages` gives with these options
+        from bertpipe.freshness import refuse_stale_upstream
+
+        refuse_stale_upstream(cfg, stage_name, load(params, None, None))
     res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
     if res is None:  # a torchrun rank > 0: rank 0 reports
         return
@@ -223,11 +227,25 @@ def config_cmd(
 
     cfg = load(params, profile, set_)
     if section:
+        _known_section(cfg, section)
         data = cfg.section_shown(section)
     else:
         data = cfg.params.model_dump(mode="json", exclude={"profiles"})
         data["tracking"] = cfg.section_shown("tracking")
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+
+
+def _known_section(cfg, section: str) -> None:
+    """A section path that params has, or one line naming the first unknown part and the names known there."""
+    node = cfg.params.model_dump(mode="json", exclude={"profiles"})
+    done = []
+    for part in section.split("."):
+        if not isinstance(node, dict) or part not in node:
+            where = ".".join(done) or "params"
+            known = ", ".join(sorted(node)) if isinstance(node, dict) else f"none ({where} is a value)"
+            raise BertpipeError(f"config {section}: no section {part!r} in {where}; known: {known}")
+        done.append(part)
+        node = node[part]
 
 
 def _check_until(cfg, until: Optional[str]) -> None:
@@ -324,54 +342,71 @@ def schedule_cmd(
 app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
-@app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml) from the stage graph and params (or --check "
-             "that they are current).")
+@app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml, params_effective/) from the stage graph and "
+             "params (or --check that they are current).")
 @user_errors
 def dvc_yaml_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     check: bool = typer.Option(False, "--check", help="Exit 1 if a generated file differs from what would be written."),
-    effective: bool = typer.Option(False, "--effective", help="Write only params_effective.json, the resolved "
-                                   "params and code digests DVC tracks (dvc.yaml's first stage runs this when "
-                                   "params.yaml or a source file changes)."),
+    effective: bool = typer.Option(False, "--effective", help="Write only params_effective/, each stage's resolved "
+                                   "params and code digest, which its DVC stage depends on (dvc.yaml's first stage "
+                                   "runs this when params.yaml, profiles.yaml or the project's code changes)."),
 ):
-    from bertpipe.dvcfile import (EFFECTIVE, LEGACY_EFFECTIVE, SPLIT_DIR, leftover_files, render_effective,
-                                  refuse_foreign, render_files, split_stages, stale_root_locks)
+    from bertpipe.dvcfile import (EFFECTIVE, OLD_EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective,
+                                  leftover_files, refuse_foreign, render_effective, render_files, split_stages,
+                                  stale_root_locks)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
-    eff, eff_text = cfg.root / EFFECTIVE, render_effective(cfg)  # what dvc.yaml's params: entries name
+    eff = render_effective(cfg)  # what each DVC stage depends on
     if effective:
-        atomic_write_text(eff, eff_text)
-        typer.echo(f"wrote {eff}")
+        for p in leftover_effective(cfg.root, eff):
+            (cfg.root / p).unlink()
+        for p, text in eff.items():
+            (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
+            if not (cfg.root / p).is_file() or (cfg.root / p).read_text(encoding="utf-8") != text:
+                atomic_write_text(cfg.root / p, text)
+        typer.echo(f"wrote {cfg.root / EFFECTIVE}/")
         return
-    files = {**render_files(cfg), EFFECTIVE: eff_text}  # everything rendered before anything is written
-    leftover, split = leftover_files(cfg.root, files), split_stages(files)
+    files = {**render_files(cfg), **eff}  # everything rendered before anything is written
+    leftover = leftover_files(cfg.root, files) + leftover_effective(cfg.root, eff)
+    split = split_stages(files)
     if check:
         stale = [p for p, text in files.items()
                  if not (cfg.root / p).exists() or (cfg.root / p).read_text(encoding="utf-8") != text] + leftover
         if stale:
-            typer.echo(f"{', '.join(stale)} out of date in {cfg.root}: run `bertpipe dvc-yaml`", err=True)
+            shown = stale if len(stale) <= 6 else stale[:6] + [f"{len(stale) - 6} more"]
+            typer.echo(f"{', '.join(shown)} out of date in {cfg.root}: run `bertpipe dvc-yaml`", err=True)
             raise typer.Exit(1)
-        typer.echo(f"{cfg.root / 'dvc.yaml'} is current")
+        typer.echo(f"{cfg.root / 'dvc.yaml'} and {EFFECTIVE}/ are current")
         return
     refuse_foreign(cfg.root, files)
     for p, text in files.items():
+        (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.root / p, text)
-        if p != EFFECTIVE:
+        if p not in eff:
             typer.echo(f"wrote {cfg.root / p}")
+    typer.echo(f"wrote {cfg.root / EFFECTIVE}/")
     for p in leftover:  # a stage no longer in a file of its own: a second definition of it would break DVC
         (cfg.root / p).unlink()
         typer.echo(f"removed {cfg.root / p} (no longer generated)")
+    ignore = dvcignore_lines(cfg)
+    if ignore:  # a line appended to the user's file, which keeps everything it had
+        with open(cfg.root / ".dvcignore", "a", encoding="utf-8") as f:
+            f.write("".join(f"{ln}\n" for ln in ignore))
+        typer.echo(f"added {', '.join(ignore)} to {cfg.root / '.dvcignore'} (bytecode is no code change)")
     if split:
-        typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/`): a `dvc exp run --temp` copy "
-                   "holds only tracked files")
+        typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/ {EFFECTIVE}/`): a `dvc exp run "
+                   "--temp` copy holds only tracked files")
     old = stale_root_locks(cfg.root, split)
     if old:  # the user's file: said, not edited. DVC reads a lock entry only for a stage of the dvc.yaml beside it,
         # and keeps entries it does not know when it rewrites the lock (dvc/dvcfile.py Lockfile.dump_stages)
         typer.echo(f"note: dvc.lock still holds {', '.join(old)} from the one-file layout; DVC ignores it (and keeps "
                    f"it): delete that entry from dvc.lock, or leave it")
-    if (cfg.root / LEGACY_EFFECTIVE).exists():  # the user's tracked file: said, not deleted
-        typer.echo(f"note: dvc.yaml no longer reads {LEGACY_EFFECTIVE} (now {EFFECTIVE}): `git rm {LEGACY_EFFECTIVE}`")
+    for name in OLD_EFFECTIVE:  # the user's tracked file: said, not deleted
+        if (cfg.root / name).exists():
+            typer.echo(f"note: dvc.yaml no longer reads {name} (each stage depends on its file in {EFFECTIVE}/): "
+                       f"`git rm {name}`")
 
 
 @app.command("gc", help="Remove token stores (paths.state/tokstore) that no stage output uses, keeping the most "

@@ -99,10 +99,12 @@ def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def lib_versions(libs: tuple[str, ...]) -> dict[str, str]:
+    """Each library's release, without a local build label (torch's ``2.13.0+cpu`` is ``2.13.0``): the CPU and the
+    CUDA wheel of one release compute the same, and a digest must not depend on which index the wheel came from."""
     out = {}
     for lib in libs:
         try:
-            out[lib] = version(lib)
+            out[lib] = version(lib).split("+")[0]
         except PackageNotFoundError:
             out[lib] = "absent"
     return out

@@ -1,28 +1,33 @@
 """dvc.yaml, generated from the same stage graph the CLI and the Prefect flow use (``bertpipe dvc-yaml``).
 
-Each DVC stage calls the `bertpipe` CLI (the Stage's ``command``), depends on the stage's input paths, and reads from
-``params_effective.json`` its params sections as *resolved* (profile applied, the file's top-level keys winning, code
-defaults filled in) and, when the bertpipe code lives in the project (a checkout), ``code.<stage>``: the digest of its
-code, the one its fingerprint holds (``Stage.code_identity``). That file is written by the first DVC stage,
-``params`` (`bertpipe dvc-yaml --effective`), which depends on params.yaml, profiles.yaml and every stage's source
-files, each listed once. So a code edit reruns ``params`` (cheap), and then exactly the stages whose code digest
-moved; a comment edit moves no digest (it is of the syntax tree) and reruns nothing else. Each stage's source files
-were once its own deps: ~380 entries in dvc.lock that DVC parsed, validated and rewrote on every `dvc repro`.
+Each DVC stage calls the `bertpipe` CLI (the Stage's ``command``) and depends on the stage's input paths and on one
+file of its own, ``params_effective/<stage>.json``: the params sections it reads as *resolved* (profile applied, the
+file's top-level keys winning, code defaults filled in, credentials dropped) and the digest of its code (the one its
+fingerprint holds, ``Stage.code_identity``). Those files are written by the first DVC stage, ``params`` (`bertpipe
+dvc-yaml --effective`), which depends on params.yaml, profiles.yaml and, when the project holds bertpipe's code (a
+checkout), that code's folder. So an edit of params.yaml, of the active profile or of the code reruns ``params``
+(cheap), and then exactly the stages whose file changed; a comment edit moves no digest (it is of the syntax tree)
+and reruns nothing else.
 
-The file is ``params_effective.json``, not ``params.effective.json``: DVC picks a params file's parser by everything
-after the first dot of its name (dvc_objects' ``fs.suffix``), so ``.effective.json`` was read as YAML (pure-Python
-ruamel, ~40x slower than json) once per stage on every `dvc repro` (bench/bench_dvc_noop.py has the figures).
+Why files and not DVC params: DVC shows every params key a stage names as a column of `dvc exp show` (every
+resolved value of every stage and every code digest: hundreds of columns). As deps they are one column each, and
+`dvc exp show` shows params.yaml's own keys: the params a person sets. `dvc params diff` compares those;
+`git diff params_effective/` (or `dvc diff`) shows what an edit changed, resolved.
+
+dvc.yaml is a function of params.yaml and the project's files alone (never of what ``work/`` holds or where the
+running code is installed), so `bertpipe dvc-yaml --check` holds after a run, in a copy of the project and with a
+non-editable install. ``--check`` compares ``params_effective/`` too.
 
 Stage outputs are *persistent* outs: DVC then does not delete them before running, so the command's own fingerprint
 check decides whether work is needed, as in the other doors. Top-level ``metrics:`` and ``plots:`` name evaluate's
-scores and plot files (bertpipe.evaluate.dvcplots) and the PNG figures, for `dvc metrics show/diff` and `dvc plots
-show/diff`.
+per-task metrics files and its images (bertpipe.evaluate.dvcplots): image plots render offline, where DVC's Vega
+plots load their library from a CDN.
 
 A stage with an external input (``Stage.external``: start, which asks the MLflow registry) is ``always_changed``, so
 DVC runs it on every `dvc repro` and then rewrites its lock file with a round-trip (pure-Python) ruamel parse and
 dump. In the root dvc.lock (~2,100 lines) that was a quarter of a no-op repro; so each such stage gets its own
-``stages/<stage>/dvc.yaml`` (``wdir: ../..``: its paths and params file read as at the root) and its own ~20-line
-dvc.lock. DVC's graph spans the files: `dvc repro vocab` still runs start first when it is needed.
+``stages/<stage>/dvc.yaml`` (``wdir: ../..``: its paths read as at the root) and its own ~20-line dvc.lock. DVC's
+graph spans the files: `dvc repro vocab` still runs start first when it is needed.
 """
 
 from __future__ import annotations
@@ -33,14 +38,15 @@ from pathlib import Path
 
 import yaml
 
-from bertpipe.config import Config, dvc_exp_project
+from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import Stage
 
-EFFECTIVE = "params_effective.json"  # git-tracked; DVC's view of the params: effective values only, no profiles
-LEGACY_EFFECTIVE = "params.effective.json"  # its name before (read as YAML by DVC: see the module docstring)
-CODE = "code"  # params_effective.json's key of the stages' code digests (no params section has that name)
+EFFECTIVE = "params_effective"  # git-tracked folder: one <dvc stage>.json per stage (resolved params, code digest)
+OLD_EFFECTIVE = ("params_effective.json", "params.effective.json")  # its earlier forms, read as DVC params
+CODE = "code"  # a stage file's key of its code digest
+DVCIGNORE = ("__pycache__/", "*.pyc")  # in .dvcignore when a code folder is a dep: bytecode is no code change
 SPLIT_DIR = "stages"  # the external stages' own dvc.yaml files: stages/<dvc stage name>/dvc.yaml
 HEADER = "# Generated by `bertpipe dvc-yaml` from bertpipe/pipeline.py and params.yaml; edit those, then regenerate.\n"
 
@@ -49,55 +55,52 @@ def dvc_stage_name(name: str) -> str:
     return name.replace("/", "_")
 
 
+def effective_file(name: str) -> str:
+    """The stage's file of resolved params and code digest, relative to the project."""
+    return f"{EFFECTIVE}/{dvc_stage_name(name)}.json"
+
+
 def cli_args(name: str, cfg: Config) -> list[str]:
     """The `bertpipe` subcommand that runs stage ``name`` (the Stage's ``command``)."""
     return list(all_stages(cfg)[name].command)
 
 
+def code_dirs(cfg: Config) -> list[str]:
+    """The folders of bertpipe's code that the project itself holds (a checkout, a copy of one, a `dvc exp run`
+    copy of one: each has them at the same place), relative to the project. An installed package's code is not in
+    the repo, so DVC tracks none (the stage fingerprint alone notices a code change: the stage's command rebuilds
+    it; `bertpipe stages` shows it stale). Decided by the project's files, never by where the running code is."""
+    tops = sorted({f.split("/")[0] for st in all_stages(cfg).values() for f in st.code_identity()["files"]})
+    root = cfg.root.resolve()
+    return [t for t in tops if (root / t / "__init__.py").is_file()]
+
+
 def code_in_project(cfg: Config) -> bool:
-    """Whether the bertpipe code lives inside the project (a checkout): DVC deps must be in the repo, so for an
-    installed package DVC tracks no code, and the stage fingerprint alone notices a code change (the stage's command
-    rebuilds it; `bertpipe stages` shows it stale). A `dvc exp run` copy of a checkout runs the checkout's code (the
-    installed one): it counts as in the project, so the copy's params_effective.json holds the code digests its
-    dvc.yaml reads."""
-    from bertpipe.codeid import ORIGIN
-
-    root = dvc_exp_project(cfg.root)
-    return ORIGIN == root or root in ORIGIN.parents
+    return bool(code_dirs(cfg))
 
 
-def code_deps(cfg: Config) -> list[str]:
-    """Every stage's source files, each once, relative to the project: the deps of the ``params`` stage, which
-    writes their digests (the same files each fingerprint hashes, bertpipe.codeid)."""
-    from bertpipe.codeid import ORIGIN
-
-    if not code_in_project(cfg):
-        return []
-    files = {f for st in all_stages(cfg).values() for f in st.code_identity()["files"]}
-    return [os.path.relpath(ORIGIN / f, cfg.root.resolve()) for f in sorted(files)]
-
-
-def effective_params(cfg: Config) -> dict:
-    """What every stage reads of the params, resolved, nested as in params.yaml: one key per effective value, so
-    `dvc exp show` / `params diff` show the values the stages ran with (not the file's, not every profile's), and a
-    profile edit reruns exactly the stages whose values it changes. Credentials in a tracking URI are dropped. Under
-    ``code``, each stage's code digest (for a checkout: see ``code_in_project``)."""
-    out: dict = {}
-    stages = all_stages(cfg)
-    # a section is read by many stages (finetune by every task x encoder): resolve each once
-    for sec in dict.fromkeys(s for st in stages.values() for s in st.sections):
-        *parents, last = sec.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = cfg.section_shown(sec)
-    if code_in_project(cfg):
-        out[CODE] = {dvc_stage_name(n): st.code_identity()["digest"] for n, st in stages.items()}
+def effective_files(cfg: Config) -> dict[str, dict]:
+    """{params_effective/<stage>.json: what the stage reads of the params, resolved and nested as in params.yaml,
+    and its code digest}: a profile edit or a code edit changes exactly the files of the stages it touches."""
+    out: dict[str, dict] = {}
+    shown: dict[str, object] = {}  # a section is read by many stages (finetune by every task x encoder): resolve once
+    for name, st in all_stages(cfg).items():
+        params: dict = {}
+        for sec in dict.fromkeys(st.sections):
+            if sec not in shown:
+                shown[sec] = cfg.section_shown(sec)
+            *parents, last = sec.split(".")
+            node = params
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = shown[sec]
+        out[effective_file(name)] = {CODE: st.code_identity()["digest"], "params": params}
     return out
 
 
-def render_effective(cfg: Config) -> str:
-    return json.dumps(effective_params(cfg), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+def render_effective(cfg: Config) -> dict[str, str]:
+    return {path: json.dumps(d, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+            for path, d in effective_files(cfg).items()}
 
 
 def _params_stage(cfg: Config) -> dict:
@@ -106,28 +109,61 @@ def _params_stage(cfg: Config) -> dict:
     src = [os.path.relpath(cfg.source, cfg.root)] if cfg.source else []
     if cfg.source and cfg.source.with_name(PROFILES_FILE).exists():
         src.append(os.path.relpath(cfg.source.with_name(PROFILES_FILE), cfg.root))
-    return {"cmd": "bertpipe dvc-yaml --effective", "deps": src + code_deps(cfg),
+    return {"cmd": "bertpipe dvc-yaml --effective", "deps": src + code_dirs(cfg),
             "outs": [{EFFECTIVE: {"cache": False}}]}
+
+
+def _dep(cfg: Config, p) -> str | None:
+    """An input as a dvc.yaml dep (relative to the project), or None for a hub id. Decided without looking at what
+    exists under work/: an input there is a stage's output, a dep whether or not it is built yet."""
+    path, work = cfg.path(p).resolve(), cfg.work.resolve()
+    if isinstance(p, str) and not (path == work or work in path.parents) and not Path(p).is_absolute() \
+            and not path.exists():
+        return None
+    return os.path.relpath(cfg.path(p), cfg.root)
+
+
+def inputs_when_built(cfg: Config) -> dict[str, dict]:
+    """Each stage's inputs as they are once the chain has run, whatever work/ holds now: a stage may read an output
+    only where it exists (register, the tasks' splits), and dvc.yaml must not change with a run. They are computed
+    over a scratch work folder in which every path any stage reads or writes there exists (as an empty folder; twice,
+    so an input found in the first pass counts in the second), then mapped back to work/."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bertpipe-dvc-") as tmp:
+        work = Path(tmp).resolve()
+        view = cfg.with_overrides([f"paths.work={work}"])
+        found: dict[str, dict] = {}
+        for _ in range(2):
+            stages = all_stages(view)
+            for st in stages.values():
+                st.output(view).mkdir(parents=True, exist_ok=True)
+            found = {n: st.inputs(view) for n, st in stages.items()}
+            for ins in found.values():
+                for p in ins.values():
+                    q = view.path(p).resolve()
+                    if work in q.parents:
+                        q.mkdir(parents=True, exist_ok=True)
+
+        def back(p):
+            q = view.path(p).resolve()
+            return cfg.work / q.relative_to(work) if q == work or work in q.parents else p
+        return {n: {k: back(p) for k, p in ins.items()} for n, ins in found.items()}
 
 
 def dvc_yaml(cfg: Config) -> dict:
     stages = {"params": _params_stage(cfg)}
-    code = code_in_project(cfg)
+    when_built = inputs_when_built(cfg)
     for name, st in all_stages(cfg).items():
         deps = []
-        for p in st.inputs(cfg).values():
-            path = Path(p)
-            if isinstance(p, str) and not path.exists() and not str(p).startswith(str(cfg.root)):
-                continue  # a hub id: nothing on disk to depend on
-            rel = os.path.relpath(cfg.path(path), cfg.root)
-            if rel not in deps:
+        for p in when_built[name].values():
+            rel = _dep(cfg, p)
+            if rel is not None and rel not in deps:
                 deps.append(rel)
-        sections = list(dict.fromkeys(st.sections)) + ([f"{CODE}.{dvc_stage_name(name)}"] if code else [])
         out = os.path.relpath(st.output(cfg), cfg.root)
         stages[dvc_stage_name(name)] = {
             "cmd": " ".join(["bertpipe", *st.command]),
-            "deps": deps,
-            **({"params": [{EFFECTIVE: sections}]} if sections else {}),
+            "deps": deps + [effective_file(name)],
             "outs": [{out: {"persist": True}}],
             # The registry (start's external input) has no file DVC could hash in every copy of the repo (a
             # fresh clone, a --temp experiment's), so it is asked every repro; bertpipe.start.stage makes that
@@ -144,9 +180,10 @@ def _metrics_and_plots(cfg: Config) -> dict:
     if ev is None:
         return {}
     out = os.path.relpath(ev.output(cfg), cfg.root)
-    plots = [{f"{out}/{dvcplots.PLOTS}/{d}": props} for d, props in dvcplots.PLOT_DIRS.items()]
-    plots.append(f"{out}/figures")  # the report's PNGs (bar chart, confusion matrices, curves) as image plots
-    return {"metrics": [f"{out}/{dvcplots.SCORES}"], "plots": plots}
+    metrics = [f"{out}/{dvcplots.METRICS}/{t}.json" for t in sorted(cfg.params.finetune.tasks)]
+    # images only (SVG confusion matrices with the class names, the report's PNGs): DVC renders them offline
+    plots = [f"{out}/{dvcplots.PLOTS}/{dvcplots.IMAGES}", f"{out}/figures"]
+    return {"metrics": metrics, "plots": plots}
 
 
 def split_header(name: str) -> str:
@@ -211,3 +248,19 @@ def stale_root_locks(root: Path, names: list[str]) -> list[str]:
     except yaml.YAMLError:
         return []  # DVC itself reports a broken lock
     return sorted(set(names) & set((data.get("stages") or {}) if isinstance(data, dict) else {}))
+
+
+def leftover_effective(root: Path, generated: dict[str, str]) -> list[str]:
+    """Files under params_effective/ (a folder only `bertpipe dvc-yaml` writes) of stages the graph no longer has."""
+    folder = root / EFFECTIVE
+    found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return [r for r in (p.relative_to(root).as_posix() for p in found) if r not in generated]
+
+
+def dvcignore_lines(cfg: Config) -> list[str]:
+    """The lines .dvcignore lacks: with a code folder as a dep, Python's bytecode caches must not count as code."""
+    if not code_dirs(cfg):
+        return []
+    path = cfg.root / ".dvcignore"
+    have = set(path.read_text(encoding="utf-8").split("\n")) if path.is_file() else set()
+    return [ln for ln in DVCIGNORE if ln not in have]

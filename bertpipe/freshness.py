@@ -94,3 +94,55 @@ def _why(stage: Stage, manifest: dict) -> str:
 def expected_fingerprint(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> str:
     """The fingerprint stage ``name`` will have once its upstream stages are fresh ("" while inputs are missing)."""
     return expected(cfg, stages, only=[name])[name].fingerprint
+
+
+def upstream_graph(cfg: Config, name: str) -> dict[str, Stage]:
+    """Stage ``name`` and every stage above it, made family by family from the inputs' places (a stage's output is
+    ``work/<family>/...``): a one-stage command imports the modules of what it reads, never the whole chain's."""
+    from bertpipe.pipeline import COMMANDS, family_stages
+
+    graph: dict[str, Stage] = {}
+    families: list[str] = []
+    todo = [name.split("/")[0]]
+    work = cfg.work.resolve()
+    while todo:
+        fam = todo.pop()
+        if fam in families:
+            continue
+        families.append(fam)
+        for st in family_stages(cfg, fam).values():
+            graph[st.name] = st
+            for p in st.inputs(cfg).values():
+                path = cfg.path(p).resolve() if not isinstance(p, str) or Path(p).exists() or Path(p).is_absolute() \
+                    else None
+                if path is not None and work in path.parents:
+                    up = path.relative_to(work).parts[0]
+                    if up in COMMANDS and up not in families:
+                        todo.append(up)
+    order = list(COMMANDS)  # FAMILIES order respects the dependencies: expected() visits upstream first anyway
+    return dict(sorted(graph.items(), key=lambda kv: order.index(kv[1].family)))
+
+
+def refuse_stale_upstream(cfg: Config, name: str, baseline: Config) -> None:
+    """A one-stage command run with ``--set``/``--profile`` builds on inputs that are fresh under those settings:
+    when they make a stage above ``name`` stale (``bertpipe stages`` with the same options says so) while it is fresh
+    under the params file alone (``baseline``), one line naming the stage to run first with the same options, rather
+    than a build on that stage's output made with other settings. (A stage already stale without the options is
+    the params file's state, which the one-stage commands build on as it is: `bertpipe run` builds the chain.)"""
+    from bertpipe.pipeline import producers
+
+    graph = upstream_graph(cfg, name)
+    states = expected(cfg, graph, only=[name])
+    before = expected(baseline, upstream_graph(baseline, name), only=[name])
+    bad = [f for n, f in states.items() if n != name and not f.fresh and n in before and before[n].fresh]
+    if not bad:
+        return
+    direct = {up for up, _ in producers(name, cfg, graph).values()}
+    first = bad[0]  # upstream first: the one to run before the others
+    why = first.reason or first.state
+    fix = " ".join(["bertpipe", *graph[first.name].command])
+    also = f" (and {', '.join(f.name for f in bad[1:])} after it)" if len(bad) > 1 else ""
+    near = "" if first.name in direct else f", above {name}'s inputs"
+    raise BertpipeError(f"{name}: stage {first.name}{near} is {first.state} with these options ({why}); run `{fix}`"
+                        f"{also} with the same --set/--profile first, or `bertpipe run --until {name}` with them to "
+                        f"build them in order")

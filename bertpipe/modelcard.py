@@ -1,7 +1,10 @@
 """A Hugging Face model card (``README.md``, written with ``huggingface_hub.ModelCard``) in every model directory a
 stage saves (base, vocab, pretrain, finetune, distill), so the directory is ready to share as Hub users expect:
-YAML metadata (language, library, pipeline tag, base model, tags, metrics) and a body naming the base model, the
-data it saw with digests, its evaluation results, the intended use and, where known, the registry gate's decision.
+YAML metadata (language, library, pipeline tag, license, the base model as the user gave it in params.yaml, the
+datasets, tags, and the metrics with their values in the Hub's ``model-index`` format) and a body naming the model
+it was built from, the data it saw with digests, its evaluation results, the intended use and, where known, the
+registry gate's decision. The same call fits the saved tokenizer's length limit to the model's positions
+(``bertpipe.modeldir.fit_tokenizer``), so ``pipeline(task, model=dir)(long_text, truncation=True)`` works.
 
 The card is written inside the stage's temp output, next to config.json, so the stage's manifest lists it like any
 file it wrote; ``transformers.pipeline()`` ignores it.
@@ -48,18 +51,73 @@ def _shown(cfg, v) -> str:
         return str(v)
 
 
+def user_base_model(cfg) -> str | None:
+    """The base model as the user named it in params.yaml (``model.continue_from`` when set, else ``model.base``): a
+    hub id or their own path (relative to the project when inside it), never a work path a stage resolved; None for
+    a base trained from scratch by the base stage."""
+    from bertpipe.layout import base_is_scratch
+
+    given = cfg.params.model.continue_from.strip() or (None if base_is_scratch(cfg) else cfg.params.model.base.strip())
+    if given and cfg.path(given).exists():  # their directory: relative to the project when inside it, so the card
+        return _shown(cfg, cfg.path(given))  # (hashed into later stages) is the same wherever the project lives
+    return given
+
+
+def _license(base: str | None, cfg) -> str:
+    """The license the user's base model's own card declares (a local directory's README.md), else "other": the
+    Hub's value for a license stated elsewhere (the data's terms decide it; edit the card before sharing)."""
+    if base:
+        readme = cfg.path(base) / "README.md"
+        if readme.is_file():
+            from huggingface_hub import ModelCard
+
+            try:
+                found = ModelCard.load(readme).data.license
+            except (ValueError, OSError):
+                found = None
+            if isinstance(found, str) and found:
+                return found
+    return "other"
+
+
+def _is_model(v) -> bool:
+    """An input that is a model (a directory with config.json, or a hub id) rather than data."""
+    p = Path(v)
+    return (p / "config.json").is_file() or (isinstance(v, str) and not p.exists())
+
+
+def _eval_results(metrics: dict[str, float], task: str, dataset: str):
+    """The metrics as Hub ``model-index`` results: ``test_f1`` is metric ``f1`` on the test split."""
+    from huggingface_hub import EvalResult
+
+    out = []
+    for k, v in sorted(metrics.items()):
+        split, _, name = k.partition("_") if k.startswith(("test_", "dev_", "eval_")) else (None, "", k)
+        out.append(EvalResult(task_type=task, dataset_type=dataset, dataset_name=dataset, dataset_split=split,
+                              metric_type=name, metric_name=k, metric_value=v))
+    return out
+
+
 def write(model_dir: Path, ctx, *, pipeline_tag: str, base_model: str, metrics: dict[str, float] | None = None,
           labels: list[str] | None = None, decision: str | None = None, notes: str = "") -> Path:
     """README.md for ``model_dir`` written by stage ``ctx`` (a bertpipe.stage.StageContext)."""
     from huggingface_hub import ModelCard, ModelCardData
 
+    from bertpipe.modeldir import fit_tokenizer
+
+    fit_tokenizer(Path(model_dir))
     cfg = ctx.cfg
     base_model = _shown(cfg, base_model) if base_model else base_model
-    metrics = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))}
+    metrics = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and v == v}
+    given = user_base_model(cfg)
+    datasets = [_shown(cfg, v) for _, v in sorted(ctx.inputs.items()) if v is not None and not _is_model(v)]
     data = ModelCardData(language=cfg.params.model.language, library_name="transformers", pipeline_tag=pipeline_tag,
-                         tags=["bertpipe", ctx.name.split("/")[0]], base_model=base_model or None)
+                         license=_license(given, cfg), tags=["bertpipe", ctx.name.split("/")[0]],
+                         base_model=given, datasets=datasets or None)
     if metrics:
         data.metrics = sorted(metrics)
+        data.model_name = ctx.name.replace("/", "-")
+        data.eval_results = _eval_results(metrics, pipeline_tag, datasets[0] if datasets else ctx.name)
     inputs = "\n".join(f"- `{k}`: `{_shown(cfg, v)}` "
                        f"({_digest(Path(v)) if not isinstance(v, str) or '/' in v else 'hub id'})"
                        for k, v in sorted(ctx.inputs.items()) if v is not None)
@@ -67,7 +125,9 @@ def write(model_dir: Path, ctx, *, pipeline_tag: str, base_model: str, metrics: 
     body = [f"# {ctx.name}", "",
             f"Built by the bertpipe stage `{ctx.name}` (fingerprint `{ctx.fingerprint[:16]}`, profile "
             f"`{cfg.params.profile or '(none)'}`).", "",
-            "## Base model", "", f"`{base_model}`", "",
+            "## Base model", "", f"Built from `{base_model}`"
+            + (f"; the base model as given in params.yaml: `{given}`." if given else
+               "; the base encoder was trained from scratch by the base stage."), "",
             "## Intended use", "", USES.get(pipeline_tag, pipeline_tag), ""]
     if labels:
         body += [f"Labels: {', '.join(f'`{lab}`' for lab in labels)}.", ""]

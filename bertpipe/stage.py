@@ -18,9 +18,11 @@ fingerprint *will be* once its upstream stages are rebuilt, so staleness propaga
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import platform
+import re
 import shutil
 import sys
 import time
@@ -256,6 +258,18 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def environment() -> dict:
+    """The resolved environment a stage ran in: how many distributions are installed and a digest of every one's
+    normalised name and version (what `uv pip freeze` lists; scripts/setup.sh installs them from requirements.lock),
+    so two runs tell at once whether they ran with the same libraries."""
+    from importlib.metadata import distributions
+
+    pins = sorted({f"{re.sub(r'[-_.]+', '-', d.metadata['Name']).lower()}=={d.version}"
+                   for d in distributions() if d.metadata["Name"]})
+    return {"distributions": len(pins), "digest": hashlib.sha256("\n".join(pins).encode()).hexdigest()[:32]}
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
@@ -337,6 +351,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "started": started,
                     "duration_s": round(time.time() - started, 3),
                     "versions": library_versions(),
+                    "environment": environment(),
                     "code": stage.code_identity(),
                     "mlflow_run_id": getattr(tracker, "run_id", None),
                     "files": written_files(tmp),

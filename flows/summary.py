@@ -40,9 +40,13 @@ def summary(results: dict[str, dict], cfg) -> str:
     lines = [stage_line(name, status_of(r), r.get("out", "")) for name, r in results.items()]
     counts = {s: sum(status_of(r) == s for r in results.values()) for s in STATUSES}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    # The report and the registry's lines belong to this run only when its evaluate / register stage was part of it
+    # (built or found fresh): a `--until tasks` run names no report or version an earlier run left.
+    ran = {name for name, r in results.items() if status_of(r) != "skipped"}
     report = cfg.work / "evaluate" / "report.md"
-    if report.exists():
+    if "evaluate" in ran and report.exists():
         lines.append(f"report: {report}")
-    lines += registry_lines(cfg)
+    if "register" in ran:
+        lines += registry_lines(cfg)
     lines.append(f"browse: mlflow ui --backend-store-uri {display_uri(tracking_uri(cfg))} --host 127.0.0.1 --port 5000")
     return "\n".join(lines)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install bertpipe with every extra (serve, dask: pyproject.toml) and the test extras.
-# Idempotent: a second run only checks (well under a second), unless pyproject.toml changed since the last install.
+# Create .venv and install bertpipe with every extra (serve, dask: pyproject.toml) and the test extras, at the versions
+# requirements.lock pins (with their hashes; refreshed by `bash scripts/lock.sh`), so every install of one commit runs
+# the same libraries. Idempotent: a second run only checks (well under a second), unless pyproject.toml or
+# requirements.lock changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,8 +10,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-STAMP=.venv/.bertpipe-pyproject  # pyproject.toml's digest at the last install
-want=$(python -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest())")
+STAMP=.venv/.bertpipe-pyproject  # pyproject.toml's and requirements.lock's digest at the last install
+want=$(python -c "import hashlib; print(hashlib.sha256(b''.join(open(f, 'rb').read() for f in
+    ('pyproject.toml', 'requirements.lock'))).hexdigest())")
 # Found, not imported: importing them all takes seconds, and scripts/test.sh runs this before every test run.
 if python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" \
     bertpipe torch transformers prefect mlflow dvc onnxruntime litserve sklearn prefect_dask psycopg2 xdist filelock \
@@ -26,12 +29,15 @@ python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 pin=$(mktemp)
 python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > "$pin"
 index=${UV_INDEX_URL:-${PIP_INDEX_URL:-$(python -m pip config get global.index-url 2>/dev/null || true)}}
+# The locked versions (hashes checked), then bertpipe itself without resolving anything more.
 if python -m pip install -q uv >/dev/null 2>&1 && \
     UV_INDEX_URL="${index:-https://pypi.org/simple}" .venv/bin/uv pip install --quiet --python .venv/bin/python \
-      --compile-bytecode --constraint "$pin" -e ".[test,serve,dask]"; then
+      --compile-bytecode --constraint "$pin" -r requirements.lock && \
+    .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps -e .; then
   :
 else
-  python -m pip install -q -e ".[test,serve,dask]"
+  python -m pip install -q -r requirements.lock
+  python -m pip install -q --no-deps -e .
 fi
 rm -f "$pin"
 echo "$want" > "$STAMP"

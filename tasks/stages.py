@@ -41,7 +41,8 @@ def cache_key(stage: Stage, fingerprint: str) -> str:
 class FreshOutput(CachePolicy):
     """Key = the stage's fingerprint while its output on disk is fresh; no key (run, don't read a record) while it is
     stale, e.g. after `rm -r work/`. The task then records its result under the fingerprint itself (``_remember``),
-    so the next run with the output intact reads as Cached."""
+    so the next run with the output intact reads as Cached; a fresh output with no record yet gets one when its key
+    is computed (``_record_fresh``)."""
 
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
         cfg = _config(inputs["params"], inputs.get("profile"), list(inputs.get("overrides") or []))
@@ -49,7 +50,23 @@ class FreshOutput(CachePolicy):
         if stage.external is not None:
             return None  # what it reads outside the files (the registry) is asked on every run
         fresh, fp = is_fresh(stage, cfg)
-        return cache_key(stage, fp) if fresh else None
+        if not fresh:
+            return None
+        key = cache_key(stage, fp)
+        _record_fresh(task_ctx, key, stage, cfg, fp)
+        return key
+
+
+def _record_fresh(task_ctx, key: str, stage: Stage, cfg: Config, fp: str) -> None:
+    """An output fresh on disk that this Prefect home holds no record of (built by the CLI, `dvc repro`, or a flow
+    with another PREFECT_HOME): record its result under the key now, from its manifest, so the task reads as
+    Cached like every other fresh stage, not Completed."""
+    store = getattr(task_ctx, "result_store", None)
+    if store is None or not getattr(task_ctx, "persist_result", False) or store.exists(key):
+        return
+    m = read_manifest(stage.output(cfg)) or {}
+    store.write(obj=_result(stage.name, stage.output(cfg), fp, "cached", m.get("metrics"), m.get("mlflow_run_id")),
+                key=key)
 
 
 def _remember(key: str, result: dict) -> None:

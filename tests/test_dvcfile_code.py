@@ -1,11 +1,11 @@
-"""dvc.yaml tracks code as one params key per stage, and DVC reads the params file as JSON (quick: no dvc run).
+"""dvc.yaml tracks each stage's resolved params and code digest as one file it depends on (quick: no dvc run).
 
-For a checkout (the repo's own params.yaml: the bertpipe code lives in the project) the generated dvc.yaml lists
-every stage's source files once, as the deps of the ``params`` stage, and no other stage lists a source file;
-params_effective.json holds under ``code.<stage>`` the digest the stage's fingerprint holds, and each stage's
-``params:`` names it. DVC picks a params file's loader from everything after the first dot of its name
-(dvc_objects' ``fs.suffix``): the file's name must give the JSON loader, which the old name did not.
-The external stages (start) have a dvc.yaml of their own, stages/<name>/dvc.yaml, which --check compares too.
+Each stage's DVC entry depends on ``params_effective/<stage>.json`` (its params sections, resolved, and the digest its
+fingerprint holds) and names no DVC params, so `dvc exp show` shows params.yaml's keys and a column per dep, not
+every resolved value. For a checkout (the bertpipe code lives in the project) the ``params`` stage, which writes those
+files, depends on the code's folder; for an installed package on params.yaml alone. dvc.yaml is a function of the
+config and the project's files: what work/ holds changes nothing. The external stages (start) have a dvc.yaml of
+their own, stages/<name>/dvc.yaml, which --check compares too, with params_effective/.
 """
 
 from __future__ import annotations
@@ -16,57 +16,62 @@ from typer.testing import CliRunner
 
 from bertpipe.cli import app
 from bertpipe.config import load_config
-from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, LEGACY_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
-                              effective_params)
+from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, OLD_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
+                              effective_file, effective_files, render_effective, render_files)
 from bertpipe.pipeline import all_stages
 from tests.e2e_project import REPO, write_project
 
 
-def test_code_is_one_params_key_per_stage_and_the_params_stage_lists_the_source_files_once(sample_raw):
+def test_each_stage_depends_on_its_own_effective_file_and_the_params_stage_on_the_code_folder(sample_raw):
     cfg = load_config(REPO / "params.yaml", overrides=[f"paths.raw={sample_raw}"])  # a checkout: code in the project
     stages = all_stages(cfg)
     dvc = dvc_yaml(cfg)["stages"]
-    files = sorted({f for st in stages.values() for f in st.code_identity()["files"]})
-    assert files and all(f.startswith("bertpipe/") for f in files)
-    params_deps = dvc["params"]["deps"]
-    assert params_deps[:1] == ["params.yaml"] and params_deps[-len(files):] == files
-    assert len(params_deps) == len(set(params_deps))  # each source file once
-    eff = effective_params(cfg)[CODE]
-    assert set(eff) == {dvc_stage_name(n) for n in stages}
+    assert dvc["params"]["deps"] == ["params.yaml", "profiles.yaml", "bertpipe"]
+    assert dvc["params"]["outs"] == [{EFFECTIVE: {"cache": False}}]
+    eff = effective_files(cfg)
+    assert set(eff) == {effective_file(n) for n in stages}
     for name, st in stages.items():
         entry = dvc[dvc_stage_name(name)]
-        assert not [d for d in entry["deps"] if d.startswith("bertpipe/")], (name, entry["deps"])
-        assert f"{CODE}.{dvc_stage_name(name)}" in entry["params"][0][EFFECTIVE], name
-        assert eff[dvc_stage_name(name)] == st.code_identity()["digest"], name  # what the fingerprint holds
-    # two stages of different code differ, so a code edit moves only the digests of the stages it is part of
-    assert eff["vocab"] != eff["prepare"]
+        assert "params" not in entry and entry["deps"][-1] == effective_file(name), (name, entry)
+        assert not [d for d in entry["deps"] if d.startswith("bertpipe")], (name, entry["deps"])
+        assert eff[effective_file(name)][CODE] == st.code_identity()["digest"], name  # what the fingerprint holds
+        assert set(eff[effective_file(name)]["params"]) == {s.split(".")[0] for s in st.sections}, name
+    # two stages of different code differ, so a code edit moves only the files of the stages it is part of
+    assert eff[effective_file("vocab")][CODE] != eff[effective_file("prepare")][CODE]
+    assert eff[effective_file("prepare")]["params"]["prepare"] == cfg.section_shown("prepare")
 
 
-def test_an_installed_package_tracks_no_code(tmp_path, sample_raw):
+def test_an_installed_package_tracks_no_code_folder_and_dvc_yaml_ignores_work(tmp_path, sample_raw):
     cfg = load_config(write_project(tmp_path, sample_raw))  # the code (this repo) is outside this project
     dvc = dvc_yaml(cfg)["stages"]
     assert dvc["params"]["deps"] == ["params.yaml"]
-    assert CODE not in effective_params(cfg)
-    assert not any(f"{CODE}." in k for st in dvc.values() for p in st.get("params", []) for k in p[EFFECTIVE])
+    assert all(CODE in d for d in effective_files(cfg).values())  # the digest of the code that runs, wherever
+    before = render_files(cfg)
+    for t in cfg.params.finetune.tasks:  # outputs appearing under work/ (a run) change nothing in dvc.yaml
+        (cfg.work / "tasks" / t).mkdir(parents=True)
+    (cfg.work / "vocab").mkdir(parents=True)
+    assert render_files(cfg) == before
+    register = dvc["register"]["deps"]
+    assert {f"work/tasks/{t}" for t in cfg.params.finetune.tasks} <= set(register), register
 
 
-def test_dvc_reads_the_params_file_with_its_json_loader():
-    from dvc.utils.serialize import LOADERS, load_json
-    from dvc_objects.fs.local import LocalFileSystem
-
-    assert LOADERS[LocalFileSystem.suffix(EFFECTIVE)] is load_json
-    assert LOADERS[LocalFileSystem.suffix(LEGACY_EFFECTIVE)] is not load_json  # why the file was renamed
-
-
-def test_dvc_yaml_says_the_old_params_file_is_unused_and_keeps_it(tmp_path, monkeypatch, sample_raw):
+def test_the_old_params_file_is_said_and_kept(tmp_path, monkeypatch, sample_raw):
     write_project(tmp_path, sample_raw)
-    old = tmp_path / LEGACY_EFFECTIVE
+    old = tmp_path / OLD_EFFECTIVE[0]
     old.write_text("{}\n")
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(tmp_path / "params.yaml")])
     assert res.exit_code == 0, res.output
-    assert f"`git rm {LEGACY_EFFECTIVE}`" in res.output and old.read_text() == "{}\n"
-    assert json.loads((tmp_path / EFFECTIVE).read_text()) == effective_params(load_config(tmp_path / "params.yaml"))
+    assert f"`git rm {OLD_EFFECTIVE[0]}`" in res.output and old.read_text() == "{}\n"
+    cfg = load_config(tmp_path / "params.yaml")
+    for rel, data in effective_files(cfg).items():
+        assert json.loads((tmp_path / rel).read_text()) == data
+    # a stage the graph no longer has: its file is out of date for --check and goes on the next write
+    (tmp_path / EFFECTIVE / "gone.json").write_text("{}\n")
+    stale = CliRunner().invoke(app, ["dvc-yaml", "--params", str(tmp_path / "params.yaml"), "--check"])
+    assert stale.exit_code == 1 and f"{EFFECTIVE}/gone.json" in stale.output, stale.output
+    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(tmp_path / "params.yaml"), "--effective"])
+    assert res.exit_code == 0 and not (tmp_path / EFFECTIVE / "gone.json").exists(), res.output
 
 
 def test_the_external_stages_have_files_of_their_own_and_check_compares_every_file(tmp_path, monkeypatch, sample_raw):
@@ -87,7 +92,7 @@ def test_the_external_stages_have_files_of_their_own_and_check_compares_every_fi
     monkeypatch.chdir(tmp_path)
     gen = ["dvc-yaml", "--params", str(params)]
     res = CliRunner().invoke(app, gen)
-    assert res.exit_code == 0 and "`git add stages/`" in res.output, res.output
+    assert res.exit_code == 0 and "`git add stages/ params_effective/`" in res.output, res.output
     sub = tmp_path / "stages" / "start" / "dvc.yaml"
     assert "dvc repro stages/start/dvc.yaml:start" in sub.read_text()  # the header says why, and how to run it
     assert CliRunner().invoke(app, [*gen, "--check"]).exit_code == 0
@@ -133,3 +138,21 @@ def test_a_file_of_the_users_where_a_sub_file_goes_is_refused_and_kept(tmp_path,
     assert res.exit_code == 2 and res.output.startswith("error: ") and str(mine) in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
     assert mine.read_text() == "stages: {}\n" and not (tmp_path / "dvc.yaml").exists()  # nothing written
+
+
+def test_the_committed_generated_files_are_what_this_install_generates(tmp_path, sample_raw):
+    """The repo's dvc.yaml, stages/*/dvc.yaml and params_effective/ (whose code digests include the libraries'
+    versions) equal what this install generates: scripts/setup.sh installs requirements.lock, so a fresh install
+    of the same commit rebuilds nothing. A project laid out as the repo (its params, its code, the sample data as
+    data/raw), generated and compared file by file."""
+    for name in ("params.yaml", "profiles.yaml"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    (tmp_path / "bertpipe").symlink_to(REPO / "bertpipe")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "raw").symlink_to(sample_raw)
+    cfg = load_config(tmp_path / "params.yaml")
+    generated = {**render_files(cfg), **render_effective(cfg)}
+    committed = {p.relative_to(REPO).as_posix() for p in (REPO / EFFECTIVE).glob("*.json")}
+    assert committed == {p for p in generated if p.startswith(f"{EFFECTIVE}/")}
+    stale = [p for p, text in generated.items() if (REPO / p).read_text(encoding="utf-8") != text]
+    assert not stale, f"{stale}: run `bertpipe dvc-yaml` (with the sample data in data/raw) and commit them"

@@ -38,6 +38,18 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
     stages = chain(tmp_path)
     assert {n: f.state for n, f in expected(cfg, stages).items()} == {"a": "stale", "b": "stale", "c": "stale"}
     built = {n: run_stage(st, cfg, tracker_factory=NO_TRACKING).fingerprint for n, st in stages.items()}
+    # each manifest records the environment it ran in: every installed distribution, as `pip list` names them
+    import hashlib
+    import json
+    import re
+    import subprocess
+    import sys
+
+    listed = json.loads(subprocess.run([sys.executable, "-m", "pip", "list", "--format", "json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    pins = sorted({f"{re.sub(r'[-_.]+', '-', d['name']).lower()}=={d['version']}" for d in listed})
+    env = read_manifest(tmp_path / "w" / "a")["environment"]
+    assert env == {"distributions": len(pins), "digest": hashlib.sha256("\n".join(pins).encode()).hexdigest()[:32]}
     fresh = expected(cfg, stages)
     assert all(f.fresh for f in fresh.values()) and {n: f.fingerprint for n, f in fresh.items()} == built
 

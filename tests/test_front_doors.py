@@ -44,7 +44,15 @@ print("MANIFESTS=" + json.dumps(manifests))
 """
 
 
+FLOW_ONCE = FLOW_TWICE.split("import shutil")[0] + """
+state = domain_adaptation("params.yaml", None, [], "prepare", return_state=True)
+assert state.is_completed(), state
+print("STATES=" + json.dumps(states(state.state_details.flow_run_id)))
+"""
+
+
 def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path, sample_raw):
+    import shutil
     import sys
 
     write_project(tmp_path, sample_raw, {"finetune": one_task()})
@@ -70,3 +78,20 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     assert second == {"tasks": "Cached", "prepare": "Completed"}, second
     assert rebuilt["fingerprint"] == manifest["fingerprint"] and rebuilt["mlflow_run_id"] != manifest["mlflow_run_id"]
     assert (tmp_path / "work" / "prepare" / "manifest.json").exists()
+    # A one-stage command builds on fresh inputs only: with a --set that stales tasks (its near-duplicate settings),
+    # `bertpipe prepare` says to run tasks first, as `bertpipe stages` calls tasks stale, and keeps its output.
+    over = ["--set", "prepare.dedup.threshold=0.8"]
+    states = {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages", *over], tmp_path).stdout.splitlines()}
+    assert (states["tasks"], states["prepare"]) == ("stale", "stale"), states
+    refused = run(["bertpipe", "prepare", *over], tmp_path, check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "error: prepare: stage tasks is stale with these options (inputs or params changed); run `bertpipe tasks` "
+        "with the same --set/--profile first"), refused.stderr
+    assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text()) == rebuilt
+    # A Prefect home with no records of these outputs (its result storage removed: what a new PREFECT_HOME has): the
+    # fresh stages read as Cached on the first flow run, not Completed
+    shutil.rmtree(tmp_path / ".bertpipe" / "prefect" / "storage")
+    proc = run([sys.executable, "-c", FLOW_ONCE], tmp_path)
+    again = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1][len("STATES="):])
+    assert again == {"tasks": "Cached", "prepare": "Cached"}, again

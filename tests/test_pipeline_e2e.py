@@ -137,6 +137,8 @@ def project(tmp_path_factory, sample_raw):
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     run(["dvc", "add", "data/raw"], root)
+    run(["bertpipe", "dvc-yaml"], root)  # before any run: a run must leave it as it is
+    (root / "dvc.yaml.before").write_bytes((root / "dvc.yaml").read_bytes())
     return root
 
 
@@ -173,6 +175,40 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
 
 
+def test_dvc_yaml_is_the_same_after_a_run(project):
+    """dvc.yaml is a function of the config, never of what work/ holds: byte-identical after the run, and --check
+    passes."""
+    assert (project / "dvc.yaml").read_bytes() == (project / "dvc.yaml.before").read_bytes()
+    assert "are current" in run(["bertpipe", "dvc-yaml", "--check"], project).stdout
+
+
+LONG = {"fill-mask": "今天[MASK]气。" + "很好" * 300, "token-classification": "张三在北京大学工作。" * 44}
+
+
+def test_every_saved_model_dir_runs_a_pipeline_on_a_long_text(project):
+    """Each model directory the chain saved (base, vocab, pretrain, every finetune, every student) loads the way a
+    Hugging Face user loads it, and a text longer than its position table truncates instead of failing."""
+    from huggingface_hub import ModelCard
+    from transformers import pipeline
+
+    dirs = sorted(d.parent for d in (project / "work").rglob("model/config.json"))
+    kinds = {d.relative_to(project / "work").parts[0] for d in dirs}
+    assert {"base", "vocab", "pretrain", "finetune", "distill"} <= kinds, dirs
+    for d in dirs:
+        card = ModelCard.load(d / "README.md")
+        task = card.data.pipeline_tag
+        text = LONG.get(task, "很好" * 300)
+        pipe = pipeline(task, model=str(d))
+        # how each pipeline is asked to truncate: fill-mask through its tokenizer kwargs, token-classification
+        # always truncates at the tokenizer's model_max_length
+        kw = {"fill-mask": {"tokenizer_kwargs": {"truncation": True}}, "token-classification": {}}
+        out = pipe(text, **kw.get(task, {"truncation": True}))
+        assert isinstance(out, list), (d, task)  # a tiny model may find no entity: what counts is no error
+        assert card.data.license and not (card.data.base_model or "").startswith(("work/", "/")), (d, card.data)
+        if task in ("text-classification", "token-classification"):
+            assert card.data.eval_results and card.data.datasets, (d, card.data)
+
+
 def test_second_run_is_all_cached_and_registers_nothing(project):
     before = registry_versions(project)
     states, elapsed, log = flow_states(project)
@@ -205,7 +241,7 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     (project / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
     assert {k for k, v in stage_states(project).items() if v != "fresh"} == {"register"}, stage_states(project)
     third = run(["dvc", "repro"], project)
-    # params: the stage that resolves params.yaml into params_effective.json (what the stages' params: read) reruns on
+    # params: the stage that resolves params.yaml into params_effective/ (each stage's dep file) reruns on
     # any edit of the file; of the stages after it only register's effective values moved
     assert re.findall(r"Running stage '([^']+)'", third.stdout) == [
         "params", "stages/start/dvc.yaml:start", "register"], third.stdout

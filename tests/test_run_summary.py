@@ -1,4 +1,5 @@
-"""The end-of-run summary every door prints carries the register decision lines (quick: a registry.json on disk)."""
+"""The end-of-run summary every door prints carries the register decision lines, only when register was
+part of the run (quick: a registry.json on disk)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,9 @@ def test_the_summary_says_what_register_decided(tmp_path):
     assert "registered: bp-ner version 2 aliases [champion] - new champion: f1 +0.03" in text
     assert "not registered: bp-qa (no test examples)" in text
     assert "register                                 built" in text
+    # a run that stopped before register (`--until tasks`) names no version an earlier run registered
+    (cfg.work / "evaluate").mkdir()
+    (cfg.work / "evaluate" / "report.md").write_text("# report\n")
+    text = summary({"tasks": {"status": "cached", "out": str(cfg.work / "tasks")},
+                    "register": {"status": "skipped", "out": str(reg.parent)}}, cfg)
+    assert "registered" not in text and "report:" not in text, text

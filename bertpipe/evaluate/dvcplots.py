@@ -1,12 +1,21 @@
-"""What `dvc metrics` and `dvc plots` read: a flat scores file and row-per-point plot files under the evaluate output.
+"""What `dvc metrics` and `dvc plots` read, under the evaluate output.
 
-The generated dvc.yaml declares them (top-level ``metrics:`` and ``plots:``, bertpipe.dvcfile), so `dvc metrics
-diff` and `dvc plots diff` compare two commits or experiments without knowing bertpipe's nested metrics.json:
+The generated dvc.yaml declares the per-task metrics files and the image folders (top-level ``metrics:`` and
+``plots:``, bertpipe.dvcfile), so `dvc metrics show` prints one readable row per task and `dvc metrics diff` /
+`dvc plots diff` compare two commits or experiments without knowing bertpipe's nested metrics.json:
 
+    work/evaluate/metrics/<task>.json                 {"<base|adapted|delta|baseline_x>": {"<metric>": value}}
+    work/evaluate/plots/images/confusion_<task>_<enc>.svg   the test confusion matrix, class names on both axes
     work/evaluate/scores.json                         {"<task>.<base|adapted|delta|baseline_x>.<metric>": value, ...}
     work/evaluate/plots/confusion/<task>_<enc>.json   [{"actual": label, "predicted": label}, ...]  (one per example)
     work/evaluate/plots/train_loss/<task>_<enc>.json  [{"step", "loss", "seed"}, ...]
     work/evaluate/plots/dev/<task>_<enc>.json         [{"step", "<primary metric>", "seed"}, ...]
+
+Only images are declared as plots: DVC's HTML loads Vega from a CDN, so its data plots are blank offline, while an
+image renders anywhere. The confusion matrices are SVG with their text kept as text (``svg.fonttype: none``): the
+viewer's fonts draw the class names, Chinese ones included, where a PNG drawn without a CJK font could only show
+indices. The JSON rows stay for whoever wants the data (`dvc plots show work/evaluate/plots/dev/...` with a
+network).
 """
 
 from __future__ import annotations
@@ -15,13 +24,9 @@ import json
 from pathlib import Path
 
 SCORES = "scores.json"
+METRICS = "metrics"
 PLOTS = "plots"
-# (folder, dvc.yaml plot properties); the dev folder's y is each task's primary metric, so DVC picks the last column
-PLOT_DIRS = {
-    "confusion": {"template": "confusion", "x": "predicted", "y": "actual", "title": "test confusion (rows: true)"},
-    "train_loss": {"x": "step", "y": "loss", "title": "finetune train loss"},
-    "dev": {"x": "step", "title": "finetune dev primary metric"},
-}
+IMAGES = "images"  # under PLOTS: the image plots dvc.yaml declares
 
 
 def _write(path: Path, rows) -> None:
@@ -35,11 +40,42 @@ def confusion_rows(labels: list[str], matrix: list[list[int]]) -> list[dict]:
             for i, row in enumerate(matrix) for j, n in enumerate(row) for _ in range(int(n))]
 
 
+def per_task(flat: dict[str, float]) -> dict[str, dict]:
+    """``{"<task>.<part>.<metric>": v}`` as ``{task: {part: {metric: v}}}`` (task names hold no dot)."""
+    out: dict[str, dict] = {}
+    for key, v in flat.items():
+        task, _, rest = key.partition(".")
+        part, _, metric = rest.partition(".")
+        node = out.setdefault(task, {})
+        if metric:
+            node.setdefault(part, {})[metric] = v
+        else:
+            node[part] = v
+    return out
+
+
+def confusion_svg(path: Path, labels: list[str], matrix: list[list[int]], title: str) -> Path:
+    """The report's confusion matrix drawn as SVG, its text kept as text so the viewer's fonts draw every label."""
+    import warnings
+
+    from matplotlib import rc_context
+
+    from bertpipe.evaluate.report import confusion_png
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "bertpipe"}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Glyph missing": the layout font lacks CJK; the SVG viewer's has it
+        return confusion_png(path, labels, matrix, title, names=True)
+
+
 def write(out: Path, flat: dict[str, float], confusions: dict[str, tuple[list, list]], curve_dirs: dict[str, Path]):
     """``flat``: the scores; ``confusions``: name -> (labels, matrix); ``curve_dirs``: name -> finetune output."""
     (out / SCORES).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    for task, scores in per_task(flat).items():
+        _write(out / METRICS / f"{task}.json", scores)
     for name, (labels, matrix) in sorted(confusions.items()):
         _write(out / PLOTS / "confusion" / f"{name}.json", confusion_rows(labels, matrix))
+        confusion_svg(out / PLOTS / IMAGES / f"confusion_{name}.svg", labels, matrix, f"{name} (test)")
     for name, d in sorted(curve_dirs.items()):
         f = Path(d) / "curves.json"
         if not f.is_file():  # a finetune output from before curves.json existed

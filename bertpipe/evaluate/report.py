@@ -84,8 +84,9 @@ def bar_chart(path: Path, tasks: dict, encoders: list[str]) -> Path:
     return path
 
 
-def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title: str) -> Path:
-    """Row-normalised confusion matrix (recall per true class) with the counts written in the cells."""
+def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title: str, names: bool = False) -> Path:
+    """Row-normalised confusion matrix (recall per true class) with the counts written in the cells. ``names``: the
+    class names whatever the fonts (for an SVG whose text stays text: bertpipe.evaluate.dvcplots)."""
     import numpy as np
 
     plt = _plt()
@@ -93,7 +94,8 @@ def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title:
 
     # Chinese labels need a CJK font; without one, label indices keep the picture readable.
     has_cjk = any("CJK" in f.name or "Noto Sans SC" in f.name for f in font_manager.fontManager.ttflist)
-    shown = labels if has_cjk or all(lab.isascii() for lab in labels) else [str(i) for i in range(len(labels))]
+    readable = names or has_cjk or all(lab.isascii() for lab in labels)
+    shown = labels if readable else [str(i) for i in range(len(labels))]
     m = np.asarray(matrix, dtype=float)
     norm = m / np.maximum(m.sum(axis=1, keepdims=True), 1)
     n = len(labels)
