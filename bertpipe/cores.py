@@ -40,11 +40,12 @@ def auto_workers(n_cores: int) -> int:
     return 4
 
 
-def training_threads(setting: int, processes: int = 1) -> int:
+def training_threads(setting: int, processes: int = 1, alone: bool = False) -> int:
     """Torch intra-op threads for a training stage: ``setting`` when > 0 (the stage's ``threads`` param), else the
-    machine's cores divided by ``auto_workers`` (the flow's share for a stage beside others) and by the
-    ``processes`` a torchrun launch starts on this machine."""
+    machine's cores (``alone``: a stage the graph never runs beside other work, as the flow gives it every core) or
+    their share beside others (divided by ``auto_workers``), divided by the ``processes`` a torchrun launch starts
+    on this machine."""
     if setting > 0:
         return setting
     n = usable_cores()
-    return max(1, n // auto_workers(n) // max(1, processes))
+    return max(1, n // (1 if alone else auto_workers(n)) // max(1, processes))

@@ -72,7 +72,7 @@ def test_weights_follow_the_stage_not_the_doors_thread_count(tmp_path, sample_ra
             torch.set_num_threads(1)
         fps.add(res.fingerprint)
         manifest = json.loads((root / "work" / "base" / "manifest.json").read_text())
-        assert manifest["counts"]["torch_threads"] == training_threads(0)
+        assert manifest["counts"]["torch_threads"] == training_threads(0, alone=True)  # base: every core
         weights.append(load_file(root / "work" / "base" / "model" / "model.safetensors"))
     assert len(fps) == 1 and weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -81,7 +81,8 @@ def _load(ctx, p):
 def _build(ctx, d) -> dict:
     p = ctx.params
     # The same count in every door (bertpipe.cores): the weights depend on it, the fingerprint holds only p.threads
-    threads = training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    # base has only light neighbours in the graph (the flow runs it on every core), pretrain runs beside finetunes
+    threads = training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), alone=ctx.name == "base")
     torch.set_num_threads(threads)
     ctx.counts["torch_threads"] = threads
     should_compile(p.compile, p.max_steps, d.device, f"{ctx.name}.compile")  # a bad setting fails before the data
