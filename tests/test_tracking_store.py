@@ -255,12 +255,12 @@ def test_tracking_uris_mlflow_cannot_use_and_a_missing_store_are_one_error_line(
 
     root = tmp_path / "p"
     project(root)
-    env = env_for(root)
+    env = env_for(root, prefect="ephemeral")  # no Prefect server: every command here ends before one would start
     env.pop("MLFLOW_TRACKING_URI", None)
     before = files_under(root)
     uris = ["ftp://example.org/store", "notauri"]
     if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy's driver for a plain postgresql:// URL
-        uris.append("postgresql://bertpipe@127.0.0.1/mlflow")
+        uris.append("postgresql://127.0.0.1:5432/mlflow")
     for uri in uris:
         for argv in (["models", "list"], ["run"]):
             line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri={uri}"], root, env))
