@@ -161,6 +161,13 @@ def client(cfg: Config, create: bool = True):
     return c
 
 
+def store_file(uri: str) -> Path | None:
+    """The sqlite file of a ``sqlite:///`` URI (None for a server or another database)."""
+    from bertpipe.sqlite_wait import db_path
+
+    return db_path(uri)
+
+
 def _own_store(cfg: Config, db: Path) -> bool:
     """Whether ``db`` is this project's own store (under paths.state), whose artifacts live beside it."""
     try:

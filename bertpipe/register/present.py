@@ -23,11 +23,10 @@ def missing(cfg, out: Path) -> str | None:
     if not models:
         return None
     from bertpipe.register.registry import FINGERPRINT_TAG
-    from bertpipe.sqlite_wait import db_path
-    from bertpipe.tracking import client, display_uri, tracking_uri, unreachable_line
+    from bertpipe.tracking import client, display_uri, store_file, tracking_uri, unreachable_line
 
     uri = tracking_uri(cfg)
-    db = db_path(uri)
+    db = store_file(uri)
     if db is not None and not db.is_file():
         return f"the registry {display_uri(uri)} does not exist (it holds none of the versions registry.json names)"
     c = client(cfg, create=False)
