@@ -15,9 +15,9 @@ to its own (``relocate``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
@@ -75,6 +75,8 @@ def _create(db: Path) -> None:
         raise BertpipeError(f"{db}: MLflow created a store at schema {version}, not {schema_head()}")
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
+    for suffix in ("-journal", "-wal", "-shm"):  # an old store's: sqlite would apply a hot journal to the new file
+        db.with_name(db.name + suffix).unlink(missing_ok=True)
     os.replace(tmp, db)
 
 
@@ -96,10 +98,7 @@ def ensure(db: Path) -> None:
             f"{db}: the MLflow store is at schema {version or '(none)'}, this MLflow expects {schema_head()}, and it "
             f"holds {rows} run/model row(s); back it up, then run `mlflow db upgrade sqlite:///{db}`")
     print(f"[tracking] {db}: an interrupted creation left this store incomplete (schema {version or '(none)'}) "
-          "and it holds nothing; creating it again", flush=True)
-    with contextlib.suppress(FileNotFoundError):
-        for suffix in ("-journal", "-wal", "-shm"):
-            db.with_name(db.name + suffix).unlink(missing_ok=True)
+          "and it holds nothing; creating it again", file=sys.stderr, flush=True)
     _create(db)
 
 

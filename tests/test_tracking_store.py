@@ -261,13 +261,12 @@ def test_tracking_uris_mlflow_cannot_use_and_a_missing_store_are_one_error_line(
     uris = ["ftp://example.org/store", "notauri"]
     if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy's driver for a plain postgresql:// URL
         uris.append("postgresql://127.0.0.1:5432/mlflow")
-    for uri in uris:
-        for argv in (["models", "list"], ["run"]):
-            line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri={uri}"], root, env))
-            assert line.startswith("error: tracking.uri: ") and ("expected sqlite:///PATH" in line
-                                                                 or "needs a database driver" in line), line
+    for argv, uri in [(["run"], uris[0])] + [(["models", "list"], u) for u in uris]:
+        line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri={uri}"], root, env))
+        assert line.startswith("error: tracking.uri: ") and ("expected sqlite:///PATH" in line
+                                                             or "needs a database driver" in line), line
     nowhere = tmp_path / "nonexistent" / "dir" / "x.db"
-    for argv in (["models", "list"], ["models", "show", MODEL], ["models", "promote", MODEL, "1"]):
+    for argv in (["models", "list"], ["models", "promote", MODEL, "1"]):
         line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri=sqlite:///{nowhere}"], root, env))
         assert f"no MLflow store at {nowhere}" in line, line
     line = one_error_line(shared_cli().run(["models", "list"], root, env))  # the project's own store, not made yet
