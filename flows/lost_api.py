@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import traceback
 from typing import Any, Callable
 
 from bertpipe.errors import BertpipeError
@@ -20,16 +21,23 @@ _lost: list[str] = []  # why the API was found gone in this process (the first t
 
 
 def api_lost(e: BaseException) -> str | None:
-    """How the Prefect API failed, when ``e`` (or what caused it) is the API not answering; else None."""
+    """How the Prefect API failed, when ``e`` (or what caused it) is Prefect's client not reaching its API (a
+    connection error raised through Prefect's code: a stage's own network error is not one); else None."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        mod = type(e).__module__ or ""
-        if (mod.startswith(("httpx", "httpcore")) and "Error" in type(e).__name__ and "Status" not in type(e).__name__
-                or isinstance(e, RuntimeError) and str(e).startswith("Failed to reach API")):
-            return f"{type(e).__name__}: {str(e)[:200]}"
+        mod, name = type(e).__module__ or "", type(e).__name__
+        transport = mod.startswith(("httpx", "httpcore")) and "Error" in name and "Status" not in name
+        unreached = isinstance(e, RuntimeError) and str(e).startswith("Failed to reach API")
+        if (transport or unreached) and _through_prefect(e):
+            return f"{name}: {str(e)[:200]}"
         e = e.__cause__ or e.__context__
     return None
+
+
+def _through_prefect(e: BaseException) -> bool:
+    return any(f"{os.sep}prefect{os.sep}" in frame.f_code.co_filename
+               for frame, _ in traceback.walk_tb(e.__traceback__))
 
 
 def lost() -> str | None:
