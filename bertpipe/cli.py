@@ -7,6 +7,7 @@ import functools
 import inspect
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -257,6 +258,12 @@ def _check_until(cfg, until: Optional[str]) -> None:
     base_model(cfg), base_tokenizer(cfg)  # a base or tokenizer that needs its own code (layout refuses it)
 
 
+def _check_tracking(cfg) -> None:
+    from bertpipe.tracking import tracking_uri
+
+    tracking_uri(cfg)  # a URI MLflow cannot use: one error line before Prefect starts, not a failed flow run
+
+
 def _prefect_env(cfg, params: str) -> None:
     """Prefect's home under paths.state, set before the flows (and Prefect) are imported."""
     os.environ.setdefault("BERTPIPE_ROOT", str(Path(params).resolve().parent))
@@ -288,11 +295,23 @@ def run_cmd(
     overrides = flow_overrides(set_)
     cfg = load(params, profile, overrides)
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
+    _check_tracking(cfg)
     _prefect_env(cfg, params)
     from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
+    from bertpipe_prefect.flows.lost_api import api_lost, gone, outcome, quiet_engine_tracebacks
     from bertpipe_prefect.flows.summary import summary
 
-    results = domain_adaptation(params, profile, overrides, until)
+    started = time.time()
+    quiet_engine_tracebacks()
+    try:
+        results = domain_adaptation(params, profile, overrides, until)
+    except Exception as e:
+        if api_lost(e) is None:
+            raise
+        gone(api_lost(e), say=False)  # what Prefect still sends on exit (its last log batches) tries once
+        results = outcome(cfg, until, started, e)  # one error line unless every stage finished
+        typer.echo(f"warning: the Prefect server was lost during the run ({api_lost(e)}); every stage finished, so "
+                   "the run succeeded (its Prefect flow run may still show as running)", err=True)
     typer.echo(summary(results, cfg))
 
 
@@ -308,6 +327,7 @@ def retrain_cmd(
     cfg = load(params, profile, overrides)
     plan(cfg, list(add))  # every file as prepare will read it, before Prefect starts
     _check_until(cfg, None)
+    _check_tracking(cfg)
     _prefect_env(cfg, params)
     from bertpipe_prefect.flows.retrain import retrain
     from bertpipe_prefect.flows.summary import summary
@@ -327,6 +347,7 @@ def schedule_cmd(
     overrides = flow_overrides(set_)
     cfg = load(params, profile, overrides)
     _check_until(cfg, until)
+    _check_tracking(cfg)
     _prefect_env(cfg, params)
     if not os.environ.get("PREFECT_API_URL"):
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
@@ -462,10 +483,11 @@ def new_laws_cmd(
 
 
 def _registry(params: str, profile, set_):
+    """The config and a client on its registry, which must exist: the `models` commands never create a store."""
     from bertpipe.tracking import client
 
     cfg = load(params, profile, set_)
-    return cfg, client(cfg)
+    return cfg, client(cfg, create=False)
 
 
 @models_app.command("list", help="Registered models with their latest version and aliases.")

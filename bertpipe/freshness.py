@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-from bertpipe.stage import Stage, fingerprint, read_manifest
+from bertpipe.stage import Stage, fingerprint, lost_record, read_manifest
 
 
 @dataclass
@@ -70,11 +70,12 @@ def expected(cfg: Config, stages: dict[str, Stage] | None = None, only: list[str
             return memo[name]
         stale_ups = [f.name for f, _ in ups.values() if not f.fresh]
         m = read_manifest(stages[name].output(cfg))
-        if m is not None and m.get("fingerprint") == fp:
+        lost = lost_record(stages[name], cfg) if m is not None and m.get("fingerprint") == fp else None
+        if m is not None and m.get("fingerprint") == fp and lost is None:
             memo[name] = Freshness(name, "fresh", fp)
         else:
             why = (f"upstream {', '.join(dict.fromkeys(stale_ups))} stale" if stale_ups
-                   else "no output" if m is None else _why(stages[name], m))
+                   else "no output" if m is None else lost or _why(stages[name], m))
             memo[name] = Freshness(name, "stale", fp, why)
         return memo[name]
 

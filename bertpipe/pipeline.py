@@ -320,8 +320,10 @@ def register_stage() -> Stage:
                     if (cfg.work / "tasks" / t).exists()})
         return ins
 
+    from bertpipe.register.present import missing
+
     return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,
-                 code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources=sources)
+                 code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources=sources, lost=missing)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,10 @@ class Stage:
     # which stages share the cores: a stage that may only ever run beside light ones (base, beside the start
     # decision) gets every core.
     light: bool = False
+    # What the output records outside its directory (register: the model versions its registry.json names, kept in
+    # the tracking store), asked once the fingerprint matches: why that record is gone, or None. An output whose
+    # record is gone (the store deleted, a new paths.state) is stale at every door that asks ``is_fresh``.
+    lost: Callable[[Config, Path], str | None] | None = None
 
     def __post_init__(self) -> None:
         self.family = self.family or self.name.split("/")[0]
@@ -243,7 +247,21 @@ def fingerprint(stage: Stage, cfg: Config, known: Callable[[str, Path | str], st
 def is_fresh(stage: Stage, cfg: Config) -> tuple[bool, str]:
     fp, _ = fingerprint(stage, cfg)
     m = read_manifest(stage.output(cfg))
-    return (m is not None and m.get("fingerprint") == fp), fp
+    return (m is not None and m.get("fingerprint") == fp and lost_record(stage, cfg) is None), fp
+
+
+def lost_record(stage: Stage, cfg: Config) -> str | None:
+    """Why what ``stage``'s output records outside its directory is gone (``Stage.lost``), or None."""
+    if stage.lost is None:
+        return None
+    why = stage.lost(cfg, stage.output(cfg))
+    if why and (stage.name, why) not in _SAID_LOST:
+        _SAID_LOST.add((stage.name, why))
+        print(f"[{stage.name}] its output is stale: {why}", file=sys.stderr, flush=True)
+    return why
+
+
+_SAID_LOST: set[tuple[str, str]] = set()
 
 
 def library_versions() -> dict[str, str]:
@@ -306,7 +324,8 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
 
     def current(m: dict | None) -> bool:
         return (not force and m is not None and m.get("fingerprint") == fp
-                and (stage.external is None or answer(m.get("external")) == answer(external)))
+                and (stage.external is None or answer(m.get("external")) == answer(external))
+                and lost_record(stage, cfg) is None)
 
     m = read_manifest(out)
     if current(m):

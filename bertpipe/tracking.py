@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from bertpipe.config import Config
 from bertpipe.diskfull import disk_full, drop_partial_artifacts
+from bertpipe.errors import BertpipeError
 from bertpipe.orphans import close_orphans as _close_orphans
 from bertpipe.orphans import mark_closed, mark_open, owner_tags
 from bertpipe.redact import mask_text, mask_uri
@@ -31,12 +33,54 @@ def quiet_env(uri: str | None = None) -> None:
 
 
 def tracking_uri(cfg: Config) -> str:
+    """The project's tracking URI (tracking.uri, else $MLFLOW_TRACKING_URI, else the embedded store), checked to be
+    one MLflow can open (``check_uri``)."""
     if cfg.params.tracking.uri:
-        return cfg.params.tracking.uri
+        return check_uri(cfg.params.tracking.uri, "tracking.uri")
     if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+        return check_uri(os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI")
     cfg.state.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(cfg.state / 'mlflow.db').resolve()}"
+
+
+_DB_SCHEMES = ("postgresql", "mysql", "mssql")
+EXPECTED_URI = ("expected sqlite:///PATH, http(s)://HOST[:PORT] (an MLflow server), or a postgresql://, mysql:// or "
+                "mssql:// database URL whose driver is installed")
+
+
+def check_uri(uri: str, key: str) -> str:
+    """``uri`` when MLflow can track to it; else one error line naming ``key`` and what is expected."""
+    from urllib.parse import urlsplit
+
+    shown = display_uri(uri)
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    base = scheme.split("+", 1)[0]
+    if scheme == "sqlite":
+        if not uri.startswith("sqlite:///") or len(uri) <= len("sqlite:///"):
+            raise BertpipeError(f"{key}: {shown!r} names no file; expected sqlite:///RELATIVE/PATH or "
+                                "sqlite:////ABSOLUTE/PATH")
+        return uri
+    if scheme in ("http", "https"):
+        if not parts.hostname:
+            raise BertpipeError(f"{key}: {shown!r} names no host; {EXPECTED_URI}")
+        return uri
+    if scheme in ("databricks", "databricks-uc", "uc"):
+        return uri
+    if base in _DB_SCHEMES:
+        try:
+            from sqlalchemy.engine import make_url
+
+            make_url(uri).get_dialect().import_dbapi()
+        except ImportError as e:
+            raise BertpipeError(f"{key}: {shown!r} needs a database driver that is not installed "
+                                f"({e.name or e}); install it (e.g. psycopg2-binary for postgresql, pymysql for "
+                                "mysql) or use another store") from None
+        except Exception as e:  # noqa: BLE001 (SQLAlchemy's NoSuchModuleError / ArgumentError: an unknown dialect)
+            raise BertpipeError(f"{key}: {shown!r} is not a database URL SQLAlchemy knows ({type(e).__name__}); "
+                                f"{EXPECTED_URI}") from None
+        return uri
+    raise BertpipeError(f"{key}: {shown!r} is not a tracking store bertpipe can use; {EXPECTED_URI}")
 
 
 def display_uri(uri: str) -> str:
@@ -65,12 +109,26 @@ def artifact_root(cfg: Config) -> str:
 _READY: set[str] = set()
 
 
-def client(cfg: Config):
+def client(cfg: Config, create: bool = True):
+    """An MlflowClient on the project's tracking store. The embedded sqlite store is created on first use, whole or
+    not at all (``bertpipe.mlflow_store``); ``create=False`` (commands that only read the registry) refuses, with one
+    error line, a sqlite store that does not exist instead of creating it."""
     uri = tracking_uri(cfg)
     quiet_env(uri)
+    from bertpipe.sqlite_wait import db_path
+
+    db = db_path(uri)
+    if not create and db is not None and uri not in _READY:
+        from bertpipe.mlflow_store import require
+
+        require(db, "tracking.uri" if cfg.params.tracking.uri else "the project's MLflow store")
     from mlflow.tracking import MlflowClient
 
-    if not uri.startswith("sqlite:"):
+    if db is None:
+        if uri.startswith("http"):
+            from bertpipe.tracking_http import bound_retries
+
+            bound_retries(uri)
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     from bertpipe.sqlite_wait import install_busy_timeout, wait_until_unlocked
 
@@ -82,11 +140,19 @@ def client(cfg: Config):
     # so this process's first open of the store happens under a file lock.
     import fcntl
 
-    lock = cfg.state / "mlflow.db.lock"
+    from bertpipe import mlflow_store
+
+    lock = db.with_name(db.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            mlflow_store.ensure(db)
+            if _own_store(cfg, db):
+                moved = mlflow_store.relocate(db, cfg.state / mlflow_store.ARTIFACTS_DIR)
+                if moved:
+                    print(f"[tracking] {db}: artifact locations of {', '.join(moved)} (a copied or moved project) "
+                          f"now point at {cfg.state / mlflow_store.ARTIFACTS_DIR}", file=sys.stderr, flush=True)
             c = MlflowClient(tracking_uri=uri, registry_uri=uri)
             c.search_experiments(max_results=1)
             c.search_registered_models(max_results=1)
@@ -94,6 +160,21 @@ def client(cfg: Config):
             fcntl.flock(fh, fcntl.LOCK_UN)
     _READY.add(uri)
     return c
+
+
+def store_file(uri: str) -> Path | None:
+    """The sqlite file of a ``sqlite:///`` URI (None for a server or another database)."""
+    from bertpipe.sqlite_wait import db_path
+
+    return db_path(uri)
+
+
+def _own_store(cfg: Config, db: Path) -> bool:
+    """Whether ``db`` is this project's own store (under paths.state), whose artifacts live beside it."""
+    try:
+        return db.resolve().is_relative_to(cfg.state.resolve())
+    except OSError:
+        return False
 
 
 def experiment_id(cfg: Config, c=None) -> str:
@@ -250,8 +331,15 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
 def _end_after_error(cfg: Config, c, run_id: str, e: BaseException, error_tag: bool = False) -> None:
     """Close a run that ended with ``e``, best effort. A SIGTERM can land inside an MLflow write and leave this
     client's sqlite session unusable, so a fresh client tries once more; if that fails too, the open-run marker stays
-    and the next run's ``close_orphans`` closes it. The caller re-raises ``e``: that is what the user sees."""
-    for attempt in range(2):
+    and the next run's ``close_orphans`` closes it. The caller re-raises ``e``: that is what the user sees. When ``e``
+    is a tracking server that stopped answering, each call tries once (``tracking_http.given_up``): waiting for it
+    again here would double the wait before the error line."""
+    gone = unreachable_line(e) is not None
+    if gone:
+        from bertpipe.tracking_http import given_up
+
+        given_up()
+    for attempt in range(1 if gone else 2):
         try:
             cl = c if attempt == 0 else client(cfg)
             if error_tag:

@@ -5,7 +5,8 @@
 - ``registry-decisions``: the register stage's decision.md (each challenger against its champion and the floor);
 - ``stage-progress``: a progress artifact the flow moves as its stages finish.
 
-Keys are stable, so the UI groups every run's artifacts of one kind under one key. Images are referenced relative to
+Keys are stable, so the UI groups every run's artifacts of one kind under one key. Each is best effort: once the
+Prefect API stops answering none is asked for again (``lost_api``), and the stages go on. Images are referenced relative to
 the report and do not resolve in the UI; the tables carry the numbers.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, \
     update_progress_artifact
 
+from bertpipe_prefect.flows.lost_api import best_effort
 from bertpipe_prefect.flows.summary import status_of
 
 MAX_MD = 200_000  # keep one artifact within what the API stores comfortably
@@ -34,7 +36,7 @@ def publish(results: dict[str, dict], cfg) -> None:
     """The stage table, and the report and decisions of the stages that produced them in this run's graph."""
     rows = [{"stage": n, "status": r.get("status") or status_of(r), "fingerprint": (r.get("fingerprint") or "")[:12],
              "output": str(r.get("out", ""))} for n, r in results.items()]
-    create_table_artifact(rows, key="stages", description="What each stage did in this run (bertpipe)")
+    best_effort(create_table_artifact, rows, key="stages", description="What each stage did in this run (bertpipe)")
     for stage, key, title in (("evaluate", "evaluation-report", "Evaluation report"),
                               ("register", "registry-decisions", "Registry decisions")):
         r = results.get(stage)
@@ -42,7 +44,7 @@ def publish(results: dict[str, dict], cfg) -> None:
             continue
         md = _md(Path(r["out"]) / ("report.md" if stage == "evaluate" else "decision.md"))
         if md:
-            create_markdown_artifact(md, key=key, description=f"{title} ({r['out']})")
+            best_effort(create_markdown_artifact, md, key=key, description=f"{title} ({r['out']})")
 
 
 class Progress:
@@ -50,9 +52,11 @@ class Progress:
 
     def __init__(self, total: int):
         self.total, self.done = max(1, total), 0
-        self.id = create_progress_artifact(0.0, key="stage-progress", description=f"stages finished of {total}")
+        self.id = best_effort(create_progress_artifact, 0.0, key="stage-progress",
+                              description=f"stages finished of {total}")
 
     def step(self, name: str) -> None:
         self.done += 1
-        update_progress_artifact(self.id, 100.0 * self.done / self.total,
-                                 description=f"{self.done}/{self.total} stages finished (last: {name})")
+        if self.id is not None:
+            best_effort(update_progress_artifact, self.id, 100.0 * self.done / self.total,
+                        description=f"{self.done}/{self.total} stages finished (last: {name})")

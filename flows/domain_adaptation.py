@@ -99,12 +99,13 @@ def domain_adaptation(
     results: dict[str, dict] = {}
     for name, st in stages.items():
         status, res = outcomes.get(name, ("skipped", None))
-        results[name] = {**(res or {"stage": name, "out": str(st.output(cfg))}), "status": status}
+        # "out" is this project's: a Cached result read from a copied project's result store names the original's
+        results[name] = {**(res or {"stage": name}), "out": str(st.output(cfg)), "status": status}
     artifacts.publish(results, cfg)  # failed runs too: the table says which stage failed
     failed = [n for n, (status, _) in outcomes.items() if status == "failed"]
     if failed:
         for n, (status, r) in outcomes.items():
-            print(stage_line(n, status, r["out"] if r else stages[n].output(cfg)))
+            print(stage_line(n, status, stages[n].output(cfg)))
         futures[failed[0]].result()  # raises the first failure: the flow run fails with it
     return results
 

@@ -12,6 +12,7 @@ import pytest
 from bertpipe import lineage
 from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages
+from bertpipe.register.registry import cache_dir
 from tests.e2e_project import write_project
 
 NAME = "bertpipe-encoder"
@@ -39,7 +40,7 @@ def _register(cfg, lineage_rec: dict | None) -> str:
     src = cfg.state / "sources" / str(len(c.search_model_versions(f"name='{NAME}'")) + 1)
     src.mkdir(parents=True)
     mv = c.create_model_version(NAME, source=src.resolve().as_uri())
-    exported = cfg.state / "exported" / f"{NAME}-v{mv.version}"
+    exported = cache_dir(cfg, c.get_model_version(NAME, mv.version))
     exported.mkdir(parents=True)
     conf = {"model_type": "bert"}
     if lineage_rec is not None:
@@ -97,7 +98,8 @@ def test_champion_lineage_rules(project):
     assert corpus_id(grown) != corpus
     start = resolve(grown)
     assert (start.kind, start.version) == ("champion", v1)
-    assert all_stages(grown)["vocab"].inputs(_decided(grown))["model"] == cfg.state / "exported" / f"{NAME}-v{v1}"
+    assert all_stages(grown)["vocab"].inputs(_decided(grown))["model"] == cache_dir(
+        cfg, _client(cfg).get_model_version(NAME, v1))
     assert all_stages(grown)["pretrain"].inputs(grown)["model"] == grown.work / "vocab" / "model"
 
     # v2, trained from v1 on the grown corpus, becomes champion: a scheduled run on that corpus starts from v1

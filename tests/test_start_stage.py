@@ -77,6 +77,7 @@ def test_an_unreachable_registry_is_an_error_not_the_base(tmp_path, sample_raw, 
 
 
 def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
+    from bertpipe.register.registry import cache_dir
     from tests.test_retrain_lineage import NAME, _client, _register
 
     _, cfg = project(tmp_path, sample_raw)
@@ -112,7 +113,7 @@ def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
     rec = read_start(start_file(cfg))
     assert not again.skipped and again.fingerprint == first.fingerprint  # same inputs, other registry answer
     assert (rec["kind"], rec["version"]) == ("champion", v) and start_file(cfg).read_bytes() != before
-    exported = cfg.state / "exported" / f"{NAME}-v{v}"
+    exported = cache_dir(cfg, _client(cfg).get_model_version(NAME, v))
     assert stages["vocab"].inputs(cfg)["model"] == exported and rec["model_digest"]
     states = expected(cfg, stages)
     stale = {n for n, f in states.items() if not f.fresh}

@@ -122,12 +122,14 @@ def resolve(client, ref: str):
 
 
 def local_version(cfg, ref: str) -> LocalVersion:
-    """Download a version once (cached by name and version under paths.state/exported)."""
+    """Download a version once (cached under paths.state/exported by its identity, ``registry.version_key``: a
+    deleted model's v1 is never answered for a new v1)."""
+    from bertpipe.register.registry import cache_dir
     from bertpipe.tracking import client as mlflow_client
     from bertpipe.tracking import fluent_mlflow
 
-    mv = resolve(mlflow_client(cfg), ref)
-    dest = cfg.state / "exported" / f"{mv.name}-v{mv.version}-files"
+    mv = resolve(mlflow_client(cfg, create=False), ref)
+    dest = cache_dir(cfg, mv, "-files")
     if (dest / "model" / "config.json").is_file() and (dest / "files" / "task.json").is_file():
         return LocalVersion(mv.name, str(mv.version), dest / "model", dest / "files")
     tmp = dest.with_name(dest.name + ".tmp")

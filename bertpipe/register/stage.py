@@ -367,6 +367,21 @@ def _apply(ctx: StageContext, client, c: Candidate, rec: dict) -> None:
     ctx.log(f"{c.name} v{c.version}: {rec['decision']}")
 
 
+def _end_after_error(mlflow, status: str, e: BaseException) -> None:
+    """End the active run after ``e``; when ``e`` is a tracking server that stopped answering, each further call
+    tries once (the stage's run is closed the same way), so the error line comes after one wait, not several."""
+    from bertpipe.tracking import unreachable_line
+
+    if unreachable_line(e) is not None:
+        from bertpipe.tracking_http import given_up
+
+        given_up()
+    try:
+        mlflow.end_run(status)
+    except Exception:  # noqa: BLE001 (best effort: the open-run marker stays; bertpipe.orphans closes it later)
+        pass
+
+
 @contextlib.contextmanager
 def _hub_offline():
     # Model cards and input examples are local: never let mlflow ask the Hub about a local path.
@@ -398,12 +413,12 @@ def build(ctx: StageContext) -> dict:
                 train_run = _training_run(client, c)
                 owner = train_run or run_id
                 mlflow.start_run(run_id=owner, experiment_id=None if owner else experiment_id(cfg))
-                ok = False
                 try:
                     _register(ctx, mlflow, client, c)
-                    ok = True
-                finally:  # the training run finished training whatever happens here: it stays FINISHED
-                    mlflow.end_run("FINISHED" if ok or train_run else "FAILED")
+                except BaseException as e:
+                    _end_after_error(mlflow, "FINISHED" if train_run else "FAILED", e)
+                    raise
+                mlflow.end_run("FINISHED")  # the training run finished training whatever happens here
                 todo.append(c)
         with registry_lock(client):
             for c, rec in _decisions(ctx, client, todo):
