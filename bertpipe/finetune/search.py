@@ -116,7 +116,7 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         if cached is not None:
             t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "steps", "seconds", "reason")})
             t.cached = True
-            for i, v in enumerate(t.curve):
+            for i, v in enumerate(t.curve, 1):
                 ot.report(v, i)
             log(f"trial {t.number} {config}: {t.state} (stored), dev {t.dev if t.dev is None else round(t.dev, 4)}")
             if t.state == "pruned":
@@ -127,7 +127,7 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
 
         def on_eval(value: float, i: int) -> None:
             t.curve.append(value)
-            ot.report(value, i)
+            ot.report(value, i + 1)  # the step is the evaluations seen: successive halving's first rung is min_evals
             if ot.should_prune():
                 raise optuna.TrialPruned()
 
