@@ -133,9 +133,10 @@ def _run_one(stage_name: str, params: str, profile, overrides, force: bool) -> N
     if stage_name not in stages:
         stages = all_stages(cfg)  # for the message
         raise BertpipeError(f"stage {stage_name!r} is not part of this config's pipeline (have {list(stages)})")
-    if overrides or profile is not None:  # the same answer `bertpipe stages` gives with these options
-        from bertpipe.freshness import refuse_stale_upstream
+    from bertpipe.freshness import FLOW_STAGE_ENV, refuse_stale_upstream
 
+    # the same answer `bertpipe stages` gives with these options; a stage the flow runs has its order from the flow
+    if (overrides or profile is not None) and not os.environ.get(FLOW_STAGE_ENV):
         refuse_stale_upstream(cfg, stage_name, load(params, None, None))
     res = stages[stage_name].launch(cfg, force=force)  # base/pretrain: torchrun-aware (see Stage.launcher)
     if res is None:  # a torchrun rank > 0: rank 0 reports

@@ -24,6 +24,10 @@ from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.stage import Stage, fingerprint, lost_record, read_manifest
 
+# Set in the environment of a stage command the flow starts: the flow orders the stages itself, so the command does
+# not refuse an upstream stage the options make stale (refuse_stale_upstream is for a person running one stage).
+FLOW_STAGE_ENV = "BERTPIPE_FLOW_STAGE"
+
 
 @dataclass
 class Freshness:

@@ -17,6 +17,7 @@ from prefect.cache_policies import CachePolicy
 
 from bertpipe.config import Config, load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.freshness import FLOW_STAGE_ENV
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 from bertpipe.prepare.shard import use_executor
 from bertpipe_prefect.tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
@@ -112,7 +113,8 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         start = fh.tell()
         fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(threads)) as proc:
+        env = {**child_env(threads), FLOW_STAGE_ENV: "1"}
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
             with _children_lock:
                 _children.add(proc)
             timeout = cfg.params.flow.stage_timeout_s or None
