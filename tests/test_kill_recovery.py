@@ -44,7 +44,10 @@ def make_project(root: Path, raw: Path, enc: Path, tok: Path) -> Path:
     })
     (root / "sentiment.jsonl").write_text("".join(
         json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n"
-        for t, lab in [("很好", "pos"), ("太差", "neg"), ("不错", "pos"), ("糟糕", "neg")]), encoding="utf-8")
+        # eight a label: the tasks stage's stratified dev and test splits get examples of each
+        for pos, neg in zip(["很好", "不错", "满意", "喜欢", "推荐", "完美", "优秀", "超值"],
+                            ["太差", "糟糕", "失望", "垃圾", "退货", "难用", "坑人", "后悔"])
+        for t, lab in ((pos, "pos"), (neg, "neg"))), encoding="utf-8")
     return root
 
 
