@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.corpus import tiny_sentiment_rows
 from tests.e2e_project import env_for, free_port
 from tests.forkcli import shared_cli
 
@@ -72,7 +73,7 @@ def project(root: Path, tok: Path, uri: str | None) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "corpus.txt").write_text("第一条 为了保护公民的合法权益，制定本法。\n", encoding="utf-8")
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    rows = [("很好", "pos"), ("太差", "neg"), ("不错", "pos"), ("糟糕", "neg")] * 4
+    rows = tiny_sentiment_rows()
     (root / "sentiment.jsonl").write_text("".join(json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n"
                                                   for t, lab in rows), encoding="utf-8")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe.stage import write_json
+from tests.corpus import tiny_sentiment_rows
 from tests.e2e_project import env_for, run, write_project
 from tests.forkcli import Forked, shared_cli
 
@@ -44,10 +45,7 @@ def make_project(root: Path, raw: Path, enc: Path, tok: Path) -> Path:
     })
     (root / "sentiment.jsonl").write_text("".join(
         json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n"
-        # eight a label: the tasks stage's stratified dev and test splits get examples of each
-        for pos, neg in zip(["很好", "不错", "满意", "喜欢", "推荐", "完美", "优秀", "超值"],
-                            ["太差", "糟糕", "失望", "垃圾", "退货", "难用", "坑人", "后悔"])
-        for t, lab in ((pos, "pos"), (neg, "neg"))), encoding="utf-8")
+        for t, lab in tiny_sentiment_rows()), encoding="utf-8")
     return root
 
 

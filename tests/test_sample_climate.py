@@ -51,7 +51,7 @@ def test_example_tasks_stage_splits_the_task(tmp_path, climate_raw):
     makes non-empty train/dev/test splits with both labels; test comes from the package's valid split only."""
     cfg = load_config(REPO / "examples" / "evidence_climate" / "params.yaml", "smoke",
                       [f"paths.raw={climate_raw}", f"paths.work={tmp_path / 'work'}", f"paths.state={tmp_path / 's'}"])
-    assert cfg.params.finetune.encoders == ["base", "adapted"]
+    assert cfg.params.finetune.encoders == ["base", "adapted", "tapt"]
     assert [s.path for s in cfg.params.prepare.domain.sources] == ["{raw}/envtext/corpus.jsonl"]
     run_stage(all_stages(cfg)["tasks"], cfg, tracker_factory=NO_TRACKING)
     data = read_task(task_dir(cfg, "is_climate"))
