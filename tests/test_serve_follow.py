@@ -24,12 +24,12 @@ def _register_broken(root: Path, tokenizer_dir: Path) -> str:
     from bertpipe.tracking import experiment_id, fluent_mlflow
 
     cfg = load_config(root / "params.yaml")
-    since = time.time()
+    before = set((root / ".bertpipe").rglob("*.safetensors"))
     model_dir = tiny_model(root / "models" / "broken", tokenizer_dir, "cls", seed=7)
     with fluent_mlflow(cfg) as mlflow:
         with mlflow.start_run(experiment_id=experiment_id(cfg)):
             version = _log_and_register(mlflow, NAME, model_dir, "text-classification", "zh", [])
-    damaged = [p for p in (root / ".bertpipe").rglob("*.safetensors") if p.stat().st_mtime >= since - 1]
+    damaged = [p for p in (root / ".bertpipe").rglob("*.safetensors") if p not in before]  # this version's only
     assert damaged, "the new version's weights were not found in the artifact store"
     for p in damaged:  # a new file in its place: a process that mapped the old one keeps its pages
         p.with_suffix(".tmp").write_bytes(b"not a safetensors file")
