@@ -42,7 +42,7 @@ def schedule(wait: int) -> tuple[int, int]:
 
 
 def bound_retries(uri: str) -> None:
-    """Bound MLflow's retries for ``uri`` and say each one (see the module docstring); once per process."""
+    """Bound MLflow's retries for ``uri`` and say each one (see the module docstring)."""
     from bertpipe.redact import mask_uri
 
     _installed["uri"] = mask_uri(uri)
@@ -51,14 +51,14 @@ def bound_retries(uri: str) -> None:
             os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
         else:
             os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = _installed["gave_up_prev"]
-    if _installed.get("done"):
-        return
+    # every time (a value the user set stays): what was set before may have been removed since
     retries, factor = schedule(wait_s())
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(retries))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", str(factor))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5")
-    logging.getLogger("urllib3.connectionpool").addFilter(_say_retry)
-    _installed["done"] = "1"
+    if not _installed.get("done"):
+        logging.getLogger("urllib3.connectionpool").addFilter(_say_retry)
+        _installed["done"] = "1"
 
 
 def _say_retry(record: logging.LogRecord) -> bool:
