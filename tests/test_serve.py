@@ -420,9 +420,9 @@ def _slow_body(port: int) -> socket.socket:
 
 @pytest.mark.slow
 def test_no_request_can_break_another(registry):
-    """Issue 23 (3)-(5) on real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker:
-    test_overload_...); and issue 22 (5): lists of texts, typed OpenAPI, /metrics, the version in /info; connections
-    without a request head time out; schemathesis finds nothing the OpenAPI document does not say."""
+    """On real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker: test_overload_...);
+    lists of texts, typed OpenAPI, /metrics, the version in /info; connections without a request head time out;
+    schemathesis finds nothing the OpenAPI document does not say."""
     svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50",
                   "serve.head_timeout_s=1.5")
     try:
