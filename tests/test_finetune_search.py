@@ -145,3 +145,10 @@ def test_an_encoder_whose_every_run_is_degenerate_is_marked_so(project):
     m = json.loads((res.out / "metrics.json").read_text())
     assert m["degenerate"] and "one class" in m["degenerate_reason"]
     assert m["per_seed"]["1"]["trained_seed"] == 1001  # the retry with another seed was degenerate too
+
+
+def test_a_trial_on_the_majority_plateau_ranks_below_one_that_learns():
+    from bertpipe.finetune.search import ranked
+
+    plateau, learning = ranked(0.40, sound=False), ranked(0.36, sound=True)  # 0.40 at a majority score of 0.40
+    assert learning > plateau and ranked(0.5, True) == 0.5

@@ -47,10 +47,10 @@ class Fit:
     degenerate: str | None = None  # why the run is degenerate on dev, in words
 
 
-def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int], None] | None = None,
+def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool], None] | None = None,
         metric_prefix: str = "") -> Fit:
-    """Train ``tp`` on ``seed``. ``on_eval(dev primary, evaluation index)`` sees every dev evaluation and may raise
-    to stop the run (a search's pruner does)."""
+    """Train ``tp`` on ``seed``. ``on_eval(dev primary, evaluation index, above the majority baseline)`` sees every
+    dev evaluation and may raise to stop the run (a search's pruner does)."""
     set_seed(seed)  # the fresh head's init must not depend on what used the global RNG before
     model = H.load_model(t.p.type, t.encoder, t.labels).to(t.device)
     model = I.weighted(model, t.p.type, t.train_label_ids(), len(t.labels), tp.class_weight)
@@ -60,8 +60,8 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int], Non
         def dev_eval(m):
             flat, _, _ = H.score(m, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
             value = flat.get(t.primary, 0.0)
-            if on_eval is not None:
-                on_eval(value, seen[0])
+            if on_eval is not None:  # sound: above the majority baseline at this evaluation
+                on_eval(value, seen[0], value > t.majority_dev)
             seen[0] += 1
             return value, flat
     else:  # nothing to select on: every evaluation "improves", so the last weights are kept

@@ -32,6 +32,7 @@ class Trial:
     state: str  # complete | pruned | degenerate
     dev: float | None  # best dev primary (complete trials)
     curve: list[float] = field(default_factory=list)  # dev primary at each evaluation
+    sound: list[bool] = field(default_factory=list)  # ... and whether it was above the majority baseline there
     steps: int = 0
     seconds: float = 0.0
     reason: str = ""
@@ -39,7 +40,7 @@ class Trial:
 
     def record(self) -> dict:
         return {"number": self.number, "config": self.config, "state": self.state, "dev": self.dev,
-                "curve": self.curve, "steps": self.steps, "seconds": round(self.seconds, 2), "reason": self.reason,
+                "curve": self.curve, "sound": self.sound, "steps": self.steps, "seconds": round(self.seconds, 2), "reason": self.reason,
                 "cached": self.cached}
 
 
@@ -86,6 +87,12 @@ class TrialStore:
         atomic_write_text(path, json.dumps(rec, sort_keys=True, indent=1))
 
 
+def ranked(value: float, sound: bool) -> float:
+    """What the pruner compares: a dev score at or below the majority baseline ranks below every score above it,
+    so a trial on the majority plateau (often one that ends degenerate) never stops one that is learning."""
+    return value if sound else value - 1.0
+
+
 def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit], store: TrialStore,
            log: Callable[[str], None]) -> Outcome:
     """Choose a configuration on dev. ``run(tp, seed, on_eval, trial number)`` trains one trial (bertpipe.finetune.fit)."""
@@ -115,9 +122,9 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         cached = store.get(ttp, seed)
         if cached is not None:
             t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "steps", "seconds", "reason")})
-            t.cached = True
-            for i, v in enumerate(t.curve, 1):
-                ot.report(v, i)
+            t.sound, t.cached = cached.get("sound") or [True] * len(t.curve), True
+            for i, (v, ok) in enumerate(zip(t.curve, t.sound), 1):
+                ot.report(ranked(v, ok), i)
             log(f"trial {t.number} {config}: {t.state} (stored), dev {t.dev if t.dev is None else round(t.dev, 4)}")
             if t.state == "pruned":
                 raise optuna.TrialPruned()
@@ -125,9 +132,11 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
                 raise Degenerate(t.reason)
             return t.dev
 
-        def on_eval(value: float, i: int) -> None:
+        def on_eval(value: float, i: int, sound: bool) -> None:
             t.curve.append(value)
-            ot.report(value, i + 1)  # the step is the evaluations seen: successive halving's first rung is min_evals
+            t.sound.append(sound)
+            # the step is the evaluations seen: successive halving's first rung is min_evals
+            ot.report(ranked(value, sound), i + 1)
             if ot.should_prune():
                 raise optuna.TrialPruned()
 
