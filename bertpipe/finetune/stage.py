@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
