@@ -1,12 +1,10 @@
-"""The examples a finetuned teacher saw: the materialised task splits when the `tasks` stage wrote them, else the
-finetune stage's own reading and caps, so a student trains and is scored on exactly the teacher's data."""
+"""A finetune task as a model trained on it saw it: its settings (overrides applied, max_seq_len cut to the model's
+positions) and its examples (the materialised task splits when the `tasks` stage wrote them, else the task files read
+and capped the same way), so a student, an export check or a prediction uses exactly the finetuned model's data."""
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
-
-from bertpipe.errors import BertpipeError
 
 
 def task_params(cfg, task: str, model=None, log=None):
@@ -34,7 +32,7 @@ def task_examples(cfg, task: str, counts: Counter | None = None) -> dict[str, li
     tdir = task_dir(cfg, task)
     if (tdir / SPLITS_JSON).is_file():
         return read_task(tdir)
-    from bertpipe.finetune import data as D
+    from bertpipe.training import taskfiles as D
 
     p, tp = task_params(cfg, task)
     data = D.load_task(p, cfg.path, counts)
@@ -42,15 +40,3 @@ def task_examples(cfg, task: str, counts: Counter | None = None) -> dict[str, li
     for s in ("dev", "test"):
         data[s] = D.cap(data[s], tp.max_eval_examples, p.split_seed)
     return data
-
-
-def model_labels(model_dir: Path | str) -> list[str]:
-    """The label list a saved head was trained with (id order); empty for QA and encoders."""
-    import json
-
-    conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    arch = (conf.get("architectures") or [""])[0]
-    if arch.endswith(("ForQuestionAnswering", "ForMaskedLM")) or arch.endswith("Model"):
-        return []
-    id2label = conf.get("id2label") or {}
-    return [id2label[k] for k in sorted(id2label, key=int)]
