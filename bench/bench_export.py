@@ -108,14 +108,13 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from bertpipe.training.features import featurize
-    from bertpipe.training.heads import model_labels
     from bertpipe.training.predict import run_model
-    from bertpipe.training.task import task_examples, task_params
+    from bertpipe.training.task import model_labels, task_examples, task_settings
 
     teacher_dir = root / "work" / "finetune" / task / "adapted" / "model"
     student_dir = root / "work" / "distill" / task / "model"
     exp_t, exp_s = root / "work" / "export" / task, root / "work" / "export" / f"{task}-student"
-    p, tp = task_params(cfg, task)
+    p, tp = task_settings(cfg, task)
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
     exs = task_examples(cfg, task)["test"]
     labels = model_labels(teacher_dir)

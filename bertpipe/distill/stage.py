@@ -1,5 +1,6 @@
 """The distill stage: for one finetune task, a smaller student trained on the task's train split from the finetuned
-teacher's soft targets (plus the hard labels), through the training library's loop and scoring code (``bertpipe.training``).
+teacher's soft targets (plus the hard labels), through the training library's loop and scoring code
+(``bertpipe.training``).
 
 Output (``ctx.out``): ``model/`` (the student, save_pretrained with tokenizer and id2label, loadable like a finetuned
 model), ``metrics.json`` (the finetune schema — primary, per_seed, summary — so register and export treat a student
@@ -61,13 +62,13 @@ def build(ctx, task: str) -> dict:
     from bertpipe.inference.speed import dir_size, n_params
     from bertpipe.stage import write_json
     from bertpipe.training.features import featurize
-    from bertpipe.training.heads import auto_class, model_labels, pipeline_task
+    from bertpipe.training.heads import auto_class, pipeline_task
     from bertpipe.training.loop import train
     from bertpipe.training.params import with_overrides
-    from bertpipe.training.task import task_examples, task_params
+    from bertpipe.training.task import model_labels, task_examples, task_settings
 
     dp = ctx.params
-    p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
+    p, tp = task_settings(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
     stp = with_overrides(tp, dp.train_overrides)
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)
@@ -76,7 +77,7 @@ def build(ctx, task: str) -> dict:
     if not (teacher_dir / "config.json").is_file():
         raise BertpipeError(f"distill/{task}: no finetuned teacher at {ctx.inputs['teacher']}/model")
     counts: Counter = Counter()
-    data = task_examples(ctx.cfg, task, counts)
+    data = task_examples(ctx.cfg, task)
     labels = model_labels(teacher_dir)
     label2id = {lab: i for i, lab in enumerate(labels)}
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))

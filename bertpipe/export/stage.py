@@ -37,13 +37,12 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
 
     from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.training.features import featurize
-    from bertpipe.training.heads import model_labels
     from bertpipe.training.predict import run_model, score
-    from bertpipe.training.task import task_examples, task_params
+    from bertpipe.training.task import model_labels, task_examples, task_settings
     from bertpipe.training.taskfiles import cap
 
     ep = ctx.params
-    p, tp = task_params(ctx.cfg, task, model_dir, ctx.log)
+    p, tp = task_settings(ctx.cfg, task, model_dir, ctx.log)
     exs = task_examples(ctx.cfg, task)["test"]
     exs = cap(exs, ep.max_examples, p.split_seed) if ep.max_examples else exs
     if not exs:

@@ -1,4 +1,6 @@
-"""Params of the finetune stage: hyperparameters shared by every task (`finetune.train`) and one entry per task.
+"""Params of the finetune stage: hyperparameters shared by every task (`finetune.train`), the search over them
+(`finetune.search`), one entry per task (`finetune.tasks`) and the encoders to finetune. The models of the first
+three are the training library's (``bertpipe.training.params``), which every stage that trains or reads a task uses.
 
 The stage `finetune/<task>/<encoder>` hashes `finetune.train` and `finetune.tasks.<task>` only, so editing one task
 reruns only that task's finetunes.

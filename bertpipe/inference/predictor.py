@@ -1,6 +1,6 @@
-"""Inference on unlabelled input with any backend (torch, ONNX, int8): what the registered pyfunc models and
-`bertpipe models predict` call. Featurisation, windows and decoding are the training library's (``bertpipe.training``); this module adds
-scores (softmax probabilities) and the user-facing output per task:
+"""Inference on unlabelled input with any backend (torch, ONNX, int8): what the registered pyfunc models, the
+service and `bertpipe models predict` call. Featurisation, windows and decoding are the training library's
+(``bertpipe.training``); this module adds scores (softmax probabilities) and the user-facing output per task:
 
 - classification: {"label", "score"}   (long texts: the task's head/tail truncation or windows aggregated)
 - ner: [{"text", "label", "start", "end", "score"}]   (entities aggregated from word pieces; end exclusive)
@@ -26,13 +26,13 @@ META_KEYS = ("truncation", "head_tokens", "stride", "window_aggregate", "label_a
 def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
     """What inference needs besides the weights: task type, labels and the task's long-text handling."""
     from bertpipe.inference.backends import model_kind
-    from bertpipe.training.heads import model_labels
+    from bertpipe.training.task import model_labels
 
     if task is None:
         return {"type": model_kind(model_dir), "labels": [], "max_seq_len": 128}
-    from bertpipe.training.task import task_params
+    from bertpipe.training.task import task_settings
 
-    p, tp = task_params(cfg, task, model_dir)
+    p, tp = task_settings(cfg, task, model_dir)
     return {"task": task, "type": p.type, "labels": model_labels(model_dir), "max_seq_len": tp.max_seq_len,
             **{k: getattr(p, k) for k in META_KEYS}}
 
@@ -40,7 +40,7 @@ def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
 def meta_from_config(model_dir: Path) -> dict:
     """A task.json for a model exported without one: type and labels from its config, default long-text handling."""
     from bertpipe.inference.backends import model_kind
-    from bertpipe.training.heads import model_labels
+    from bertpipe.training.task import model_labels
 
     conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     return {"type": model_kind(model_dir), "labels": model_labels(model_dir),

@@ -1,6 +1,6 @@
 """Scores for the gate that are not in a finetune output: a champion re-scored on today's test set (exported from
-the registry, run through the training library's scoring code), per-example predictions kept with each version, and the paired
-bootstrap interval of challenger - champion on the same test examples."""
+the registry, run through the training library's scoring code), per-example predictions kept with each version, and
+the paired bootstrap interval of challenger - champion on the same test examples."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The task heads: which Auto class a task type trains, a fresh head on an encoder, the transformers pipeline task a
-head is logged as, and the label list a saved head was trained with."""
+"""The task heads: which Auto class a task type trains, a fresh head on an encoder, and the transformers pipeline task
+a head is logged as."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -57,13 +55,3 @@ def load_model(task_type: str, encoder: Any, labels: Sequence[str]) -> torch.nn.
 def pipeline_task(task_type: str) -> str | None:
     """The transformers pipeline task of a finetuned model of this type (one map: ``PIPELINE_TASKS``)."""
     return pipeline_task_of(auto_class(task_type).__name__)
-
-
-def model_labels(model_dir: Path | str) -> list[str]:
-    """The label list a saved head was trained with (id order); empty for QA and encoders."""
-    conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    arch = (conf.get("architectures") or [""])[0]
-    if arch.endswith(("ForQuestionAnswering", "ForMaskedLM")) or arch.endswith("Model"):
-        return []
-    id2label = conf.get("id2label") or {}
-    return [id2label[k] for k in sorted(id2label, key=int)]
