@@ -25,7 +25,7 @@ from bertpipe.evaluate import baselines as BL  # noqa: E402
 from bertpipe.evaluate import bootstrap as B  # noqa: E402
 from bertpipe.evaluate import fair_mlm as F  # noqa: E402
 from bertpipe.evaluate.params import EvaluateParams  # noqa: E402
-from bertpipe.finetune import data as D  # noqa: E402
+from bertpipe.training import taskfiles as D  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:

@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertpipe.config import load_config  # noqa: E402
-from bertpipe.export.onnx import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
-from bertpipe.export.speed import batched, dir_size, time_calls  # noqa: E402
 from bertpipe.finetune import synthetic as S  # noqa: E402
+from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
+from bertpipe.inference.speed import batched, dir_size, time_calls  # noqa: E402
 from bertpipe.pipeline import all_stages  # noqa: E402
 from bertpipe.stage import run_stage  # noqa: E402
 
@@ -107,17 +107,18 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
-    from bertpipe.finetune import heads as H
+    from bertpipe.training.features import featurize
+    from bertpipe.training.predict import run_model
+    from bertpipe.training.task import model_labels, task_examples, task_settings
 
     teacher_dir = root / "work" / "finetune" / task / "adapted" / "model"
     student_dir = root / "work" / "distill" / task / "model"
     exp_t, exp_s = root / "work" / "export" / task, root / "work" / "export" / f"{task}-student"
-    p, tp = task_params(cfg, task)
+    p, tp = task_settings(cfg, task)
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
     exs = task_examples(cfg, task)["test"]
     labels = model_labels(teacher_dir)
-    feats = H.featurize(tok, exs, p, tp, {lab: i for i, lab in enumerate(labels)}, Counter(), "test").feats
+    feats = featurize(tok, exs, p, tp, {lab: i for i, lab in enumerate(labels)}, Counter(), "test").feats
     pad = tok.pad_token_id or 0
     models = {
         "torch fp32": (load_torch(teacher_dir), dir_size(teacher_dir)),
@@ -138,7 +139,7 @@ def main() -> None:
           f"{len(exs)} test examples, {args.threads} threads, load average {load:.2f}")
     for bs in (1, 32):
         chunks = batched(feats, bs)[: args.rounds if bs == 1 else max(2, args.rounds // 4)]
-        calls = {name: (lambda c, m=m: len(H.run_model(m, c, pad, bs, False))) for name, (m, _) in models.items()}
+        calls = {name: (lambda c, m=m: len(run_model(m, c, pad, bs, False))) for name, (m, _) in models.items()}
         res = time_calls(calls, chunks, rounds=3)
         base = res["torch fp32"]["examples_per_s"]
         print(f"\nbatch {bs}  ({len(chunks)} batches x 3 rounds, interleaved)")

@@ -4,7 +4,7 @@ padding, same model, examples, batch, steps and precision, in one run.
     .venv/bin/python bench/bench_finetune.py [--steps 30] [--batch 32] [--layers 4] [--hidden 256] [--raw DIR]
 
 Data: a keyword classification (the label's keyword once in a review-like text of varying length: mostly short, a
-long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.finetune.train.train``
+long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.training.loop.train``
 (length-bucketed batches, one host copy of the losses per step). HF: ``Trainer`` + ``DataCollatorWithPadding``
 (shuffled batches padded to their longest row), as run_classification.py does by default. Prints examples/s, the
 ratio, the dev accuracy of each, the matmul peak measured in this run (best of 1024²..4096²), MFU against it and the
@@ -30,11 +30,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_pretrain import SIZES, matmul_peak  # noqa: E402
 
-from bertpipe.finetune import heads as H  # noqa: E402
-from bertpipe.finetune import train as TR  # noqa: E402
-from bertpipe.finetune.data import Example  # noqa: E402
-from bertpipe.finetune.params import TaskParams, TrainParams  # noqa: E402
 from bertpipe.finetune.synthetic import FILLER, KEYS  # noqa: E402
+from bertpipe.taskdata import Example  # noqa: E402
+from bertpipe.training import features as F  # noqa: E402
+from bertpipe.training import heads as H  # noqa: E402
+from bertpipe.training import loop as TR  # noqa: E402
+from bertpipe.training import predict as P  # noqa: E402
+from bertpipe.training.params import TaskParams, TrainParams  # noqa: E402
 
 LABELS = ["neg", "pos"]
 
@@ -52,7 +54,7 @@ def examples(n: int, seed: int) -> list[Example]:
 
 
 def dev_accuracy(model, feats, labels_of) -> float:
-    outs = H.run_model(model, feats, 0, 64, bf16=False)
+    outs = P.run_model(model, feats, 0, 64, bf16=False)
     return sum(int(o.argmax()) == labels_of[f["example"]] for o, f in zip(outs, feats)) / len(feats)
 
 
@@ -119,9 +121,9 @@ def main() -> None:
         p = TaskParams(type="classification", format="jsonl", train="x")
         tp = TrainParams(max_seq_len=args.seq)
         label2id = {lab: i for i, lab in enumerate(LABELS)}
-        feats = H.featurize(tok, examples(args.steps * args.batch, 0), p, tp, label2id, Counter(), "train").feats
+        feats = F.featurize(tok, examples(args.steps * args.batch, 0), p, tp, label2id, Counter(), "train").feats
         dev_ex = examples(512, 1)
-        dev = H.featurize(tok, dev_ex, p, tp, label2id, Counter(), "dev").feats
+        dev = F.featurize(tok, dev_ex, p, tp, label2id, Counter(), "dev").feats
         dev_labels = [label2id[e.label] for e in dev_ex]
         mean_len = sum(len(f["input_ids"]) for f in feats) / len(feats)
         results = {"HF Trainer (dynamic padding)": run_hf(enc, feats, args, prec.bf16),

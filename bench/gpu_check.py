@@ -9,7 +9,7 @@
    full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul peak;
    the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same rows
    as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile time;
-3. one finetune epoch (bertpipe.finetune.train.train, sequence classification) in bf16 and in fp16 + GradScaler, with
+3. one finetune epoch (bertpipe.training.loop.train, sequence classification) in bf16 and in fp16 + GradScaler, with
    its MFU;
 4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA
    provider when it is installed.
@@ -158,8 +158,8 @@ def finetune_epoch(a, device, precision: str) -> dict:
 
     from transformers import BertForSequenceClassification
 
-    from bertpipe.finetune.params import TrainParams
-    from bertpipe.finetune.train import train
+    from bertpipe.training.loop import train
+    from bertpipe.training.params import TrainParams
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(bert_config(a)).to(device)

@@ -601,8 +601,8 @@ def models_predict(
     force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ) -> None:
-    from bertpipe.export.batch import check_paths, predict_file
-    from bertpipe.export.infer import Predictor, resolve_device
+    from bertpipe.inference.files import check_paths, predict_file
+    from bertpipe.inference.predictor import Predictor, resolve_device
     from bertpipe.register.artifacts import local_version
 
     check_paths(Path(input_), Path(output), force)  # before the model is loaded (seconds)

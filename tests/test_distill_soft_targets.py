@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertpipe.distill.loss import Distiller, soft_loss
-from bertpipe.finetune.train import backward_step
+from bertpipe.training.loop import backward_step
 
 torch.set_num_threads(1)
 T = 2.0

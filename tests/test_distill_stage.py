@@ -103,7 +103,7 @@ def test_export_matches_torch_and_int8_is_smaller(built, key):
     meta = json.loads((res.out / "task.json").read_text(encoding="utf-8"))
     assert meta["labels"] and meta["type"] in ("classification", "ner")
     # dynamic axes: another batch size and sequence length than the export's dummy input run through onnxruntime
-    from bertpipe.export.onnx import session
+    from bertpipe.inference.backends import session
 
     sess = session(res.out / "model.onnx")
     ids = torch.randint(1000, 3000, (3, 29)).numpy()

@@ -6,7 +6,7 @@ import pytest
 
 from bertpipe.evaluate import baselines as BL
 from bertpipe.finetune import synthetic as S
-from bertpipe.finetune.data import Example
+from bertpipe.taskdata import Example
 
 
 def _cls(rows, prefix):

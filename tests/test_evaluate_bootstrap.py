@@ -9,7 +9,7 @@ import pytest
 
 from bertpipe.evaluate import bootstrap as B
 from bertpipe.evaluate import metrics as M
-from bertpipe.finetune import tagging as T
+from bertpipe.training import tagging as T
 
 
 def test_macro_f1_matches_the_finetune_metric():

@@ -167,7 +167,7 @@ def test_export_checks_score_each_backend_once(registered):
     """Issue 20 (4): the export checks ran the whole test split twice per backend (raw outputs, then score)."""
     from types import SimpleNamespace
 
-    from bertpipe.export.onnx import OrtModel, load_torch
+    from bertpipe.inference.backends import OrtModel, load_torch
     from bertpipe.export.stage import _task_checks
 
     root, cfg = registered

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from bertpipe.errors import BertpipeError
-from bertpipe.finetune import data as D
-from bertpipe.finetune.params import TaskParams, default_tasks
+from bertpipe.finetune.params import default_tasks
+from bertpipe.training import taskfiles as D
+from bertpipe.training.params import TaskParams
 
 FIX = Path(__file__).parent / "data" / "finetune"
 

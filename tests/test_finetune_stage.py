@@ -76,7 +76,7 @@ def _run(project: Path, task: str):
 def test_head_beats_chance_and_loads_in_a_pipeline(project, task, metric, floor):
     from transformers import AutoConfig, pipeline
 
-    from bertpipe.finetune.heads import auto_class
+    from bertpipe.training.heads import auto_class
 
     res, m = _run(project, task)
     seed = m["per_seed"]["7"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe.finetune import heads as H
-from bertpipe.finetune import train as TR
-from bertpipe.finetune import windows as W
-from bertpipe.finetune.data import Example
-from bertpipe.finetune.params import TaskParams, TrainParams
 from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder
+from bertpipe.taskdata import Example
+from bertpipe.training import batches as B
+from bertpipe.training import loop as TR
+from bertpipe.training import windows as W
+from bertpipe.training.features import featurize
+from bertpipe.training.heads import load_model
+from bertpipe.training.params import TaskParams, TrainParams
+from bertpipe.training.predict import run_model
 
 torch.set_num_threads(1)
 
@@ -29,11 +32,11 @@ def feats(encoder):
     tok = AutoTokenizer.from_pretrained(str(encoder))
     exs = [Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in keyword_classification(64)]
     p = TaskParams(type="classification", format="jsonl", train="x")
-    return H.featurize(tok, exs, p, TrainParams(max_seq_len=32), {"neg": 0, "pos": 1}, Counter(), "train").feats
+    return featurize(tok, exs, p, TrainParams(max_seq_len=32), {"neg": 0, "pos": 1}, Counter(), "train").feats
 
 
 def _model(encoder):
-    return H.load_model("classification", encoder, ["neg", "pos"])
+    return load_model("classification", encoder, ["neg", "pos"])
 
 
 def _snapshot(model):
@@ -107,7 +110,7 @@ def test_grad_accumulation_counts_optimizer_steps(encoder, feats):
 
 
 def test_collate_pads_and_masks():
-    batch = TR.collate([{"input_ids": [1, 2, 3], "labels": [0, 1, 0]}, {"input_ids": [4], "labels": [1]}], pad_id=0)
+    batch = B.collate([{"input_ids": [1, 2, 3], "labels": [0, 1, 0]}, {"input_ids": [4], "labels": [1]}], pad_id=0)
     assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[0, 1, 0], [1, -100, -100]]
@@ -115,9 +118,9 @@ def test_collate_pads_and_masks():
 
 
 def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
-    monkeypatch.setattr(H, "INFERENCE_TOKENS", 64)
+    monkeypatch.setattr(B, "INFERENCE_TOKENS", 64)
     lengths = [4] * 40 + [30] * 6
-    got = H.inference_batches(list(range(len(lengths))), lengths, batch_size=4)
+    got = B.inference_batches(list(range(len(lengths))), lengths, batch_size=4)
     assert [i for b in got for i in b] == list(range(len(lengths)))  # every row once, in the given order
     assert len(got[0]) == 16  # short rows: 16 x 4 tokens fill the budget, beyond the batch size of 4
     assert all(len(b) >= 4 for b in got[:-1])  # never fewer rows than asked, whatever the budget
@@ -126,15 +129,15 @@ def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
 
 def test_large_inference_batches_give_the_small_batches_outputs(encoder, feats):
     model = _model(encoder)
-    small = H.run_model(model, feats, 0, batch_size=2, bf16=False)
-    large = H.run_model(model, feats, 0, batch_size=64, bf16=False)
+    small = run_model(model, feats, 0, batch_size=2, bf16=False)
+    large = run_model(model, feats, 0, batch_size=64, bf16=False)
     for a, b in zip(small, large):
         assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5)
 
 
 def test_backward_step_returns_each_micro_batch_loss(encoder, feats):
     model = _model(encoder)
-    group = [TR.collate(feats[i : i + 8], 0) for i in (0, 8)]
+    group = [B.collate(feats[i : i + 8], 0) for i in (0, 8)]
     losses = TR.backward_step(model, group, torch.device("cpu"))
     assert len(losses) == 2 and all(isinstance(x, float) for x in losses)
     with torch.no_grad():

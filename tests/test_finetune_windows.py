@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertpipe.finetune import windows as W
+from bertpipe.training import windows as W
 from bertpipe.finetune.synthetic import FILLER
 
 

@@ -130,13 +130,38 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
     assert any(n.startswith("finetune/") and n.endswith("/base") for n in stale)  # below base: its finetunes
 
 
+def test_a_training_library_edit_moves_the_code_of_the_stages_that_import_it(checkout, demo):
+    """A module of a library below the stages (bertpipe/training/, bertpipe/inference/) is the code of every stage
+    that imports it, and of no other: the training loop is finetune's and distill's, the scoring code also export's
+    and register's, the speed measurement distill's and export's; the tasks stage's code holds none of them."""
+    cfg, stages = demo
+    assert any(n.startswith("distill/") for n in stages) and any(n.startswith("export/") for n in stages)
+    before = digests(stages)
+    cases = (("bertpipe/training/loop.py", ("finetune/", "distill/"), ("tasks", "prepare", "export/", "register")),
+             ("bertpipe/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("tasks", "prepare")),
+             ("bertpipe/inference/speed.py", ("distill/", "export/"), ("finetune/", "tasks")))
+    for rel, moves, stays in cases:
+        f = checkout / rel
+        text = f.read_text()
+        f.write_text(text + PROBE)
+        try:
+            moved = {n for n, d in digests(stages).items() if d != before[n]}
+        finally:
+            f.write_text(text)
+        for prefix in moves:
+            assert any(n.startswith(prefix) for n in moved), (rel, prefix, moved)
+        for prefix in stays:
+            assert not any(n.startswith(prefix) for n in moved), (rel, prefix, moved)
+
+
 def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
-    """The tasks stage materialises splits; finetune's training loop is not part of its code."""
+    """The tasks stage materialises splits; the training loop is not part of its code."""
     cfg, stages = demo
     finish(cfg, stages)
-    f = checkout / "bertpipe/finetune/train.py"
+    f = checkout / "bertpipe/training/loop.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
     stale = {n for n, s in expected(cfg, stages).items() if not s.fresh}
     assert {"tasks", "prepare", "base", "vocab", "pretrain"}.isdisjoint(stale), stale
-    assert any(n.startswith("finetune/") for n in stale) and "evaluate" in stale
+    assert any(n.startswith("finetune/") for n in stale) and any(n.startswith("distill/") for n in stale)
+    assert "evaluate" in stale

@@ -74,8 +74,10 @@ def test_code_identity_follows_imports_and_is_recorded(tmp_path):
     assert not {"bertpipe/stage.py", "bertpipe/pipeline.py", "bertpipe/config.py", "bertpipe/tracking.py",
                 "bertpipe/lineage.py", "bertpipe/outputs.py"} & set(vocab), vocab
     assert not any(f.startswith(("bertpipe/finetune/", "bertpipe/prepare/")) for f in vocab), vocab
-    distill = code_files(("distill",))
-    assert "bertpipe/finetune/train.py" in distill  # distill trains through the finetune loop
+    distill, finetune = code_files(("distill",)), code_files(("finetune",))
+    # both train through the training library's loop: a library module a stage imports is that stage's code
+    assert "bertpipe/training/loop.py" in distill and "bertpipe/training/loop.py" in finetune
+    assert not any(f.startswith("bertpipe/finetune/") for f in distill), distill  # stages import no other stage
     ident = code_identity(("vocab",), ("torch", "no-such-dist"))
     assert set(ident["files"]) == set(vocab) and ident["libs"]["no-such-dist"] == "absent"
     assert ident["digest"] != code_identity(("vocab",), ("torch",))["digest"]

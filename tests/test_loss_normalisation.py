@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe.finetune.train import backward_step as finetune_step
+from bertpipe.training.loop import backward_step as finetune_step
 from bertpipe.pretrain.masking import IGNORE
 from bertpipe.pretrain.model import PretrainModel
 from bertpipe.pretrain.train import Dist

@@ -128,8 +128,8 @@ def _tiny_finetune(precision: str):
 
     from transformers import BertConfig, BertForSequenceClassification
 
-    from bertpipe.finetune.params import TrainParams
-    from bertpipe.finetune.train import train
+    from bertpipe.training.loop import train
+    from bertpipe.training.params import TrainParams
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from bertpipe.errors import BertpipeError
-from bertpipe.export.batch import predict_file, read_rows
+from bertpipe.inference.files import predict_file, read_rows
 from bertpipe.register.pyfunc import to_records
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from bertpipe.config import load_config
-from bertpipe.finetune.data import Example
 from bertpipe.register import stage as register
 from bertpipe.stage import Stage, run_stage, write_json
-from bertpipe.taskdata import write_split
+from bertpipe.taskdata import Example, write_split
 
 LABELS = ["neg", "pos"]
 POS = ["这个产品很好", "质量很好", "服务好", "好用", "非常好", "很好很满意", "真好", "好极了"]
@@ -75,19 +74,20 @@ def tiny_classifier(path: Path, tokenizer_dir: Path, seed: int, steps: int = 0, 
 
 
 def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[dict]]:
-    """The model's macro-F1 and predictions on the task's test split, with the finetune scoring code."""
+    """The model's macro-F1 and predictions on the task's test split, with the training library's scoring code."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from bertpipe.finetune import heads as H
-    from bertpipe.finetune.params import TaskParams, TrainParams
     from bertpipe.taskdata import read_split
+    from bertpipe.training.features import featurize
+    from bertpipe.training.params import TaskParams, TrainParams
+    from bertpipe.training.predict import score
 
     tp, trp = TaskParams.model_validate(task_params()), TrainParams()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
     exs = read_split(root / "work" / "tasks" / task / "test.jsonl")
-    split = H.featurize(tok, exs, tp, trp, {lab: i for i, lab in enumerate(LABELS)}, Counter(), "test")
-    flat, _, recs = H.score(model, split, tp, LABELS, tok.pad_token_id, 64, False)
+    split = featurize(tok, exs, tp, trp, {lab: i for i, lab in enumerate(LABELS)}, Counter(), "test")
+    flat, _, recs = score(model, split, tp, LABELS, tok.pad_token_id, 64, False)
     return flat["macro_f1"], recs
 
 
@@ -222,7 +222,7 @@ def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
     rec = record(run_stage(register_stage(tie), cfg2).out)
     assert rec["reused"] and rec["version"] == before[-1] and versions(cfg) == before
 
-    # New test data: the champion is re-scored on it, with the finetune scoring code, before comparing. One text
+    # New test data: the champion is re-scored on it, with the training library's scoring code, before comparing. One text
     # carries both labels, so no model scores 1.0 on it (the champion's recorded score).
     ambiguous = [Example(id=f"amb{i}", text="一般般", label=LABELS[i]) for i in range(2)]
     write_task(tmp_path, "sentiment", examples("new-test", 30, offset=3) + ambiguous)

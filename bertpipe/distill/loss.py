@@ -1,4 +1,4 @@
-"""The distillation objective wrapped as a model, so the finetune loop (``bertpipe.finetune.train.train``) trains a
+"""The distillation objective wrapped as a model, so the training loop (``bertpipe.training.loop.train``) trains a
 student unchanged: its ``forward(**batch).loss`` is
 
     alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * hard-label loss

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bertpipe.finetune.params import TrainOverrides
+from bertpipe.training.params import TrainOverrides
 
 
 class _Strict(BaseModel):

@@ -1,5 +1,6 @@
 """The distill stage: for one finetune task, a smaller student trained on the task's train split from the finetuned
-teacher's soft targets (plus the hard labels), through the finetune training loop and scoring code.
+teacher's soft targets (plus the hard labels), through the training library's loop and scoring code
+(``bertpipe.training``).
 
 Output (``ctx.out``): ``model/`` (the student, save_pretrained with tokenizer and id2label, loadable like a finetuned
 model), ``metrics.json`` (the finetune schema — primary, per_seed, summary — so register and export treat a student
@@ -18,15 +19,15 @@ VERSION = "1"
 
 
 def _scorer(model, split, p, labels, pad, tp, bf16):
-    from bertpipe.finetune import heads as H
+    from bertpipe.training.predict import score
 
-    return H.score(model, split, p, labels, pad, tp.eval_batch_size, bf16)
+    return score(model, split, p, labels, pad, tp.eval_batch_size, bf16)
 
 
 def _throughput(models: dict, feats: list, pad: int, batch_size: int, n_batches: int) -> dict:
     """Examples/s and per-batch latency of each model over the same test batches, interleaved in one run."""
-    from bertpipe.export.speed import batched, time_calls
-    from bertpipe.finetune.heads import run_model
+    from bertpipe.inference.speed import batched, time_calls
+    from bertpipe.training.predict import run_model
 
     chunks = batched(feats, batch_size)[: max(1, n_batches)]
     calls = {name: (lambda c, m=m: len(run_model(m, c, pad, batch_size, False))) for name, m in models.items()}
@@ -54,19 +55,20 @@ def build(ctx, task: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
+    from bertpipe.device import legacy_request, pick_device, precision_for
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
     from bertpipe.evaluate.metrics import PRIMARY
-    from bertpipe.export.speed import dir_size, n_params
-    from bertpipe.finetune import heads as H
-    from bertpipe.finetune.params import with_overrides
-    from bertpipe.finetune.stage import pipeline_task
-    from bertpipe.finetune.train import legacy_request, pick_device, precision_for, train
+    from bertpipe.inference.speed import dir_size, n_params
     from bertpipe.stage import write_json
+    from bertpipe.training.features import featurize
+    from bertpipe.training.heads import auto_class, pipeline_task
+    from bertpipe.training.loop import train
+    from bertpipe.training.params import with_overrides
+    from bertpipe.training.task import model_labels, task_examples, task_settings
 
     dp = ctx.params
-    p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
+    p, tp = task_settings(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
     stp = with_overrides(tp, dp.train_overrides)
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)
@@ -75,11 +77,11 @@ def build(ctx, task: str) -> dict:
     if not (teacher_dir / "config.json").is_file():
         raise BertpipeError(f"distill/{task}: no finetuned teacher at {ctx.inputs['teacher']}/model")
     counts: Counter = Counter()
-    data = task_examples(ctx.cfg, task, counts)
+    data = task_examples(ctx.cfg, task)
     labels = model_labels(teacher_dir)
     label2id = {lab: i for i, lab in enumerate(labels)}
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
-    splits = {s: H.featurize(tok, data[s], p, stp, label2id, counts, s) for s in ("train", "dev", "test")}
+    splits = {s: featurize(tok, data[s], p, stp, label2id, counts, s) for s in ("train", "dev", "test")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     prec = precision_for(legacy_request(stp.precision, stp.bf16), device)
     bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
@@ -88,7 +90,7 @@ def build(ctx, task: str) -> dict:
     primary = PRIMARY[p.type]
     seed = stp.seeds[0]
 
-    teacher = H.auto_class(p.type).from_pretrained(str(teacher_dir)).to(device).eval()
+    teacher = auto_class(p.type).from_pretrained(str(teacher_dir)).to(device).eval()
     student, init = make_student(teacher, dp, seed)
     student.to(device)
     ctx.log(f"{task}: teacher {teacher.config.num_hidden_layers}x{teacher.config.hidden_size} -> student "
@@ -116,7 +118,6 @@ def build(ctx, task: str) -> dict:
     student.save_pretrained(ctx.out / "model")
     tok.save_pretrained(ctx.out / "model")
     from bertpipe import modelcard
-    from bertpipe.finetune.stage import pipeline_task
 
     modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                     base_model=str(ctx.inputs.get("teacher", "")), labels=labels,

@@ -161,7 +161,7 @@ def has_mlm_head(model_dir) -> bool:
 
 
 def eval_device(p) -> str:
-    from bertpipe.finetune.train import pick_device
+    from bertpipe.device import pick_device
 
     return str(pick_device(p.device))
 

@@ -1,1 +1,1 @@
-"""ONNX export, onnxruntime parity checks, int8 dynamic quantization, and inference over torch/ONNX/int8 backends."""
+"""ONNX export, onnxruntime parity checks and int8 dynamic quantization of a model register will log."""

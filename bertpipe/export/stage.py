@@ -6,7 +6,7 @@ the largest |torch - onnxruntime| output difference, whether predictions on the 
 backend's test quality (torch, onnx, int8). A parity failure beyond ``export.atol`` fails the stage.
 
 A task's export takes every encoder's finetune of the task (inputs ``finetune/<encoder>``) and exports the best
-non-degenerate one by dev score (``bertpipe.export.choice``); ``selection.json`` records which, for register.
+non-degenerate one by dev score (``bertpipe.training.choice``); ``selection.json`` records which, for register.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from bertpipe.errors import BertpipeError
-from bertpipe.export.onnx import INT8_FILE, ONNX_FILE, OrtModel, export_onnx, load_torch, quantize_int8
+from bertpipe.export.onnx import export_onnx, quantize_int8
+from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch
 
 VERSION = "1"
 PRED_KEY = {"qa": "prediction", "ner": "pred"}
@@ -34,26 +35,27 @@ def _max_diff(a: list, b: list) -> float:
 def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
     from bertpipe.evaluate.metrics import PRIMARY
-    from bertpipe.finetune import data as D
-    from bertpipe.finetune import heads as H
+    from bertpipe.training.features import featurize
+    from bertpipe.training.predict import run_model, score
+    from bertpipe.training.task import model_labels, task_examples, task_settings
+    from bertpipe.training.taskfiles import cap
 
     ep = ctx.params
-    p, tp = task_params(ctx.cfg, task, model_dir, ctx.log)
+    p, tp = task_settings(ctx.cfg, task, model_dir, ctx.log)
     exs = task_examples(ctx.cfg, task)["test"]
-    exs = D.cap(exs, ep.max_examples, p.split_seed) if ep.max_examples else exs
+    exs = cap(exs, ep.max_examples, p.split_seed) if ep.max_examples else exs
     if not exs:
         raise BertpipeError(f"export/{task}: the task has no test examples to check the export on")
     labels = model_labels(model_dir)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    split = H.featurize(tok, exs, p, tp, {lab: i for i, lab in enumerate(labels)}, Counter(), "test")
+    split = featurize(tok, exs, p, tp, {lab: i for i, lab in enumerate(labels)}, Counter(), "test")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    raw = {n: H.run_model(m, split.feats, pad, ep.batch_size, False) for n, m in backends.items()}
+    raw = {n: run_model(m, split.feats, pad, ep.batch_size, False) for n, m in backends.items()}
     primary = PRIMARY[p.type]
     quality, preds = {}, {}
     for n, m in backends.items():
-        flat, _, recs = H.score(m, split, p, labels, pad, ep.batch_size, False, outs=raw[n])  # scored once
+        flat, _, recs = score(m, split, p, labels, pad, ep.batch_size, False, outs=raw[n])  # scored once
         quality[n] = flat
         key = PRED_KEY.get(p.type, "pred")
         preds[n] = [r[key] for r in recs]
@@ -71,7 +73,7 @@ def _encoder_checks(ctx, model_dir: Path, backends: dict) -> dict:
     from transformers import AutoTokenizer
 
     from bertpipe.corpusio import read_texts
-    from bertpipe.finetune.heads import run_model
+    from bertpipe.training.predict import run_model
 
     texts = read_texts(ctx.inputs["corpus"], "valid", limit=ctx.params.max_examples or 64)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -103,10 +105,10 @@ def describe(checks: dict) -> str:
 
 
 def build(ctx, key: str, task: str | None) -> dict:
-    from bertpipe.export.choice import SELECTION_FILE, choose
-    from bertpipe.export.infer import task_meta
-    from bertpipe.export.speed import dir_size
+    from bertpipe.inference.predictor import task_meta
+    from bertpipe.inference.speed import dir_size
     from bertpipe.stage import write_json
+    from bertpipe.training.choice import SELECTION_FILE, choose
 
     ep = ctx.params
     finetunes = {k.split("/", 1)[1]: Path(v) for k, v in ctx.inputs.items() if k.startswith("finetune/")}

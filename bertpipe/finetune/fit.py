@@ -7,11 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bertpipe.finetune import degenerate as D
-from bertpipe.finetune import heads as H
-from bertpipe.finetune import imbalance as I
-from bertpipe.finetune.params import TaskParams, TrainParams
-from bertpipe.finetune.train import TrainResult, set_seed, train
+from bertpipe.training import degenerate as D
+from bertpipe.training import imbalance as I
+from bertpipe.training.heads import load_model
+from bertpipe.training.loop import TrainResult, set_seed, train
+from bertpipe.training.params import TaskParams, TrainParams
+from bertpipe.training.predict import score
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Task:
     p: TaskParams
     encoder: Any  # the encoder dir or hub id
     labels: list[str]
-    splits: dict  # split name -> heads.Split
+    splits: dict  # split name -> bertpipe.training.features.Split
     primary: str
     pad: int
     device: Any
@@ -52,13 +53,13 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool
     """Train ``tp`` on ``seed``. ``on_eval(dev primary, evaluation index, above the majority baseline)`` sees every
     dev evaluation and may raise to stop the run (a search's pruner does)."""
     set_seed(seed)  # the fresh head's init must not depend on what used the global RNG before
-    model = H.load_model(t.p.type, t.encoder, t.labels).to(t.device)
+    model = load_model(t.p.type, t.encoder, t.labels).to(t.device)
     model = I.weighted(model, t.p.type, t.train_label_ids(), len(t.labels), tp.class_weight)
     seen = [0]
 
     if t.has_dev:
         def dev_eval(m):
-            flat, _, _ = H.score(m, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
+            flat, _, _ = score(m, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
             value = flat.get(t.primary, 0.0)
             if on_eval is not None:  # sound: above the majority baseline at this evaluation
                 on_eval(value, seen[0], value > t.majority_dev)
@@ -77,6 +78,6 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool
     model = I.unwrap(model)
     out = Fit(model, res, seed)
     if t.has_dev:
-        out.dev, _, recs = H.score(model, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
+        out.dev, _, recs = score(model, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
         out.degenerate = D.reason(t.p.type, t.primary, out.dev, recs, t.majority_dev)
     return out

@@ -2,7 +2,7 @@
 
 Each trial trains finetune.train plus one value per searched key on the first seed, reports the dev score after
 every evaluation (the pruner stops trials that rank low at an evaluation), and ends with its best dev score. A
-degenerate trial (bertpipe.finetune.degenerate) fails and can never be chosen. Trials are stored by what they
+degenerate trial (bertpipe.training.degenerate) fails and can never be chosen. Trials are stored by what they
 are (encoder, task data, configuration, seed, code) under the state dir, so a trial already run — by a killed
 attempt, or before the budget grew — is read back, never trained again.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bertpipe.finetune.fit import Fit
-from bertpipe.finetune.params import SearchParams, TrainParams
+from bertpipe.training.params import SearchParams, TrainParams
 
 
 class Degenerate(Exception):

@@ -15,24 +15,20 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from bertpipe.device import legacy_request, pick_device, precision_for
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate.metrics import PRIMARY
-from bertpipe.finetune import data as FD
-from bertpipe.finetune import degenerate as D
-from bertpipe.finetune import heads as H
 from bertpipe.finetune import search as S
 from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams
-from bertpipe.finetune.train import legacy_request, pick_device, precision_for
 from bertpipe.modelinfo import clamp_seq_len
-from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
+from bertpipe.taskdata import SPLITS, SPLITS_JSON, read_task, split_info
+from bertpipe.training import degenerate as D
+from bertpipe.training.features import describe, featurize
+from bertpipe.training.heads import pipeline_task
+from bertpipe.training.predict import score
 
 VERSION = "2"  # 2: reads the tasks stage's splits; seeded before the model is built
-
-
-def pipeline_task(task_type: str) -> str | None:
-    """The transformers pipeline task of a finetuned model of this type (one map: finetune.heads.PIPELINE_TASKS)."""
-    return H.pipeline_task_of(H.auto_class(task_type).__name__)
 
 
 def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
@@ -110,9 +106,9 @@ def build(ctx, task: str, encoder: str) -> dict:
            else "finetune.train.max_seq_len")
     # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
     tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, key, ctx.log)})
-    splits = {s: H.featurize(tok, data[s], p, tp, label2id, counts, s) for s in FD.SPLITS}
-    H.describe(counts)
-    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in FD.SPLITS)
+    splits = {s: featurize(tok, data[s], p, tp, label2id, counts, s) for s in SPLITS}
+    describe(counts)
+    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in SPLITS)
     ctx.log(f"{task}/{encoder}: {sizes}")
     primary = PRIMARY[p.type]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -156,7 +152,7 @@ def build(ctx, task: str, encoder: str) -> dict:
         model, res = f.model, f.result
         runs[seed] = res
         dev = f.dev
-        test, test_details, recs = H.score(model, splits["test"], p, labels, pad, tp.eval_batch_size, bf16)
+        test, test_details, recs = score(model, splits["test"], p, labels, pad, tp.eval_batch_size, bf16)
         per_seed[str(seed)] = {
             "dev": dev, "test": test, "test_details": test_details, "best_step": res.best_step, "steps": res.steps,
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,

@@ -27,7 +27,7 @@ FILES = ("model.onnx", "model.int8.onnx", "task.json", "checks.json", "checks.md
 def export_dir_for(model_dir: Path) -> Path | None:
     """The export stage output made from ``model_dir`` (``<stage>/model``): found by the finetune its selection.json
     chose or its manifest's ``model`` input, in the ``export/`` dir of the work tree that holds the model."""
-    from bertpipe.export.choice import read_selection
+    from bertpipe.training.choice import read_selection
 
     src = Path(model_dir).resolve().parent
     for anc in list(src.parents)[:4]:
@@ -46,7 +46,7 @@ def export_dir_for(model_dir: Path) -> Path | None:
 
 def task_files(model_dir: Path, export_dir: Path | None, dest: Path) -> Path:
     """A dir holding task.json (from the export, else derived from the model config) for a pyfunc's artifacts."""
-    from bertpipe.export.infer import meta_from_config
+    from bertpipe.inference.predictor import meta_from_config
     from bertpipe.stage import write_json
 
     dest.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.finetune.heads import PIPELINE_TASKS, pipeline_task_of  # noqa: F401 (PIPELINE_TASKS: importable here)
 from bertpipe.stage import read_manifest
-
+from bertpipe.training.heads import pipeline_task_of
 
 
 def pipeline_task(model_dir: Path) -> str:

@@ -44,7 +44,7 @@ def saved_seed_score(metrics: dict, where: str = "finetune metrics.json") -> tup
 def task_settings(cfg, ft_dir: Path, task: str):
     """(TaskParams, TrainParams) the finetune output was built with (its manifest), else today's config."""
     from bertpipe.config import validated
-    from bertpipe.finetune.params import TaskParams, TrainParams
+    from bertpipe.training.params import TaskParams, TrainParams
 
     params = (read_manifest(ft_dir) or {}).get("params") or {}
     raw_task, raw_train = params.get(f"finetune.tasks.{task}"), params.get("finetune.train")

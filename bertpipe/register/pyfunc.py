@@ -48,7 +48,7 @@ with warnings.catch_warnings():
 
     class TaskModel(mlflow.pyfunc.PythonModel):
         def load_context(self, context):
-            from bertpipe.export.infer import Predictor
+            from bertpipe.inference.predictor import Predictor
 
             conf = getattr(context, "model_config", None) or {}
             # device auto: the GPU when the loading machine has one (model_config={"device": "cpu"} to force it)
@@ -74,7 +74,7 @@ def flavor_long_text(task: str, model_dir: Path, export_dir: Path | None) -> tup
     tasks that need them (NER, QA) are registered as the bertpipe pyfunc, which runs ``Predictor``."""
     import json
 
-    from bertpipe.export.infer import meta_from_config
+    from bertpipe.inference.predictor import meta_from_config
 
     meta_file = export_dir / "task.json" if export_dir is not None else None
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file is not None and meta_file.is_file() else {}

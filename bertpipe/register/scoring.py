@@ -1,6 +1,6 @@
 """Scores for the gate that are not in a finetune output: a champion re-scored on today's test set (exported from
-the registry, run through the finetune scoring code), per-example predictions kept with each version, and the paired
-bootstrap interval of challenger - champion on the same test examples."""
+the registry, run through the training library's scoring code), per-example predictions kept with each version, and
+the paired bootstrap interval of challenger - champion on the same test examples."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_examples(cfg, ft_dir: Path, task: str) -> list:
     path = task_dir(cfg, task) / "test.jsonl"
     if path.is_file():
         return read_split(path)
-    from bertpipe.finetune import data as D
+    from bertpipe.training import taskfiles as D
 
     tp, trp = task_settings(cfg, ft_dir, task)
     return D.cap(D.load_task(tp, cfg.path, Counter())["test"], trp.max_eval_examples, tp.split_seed)
@@ -39,22 +39,24 @@ def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[floa
     settings the candidate was scored with (so champion and challenger are scored the same way)."""
     from transformers import AutoTokenizer
 
+    from bertpipe.device import pick_device
     from bertpipe.evaluate.metrics import PRIMARY
-    from bertpipe.finetune import heads as H
-    from bertpipe.finetune.train import pick_device
     from bertpipe.modelinfo import clamp_seq_len
+    from bertpipe.training.features import featurize
+    from bertpipe.training.heads import auto_class
+    from bertpipe.training.predict import score
 
     tp, trp = task_settings(cfg, ft_dir, task)
     seq_len = clamp_seq_len(trp.max_seq_len, model_dir, "finetune.train.max_seq_len")
     trp = trp.model_copy(update={"max_seq_len": seq_len})
     exs = test_examples(cfg, ft_dir, task)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = H.auto_class(tp.type).from_pretrained(str(model_dir)).to(pick_device(trp.device))
+    model = auto_class(tp.type).from_pretrained(str(model_dir)).to(pick_device(trp.device))
     id2label = getattr(model.config, "id2label", {}) or {}
     labels = [id2label[i] for i in range(len(id2label))] if tp.type != "qa" else []
-    split = H.featurize(tok, exs, tp, trp, _AnyLabel({lab: i for i, lab in enumerate(labels)}), Counter(), "test")
+    split = featurize(tok, exs, tp, trp, _AnyLabel({lab: i for i, lab in enumerate(labels)}), Counter(), "test")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    flat, _, recs = H.score(model, split, tp, labels, pad, trp.eval_batch_size, False)
+    flat, _, recs = score(model, split, tp, labels, pad, trp.eval_batch_size, False)
     value = flat.get(PRIMARY[tp.type])
     return (float(value) if value is not None else None), recs
 

@@ -54,7 +54,7 @@ class Candidate:
     version: str = ""
     reused: bool = False
     pipeline_task: str = ""
-    encoder: str = ""  # a task model: which encoder's finetune (the best by dev score, bertpipe.export.choice)
+    encoder: str = ""  # a task model: which encoder's finetune (the best by dev score, bertpipe.training.choice)
     choice: str = ""  # ... and why, in words
     degenerate: str | None = None  # why the model learned nothing (its metrics.json says so): never crowned
 
@@ -92,7 +92,7 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
 def _task_models(ctx: StageContext) -> list[tuple[str, str, Path, object]]:
     """(source kind, task, output dir, choice or None) of each task model: per task the best encoder's finetune by
     dev score (the choice export makes), then each student."""
-    from bertpipe.export.choice import choose
+    from bertpipe.training.choice import choose
 
     finetunes: dict[str, dict[str, Path]] = {}
     out = []

@@ -36,6 +36,6 @@ class ServeParams(BaseModel):
 
     def accelerator(self) -> str:
         """LitServe's accelerator for ``device`` (checked: ``cuda`` without a GPU raises a one-line error)."""
-        from bertpipe.export.infer import resolve_device
+        from bertpipe.inference.predictor import resolve_device
 
         return resolve_device(self.device)

@@ -1,9 +1,9 @@
 """Which registered version a service answers with, and how it is loaded.
 
-Inference itself is ``bertpipe.export.infer.Predictor`` — the same code `bertpipe models predict` and the registered
-pyfunc models use: the task's own long-text handling (head/tail truncation, sliding windows stitched back for NER,
-doc-stride for QA), scores, and the torch / ONNX / int8 backends. This module adds only what serving needs on top:
-a reference that may follow an alias, and a loaded version that knows its number and request fields.
+Inference itself is ``bertpipe.inference.predictor.Predictor`` — the same code `bertpipe models predict` and the
+registered pyfunc models use: the task's own long-text handling (head/tail truncation, sliding windows stitched back
+for NER, doc-stride for QA), scores, and the torch / ONNX / int8 backends. This module adds only what serving needs
+on top: a reference that may follow an alias, and a loaded version that knows its number and request fields.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Served:
     """One loaded version: ``predict(rows)`` -> one dict per row (``entities`` for NER)."""
 
     def __init__(self, cfg, name: str, version: str, backend: str, batch_size: int, device: str = "cpu"):
-        from bertpipe.export.infer import Predictor
+        from bertpipe.inference.predictor import Predictor
         from bertpipe.register.artifacts import local_version
 
         lv = local_version(cfg, f"{name}/{version}")  # downloaded once per version, cached under paths.state

@@ -18,8 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from bertpipe.finetune.data import Example, own_group
 from bertpipe.prepare.dedup import components, near_duplicates
+from bertpipe.taskdata import Example
+from bertpipe.training.taskfiles import own_group
 
 # Two groups merge when at least this share of each one's examples has a near-duplicate in the other.
 LINK_SHARE = 0.2

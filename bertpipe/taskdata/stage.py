@@ -1,6 +1,6 @@
 """The ``tasks`` stage: every finetune task's splits, materialised once (see ``bertpipe.taskdata`` for the layout).
 
-Per task: read and clean its files (``bertpipe.finetune.data``), find near-duplicates among all its examples
+Per task: read and clean its files (``bertpipe.training.taskfiles``), find near-duplicates among all its examples
 (prepare's MinHash and settings), split off the missing dev/test by group with near-duplicate groups merged, drop what
 still crosses splits (``bertpipe.taskdata.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
 task ``train_overrides`` included), refuse an empty dev or test split (finetune would score nothing, a nan metric;
@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.finetune import data as D
-from bertpipe.finetune.params import FinetuneParams, TaskParams
 from bertpipe.stage import write_json
 from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split  # noqa: F401 (task_params: old home)
 from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
+from bertpipe.training import taskfiles as D
+from bertpipe.training.params import TaskParams, TrainParams
 
 VERSION = "1"
 
@@ -46,7 +46,7 @@ def own_inputs(cfg) -> dict[str, Path]:
     return out
 
 
-def materialise(task: str, p: TaskParams, shared_train, resolve, dedup, root: Path | None = None):
+def materialise(task: str, p: TaskParams, shared_train: TrainParams, resolve, dedup, root: Path | None = None):
     """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""
     tp = p.train_params(shared_train)
     counts: Counter = Counter()
@@ -101,7 +101,7 @@ def empty_split(task: str, p: TaskParams, split: str, files: dict, key) -> str:
 
 
 def build(ctx) -> dict:
-    fp: FinetuneParams = ctx.params
+    fp = ctx.params  # the finetune section: its tasks and the shared train params the caps come from
     dedup = ctx.cfg.params.prepare.dedup
     metrics: dict = {}
     lines = ["# tasks", "", "| task | type | train | dev | test | near-dup pairs | groups merged | "

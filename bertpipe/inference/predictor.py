@@ -1,6 +1,6 @@
-"""Inference on unlabelled input with any backend (torch, ONNX, int8): what the registered pyfunc models and
-`bertpipe models predict` call. Featurisation, windows and decoding are the finetune head code; this module adds
-scores (softmax probabilities) and the user-facing output per task:
+"""Inference on unlabelled input with any backend (torch, ONNX, int8): what the registered pyfunc models, the
+service and `bertpipe models predict` call. Featurisation, windows and decoding are the training library's
+(``bertpipe.training``); this module adds scores (softmax probabilities) and the user-facing output per task:
 
 - classification: {"label", "score"}   (long texts: the task's head/tail truncation or windows aggregated)
 - ner: [{"text", "label", "start", "end", "score"}]   (entities aggregated from word pieces; end exclusive)
@@ -25,22 +25,22 @@ META_KEYS = ("truncation", "head_tokens", "stride", "window_aggregate", "label_a
 
 def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
     """What inference needs besides the weights: task type, labels and the task's long-text handling."""
-    from bertpipe.distill.data import model_labels
-    from bertpipe.export.onnx import model_kind
+    from bertpipe.inference.backends import model_kind
+    from bertpipe.training.task import model_labels
 
     if task is None:
         return {"type": model_kind(model_dir), "labels": [], "max_seq_len": 128}
-    from bertpipe.distill.data import task_params
+    from bertpipe.training.task import task_settings
 
-    p, tp = task_params(cfg, task, model_dir)
+    p, tp = task_settings(cfg, task, model_dir)
     return {"task": task, "type": p.type, "labels": model_labels(model_dir), "max_seq_len": tp.max_seq_len,
             **{k: getattr(p, k) for k in META_KEYS}}
 
 
 def meta_from_config(model_dir: Path) -> dict:
     """A task.json for a model exported without one: type and labels from its config, default long-text handling."""
-    from bertpipe.distill.data import model_labels
-    from bertpipe.export.onnx import model_kind
+    from bertpipe.inference.backends import model_kind
+    from bertpipe.training.task import model_labels
 
     conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     return {"type": model_kind(model_dir), "labels": model_labels(model_dir),
@@ -74,7 +74,7 @@ class Predictor:
                  batch_size: int = 32, device: str = "cpu"):
         from transformers import AutoTokenizer
 
-        from bertpipe.export.onnx import backend_model
+        from bertpipe.inference.backends import backend_model
 
         self.meta = meta
         self.type = meta["type"]
@@ -99,7 +99,7 @@ class Predictor:
         return cls(model_dir, meta, backend, files_dir, batch_size, device)
 
     def examples(self, records: Sequence[dict]):
-        from bertpipe.finetune.data import Example
+        from bertpipe.taskdata import Example
 
         dummy = self.labels[0] if self.labels else None
         out = []
@@ -111,14 +111,15 @@ class Predictor:
         return out
 
     def predict(self, records: Sequence[dict]) -> list:
-        from bertpipe.finetune import heads as H
+        from bertpipe.training.features import featurize
+        from bertpipe.training.predict import run_model
 
         if not records:
             return []
         exs = self.examples(records)
-        split = H.featurize(self.tok, exs, self.p, self.tp, {lab: i for i, lab in enumerate(self.labels)}, Counter(),
+        split = featurize(self.tok, exs, self.p, self.tp, {lab: i for i, lab in enumerate(self.labels)}, Counter(),
                             "predict")
-        outs = H.run_model(self.model, split.feats, self.pad, self.batch_size, False)
+        outs = run_model(self.model, split.feats, self.pad, self.batch_size, False)
         if self.type == "qa":
             return self._qa(exs, split.feats, outs)
         per_ex: list[list] = [[] for _ in exs]
@@ -126,7 +127,7 @@ class Predictor:
             per_ex[f["example"]].append(o)
         if self.type == "ner":
             return [self._entities(ex, split.pieces[i], split.spans[i], per_ex[i]) for i, ex in enumerate(exs)]
-        from bertpipe.finetune import windows as W
+        from bertpipe.training import windows as W
 
         res = []
         for rows in per_ex:
@@ -137,8 +138,8 @@ class Predictor:
         return res
 
     def _entities(self, ex, pieces, spans, rows) -> list[dict]:
-        from bertpipe.finetune import tagging as T
-        from bertpipe.finetune import windows as W
+        from bertpipe.training import tagging as T
+        from bertpipe.training import windows as W
 
         if not pieces.ids:
             return []
@@ -155,7 +156,7 @@ class Predictor:
         return out
 
     def _qa(self, exs, feats, outs) -> list[dict]:
-        from bertpipe.finetune import qa as Q
+        from bertpipe.training import qa as Q
 
         # Log-probabilities over each window's context positions: the best span's score is then P(start) * P(end).
         starts, ends = [], []

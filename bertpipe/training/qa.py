@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertpipe.finetune.data import Example
+from bertpipe.taskdata import Example
 
 
 def _cap_question(tokenizer, question: str, max_query_len: int) -> str:

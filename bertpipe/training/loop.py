@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bertpipe.device import (  # noqa: F401 (stages import them from here)
-    Precision, autocast, bf16_ok, grad_scaler, legacy_request, pick_device, precision_for, weight_decay_groups)
-from bertpipe.finetune.params import TrainParams
+from bertpipe.device import Precision, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
+from bertpipe.training.batches import batches, collate
+from bertpipe.training.params import TrainParams
 
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 
@@ -63,47 +63,6 @@ def param_groups(model: torch.nn.Module, tp: TrainParams) -> list[dict]:
         return head_lr if d == layers else tp.lr * tp.layer_lr_decay ** (layers - d if d >= 0 else layers + 1)
 
     return weight_decay_groups(model, tp.weight_decay, lr_of)
-
-
-def _padded(rows: Sequence[Sequence[int]], n: int, fill: int) -> torch.Tensor:
-    """Rows of ints padded to ``n`` with ``fill``: one numpy array filled row by row, one tensor at the end (a
-    torch.tensor per row was most of collate's time on short rows)."""
-    arr = np.full((len(rows), n), fill, dtype=np.int64)
-    for i, r in enumerate(rows):
-        arr[i, : len(r)] = r
-    return torch.from_numpy(arr)
-
-
-def collate(feats: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad a batch of features; only keys a model's forward takes become tensors."""
-    n = max(len(f["input_ids"]) for f in feats)
-    out: dict[str, torch.Tensor] = {}
-    out["input_ids"] = _padded([f["input_ids"] for f in feats], n, pad_id)
-    lens = torch.tensor([len(f["input_ids"]) for f in feats])
-    out["attention_mask"] = (torch.arange(n)[None, :] < lens[:, None]).long()
-    if "token_type_ids" in feats[0]:
-        out["token_type_ids"] = _padded([f["token_type_ids"] for f in feats], n, 0)
-    if "labels" in feats[0]:
-        if isinstance(feats[0]["labels"], list):
-            out["labels"] = _padded([f["labels"] for f in feats], n, -100)
-        else:
-            out["labels"] = torch.tensor([f["labels"] for f in feats], dtype=torch.long)
-    for k in ("start_positions", "end_positions"):
-        if k in feats[0]:
-            out[k] = torch.tensor([f[k] for f in feats], dtype=torch.long)
-    return out
-
-
-def batches(feats: Sequence[dict], batch_size: int, gen: random.Random, bucket: int = 50) -> list[list[int]]:
-    """Shuffled batches of similar length (sorted within shuffled chunks), so little compute goes to padding."""
-    order = list(range(len(feats)))
-    gen.shuffle(order)
-    out = []
-    for c in range(0, len(order), batch_size * bucket):
-        chunk = sorted(order[c : c + batch_size * bucket], key=lambda i: len(feats[i]["input_ids"]))
-        out.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
-    gen.shuffle(out)
-    return out
 
 
 FP32 = Precision("fp32", "default")

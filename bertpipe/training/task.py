@@ -1,15 +1,16 @@
-"""The examples a finetuned teacher saw: the materialised task splits when the `tasks` stage wrote them, else the
-finetune stage's own reading and caps, so a student trains and is scored on exactly the teacher's data."""
+"""A finetune task as a model trained on it saw it: its settings (overrides applied, max_seq_len cut to the model's
+positions), its examples (the materialised task splits when the `tasks` stage wrote them, else the task files read
+and capped the same way) and the labels of a saved head, so a student, an export check or a prediction uses exactly
+the finetuned model's data."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
-from bertpipe.errors import BertpipeError
 
-
-def task_params(cfg, task: str, model=None, log=None):
+def task_settings(cfg, task: str, model=None, log=None):
     """(TaskParams, TrainParams) of a finetune task, overrides applied; with ``model`` (a dir), max_seq_len is cut to
     its position table as the finetune stage cut it, so a student, an export check or a prediction never feeds a
     longer sequence than the model has positions."""
@@ -26,18 +27,17 @@ def task_params(cfg, task: str, model=None, log=None):
     return p, tp
 
 
-def task_examples(cfg, task: str, counts: Counter | None = None) -> dict[str, list]:
+def task_examples(cfg, task: str) -> dict[str, list]:
     """{train, dev, test} examples of ``task`` as finetune trains, selects and scores on them."""
     from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir
 
-    counts = Counter() if counts is None else counts
     tdir = task_dir(cfg, task)
     if (tdir / SPLITS_JSON).is_file():
         return read_task(tdir)
-    from bertpipe.finetune import data as D
+    from bertpipe.training import taskfiles as D
 
-    p, tp = task_params(cfg, task)
-    data = D.load_task(p, cfg.path, counts)
+    p, tp = task_settings(cfg, task)
+    data = D.load_task(p, cfg.path, Counter())
     data["train"] = D.cap(data["train"], tp.max_train_examples, p.split_seed)
     for s in ("dev", "test"):
         data[s] = D.cap(data[s], tp.max_eval_examples, p.split_seed)
@@ -46,8 +46,6 @@ def task_examples(cfg, task: str, counts: Counter | None = None) -> dict[str, li
 
 def model_labels(model_dir: Path | str) -> list[str]:
     """The label list a saved head was trained with (id order); empty for QA and encoders."""
-    import json
-
     conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     arch = (conf.get("architectures") or [""])[0]
     if arch.endswith(("ForQuestionAnswering", "ForMaskedLM")) or arch.endswith("Model"):

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bertpipe.errors import BertpipeError, utf8_error
-from bertpipe.finetune import tagging
-from bertpipe.finetune.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
-from bertpipe.finetune.params import TaskParams
 from bertpipe.sqlite_io import reading
-from bertpipe.taskdata import Example  # noqa: F401 (defined with the split files it is read from)
+from bertpipe.taskdata import Example
+from bertpipe.training import tagging
+from bertpipe.training.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
+from bertpipe.training.params import TaskParams
 
 SPLITS = ("train", "dev", "test")
 

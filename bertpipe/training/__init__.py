@@ -1,0 +1,3 @@
+"""The library every stage that trains or scores a task head stands on: the finetuning loop, the heads, features and
+batches, long-text windows, tagging and QA helpers, class-imbalance weights, degenerate-run detection, task files and
+the hyperparameter models. Stages import it."""
