@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from bertpipe.evaluate import bootstrap as B
-from bertpipe.evaluate import metrics as M
 from bertpipe.finetune import tagging as T
+from bertpipe.scoring import bootstrap as B
+from bertpipe.scoring import metrics as M
 
 
 def test_macro_f1_matches_the_finetune_metric():

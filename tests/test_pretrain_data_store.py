@@ -82,7 +82,7 @@ def test_store_is_reused_across_training_params_and_rebuilt_for_packing(tmp_path
 
 def test_concurrent_builders_build_once_and_a_killed_build_is_cleared(tmp_path, tok, corpus):
     p = PretrainParams(max_seq_len=64)
-    key = tokstore.store_key(tokstore.key_parts(corpus, "valid", tok, "zh", p, 0, 1))
+    key = keyedstore.store_key(tokstore.key_parts(corpus, "valid", tok, "zh", p, 0, 1))
     (tmp_path / "tokstore" / f"{key}.tmp-deadbeef").mkdir(parents=True)  # what a SIGKILL mid-build leaves
     records = []
 

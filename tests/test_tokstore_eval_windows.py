@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.evaluate import fair_mlm as F
-from bertpipe.evaluate.encoder_gate import encoder_gate_score
 from bertpipe.evaluate import stage as evaluate_stage
-from bertpipe.evaluate import windows as W
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.finetune.synthetic import tiny_encoder
+from bertpipe.scoring import fair_mlm as F
+from bertpipe.scoring import windows as W
+from bertpipe.scoring.encoder_gate import encoder_gate_score
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -44,13 +44,13 @@ def _no_retokenizing(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the test split was read and segmented again")
 
-    monkeypatch.setattr(F, "test_texts", boom)
-    monkeypatch.setattr(F, "choose_windows", boom)
+    monkeypatch.setattr(W, "test_texts", boom)
+    monkeypatch.setattr(W, "choose_windows", boom)
 
 
 def test_windows_are_built_once_and_equal_choosing_them(tmp_path, corpus, monkeypatch):
     p = EvaluateParams(mlm_max_texts=30, mlm_seed=3)
-    expected = F.choose_windows(F.test_texts(corpus, 30, 3), 60, p.mlm_mask_prob, 3)
+    expected = W.choose_windows(W.test_texts(corpus, 30, 3), 60, p.mlm_mask_prob, 3)
     got, rec = W.open_windows(corpus, p, 60, tmp_path / "state")
     assert rec["built"] and got == expected and rec["texts"] == 30 and rec["windows"] == len(expected) > 20
     with monkeypatch.context() as m:
@@ -68,7 +68,7 @@ def test_windows_are_built_once_and_equal_choosing_them(tmp_path, corpus, monkey
 
 def test_second_evaluate_reads_the_store_with_the_same_metrics(tmp_path, corpus, encoders, monkeypatch):
     p = EvaluateParams(mlm_max_texts=20, mlm_max_seq_len=64, bootstrap_samples=50)
-    expected = F.compare_encoders(encoders, F.test_texts(corpus, 20, p.mlm_seed), p, n_boot=50)  # before the store
+    expected = F.compare_encoders(encoders, W.test_texts(corpus, 20, p.mlm_seed), p, n_boot=50)  # before the store
     expected["texts"] = 20
 
     def ctx():

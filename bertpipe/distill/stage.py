@@ -57,12 +57,12 @@ def build(ctx, task: str) -> dict:
     from bertpipe.distill.data import model_labels, task_examples, task_params
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
-    from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.export.speed import dir_size, n_params
     from bertpipe.finetune import heads as H
     from bertpipe.finetune.params import with_overrides
     from bertpipe.finetune.stage import pipeline_task
     from bertpipe.finetune.train import legacy_request, pick_device, precision_for, train
+    from bertpipe.scoring.metrics import PRIMARY
     from bertpipe.stage import write_json
 
     dp = ctx.params

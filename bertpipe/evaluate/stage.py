@@ -26,9 +26,9 @@ import statistics
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate import bootstrap as B
 from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.scoring import bootstrap as B
 
 VERSION = "2"
 
@@ -204,7 +204,7 @@ def encoder_verdict(ec: dict) -> str:
 
 def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
     """Baselines, test-set identity, intervals and verdicts, task by task."""
-    from bertpipe.evaluate.baselines import task_baselines
+    from bertpipe.scoring.baselines import task_baselines
     from bertpipe.taskdata import read_task, split_info
 
     for task, t in result["tasks"].items():
@@ -228,8 +228,8 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
 
 
 def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
-    from bertpipe.evaluate.fair_mlm import compare_encoders
-    from bertpipe.evaluate.windows import open_windows
+    from bertpipe.scoring.fair_mlm import compare_encoders
+    from bertpipe.scoring.windows import open_windows
 
     models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
     store: dict = {}

@@ -35,9 +35,9 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from transformers import AutoTokenizer
 
     from bertpipe.distill.data import model_labels, task_examples, task_params
-    from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.finetune import data as D
     from bertpipe.finetune import heads as H
+    from bertpipe.scoring.metrics import PRIMARY
 
     ep = ctx.params
     p, tp = task_params(ctx.cfg, task, model_dir, ctx.log)

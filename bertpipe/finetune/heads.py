@@ -15,12 +15,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bertpipe.evaluate import metrics as M
 from bertpipe.finetune import qa as Q
 from bertpipe.finetune import tagging as T
 from bertpipe.finetune import windows as W
 from bertpipe.finetune.data import Example
 from bertpipe.finetune.params import TaskParams, TrainParams
+from bertpipe.scoring import metrics as M
 
 
 # The transformers pipeline task of a head class, by class-name suffix: the one map finetune records in metrics.json

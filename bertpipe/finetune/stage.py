@@ -16,7 +16,6 @@ from collections import Counter
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.metrics import PRIMARY
 from bertpipe.finetune import data as FD
 from bertpipe.finetune import degenerate as D
 from bertpipe.finetune import heads as H
@@ -25,6 +24,7 @@ from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.finetune.train import legacy_request, pick_device, precision_for
 from bertpipe.modelinfo import clamp_seq_len
+from bertpipe.scoring.metrics import PRIMARY
 from bertpipe.taskdata import SPLITS_JSON, read_task, split_info
 
 VERSION = "2"  # 2: reads the tasks stage's splits; seeded before the model is built

@@ -129,7 +129,7 @@ def encoder_floor(cfg, floor: str) -> Floor:
     if not isinstance(base, Path) or not base.exists():
         return Floor("base encoder", None, f"no floor (base encoder {base} is not a local model to score)")
     from bertpipe.errors import BertpipeError
-    from bertpipe.evaluate.encoder_gate import encoder_gate_score
+    from bertpipe.scoring.encoder_gate import encoder_gate_score
 
     try:
         return Floor("base encoder", float(encoder_gate_score(base, cfg)[1]), f"base encoder {base}")

@@ -39,10 +39,10 @@ def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[floa
     settings the candidate was scored with (so champion and challenger are scored the same way)."""
     from transformers import AutoTokenizer
 
-    from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.finetune import heads as H
     from bertpipe.finetune.train import pick_device
     from bertpipe.modelinfo import clamp_seq_len
+    from bertpipe.scoring.metrics import PRIMARY
 
     tp, trp = task_settings(cfg, ft_dir, task)
     seq_len = clamp_seq_len(trp.max_seq_len, model_dir, "finetune.train.max_seq_len")
@@ -87,8 +87,8 @@ def _gold_pred(task_type: str, rec: dict):
 def metric_fn(task_type: str, primary: str):
     """metric(gold, pred) over example lists, the bootstrap's statistic; None where the gate has none (QA)."""
     if task_type in ("classification", "pair_classification"):
-        from bertpipe.evaluate.bootstrap import macro_f1
-        from bertpipe.evaluate.metrics import classification_metrics
+        from bertpipe.scoring.bootstrap import macro_f1
+        from bertpipe.scoring.metrics import classification_metrics
 
         if primary == "macro_f1":
             # The evaluate stage's statistic (checked against scikit-learn's): a thousand replicates of the full
@@ -131,9 +131,9 @@ def paired_interval(task_type: str, primary: str, champion_recs: list[dict], cha
     if not pairs or len(pairs) != len(challenger_recs):
         return None, f"predictions cover different examples ({len(pairs)} of {len(challenger_recs)} shared)"
     try:
-        from bertpipe.evaluate.bootstrap import paired_bootstrap
+        from bertpipe.scoring.bootstrap import paired_bootstrap
     except ImportError:
-        return None, "bertpipe.evaluate.bootstrap is not available"
+        return None, "bertpipe.scoring.bootstrap is not available"
     gold = [_gold_pred(task_type, b)[0] for b, _ in pairs]
     pred_b = [_gold_pred(task_type, b)[1] for b, _ in pairs]
     pred_a = [_gold_pred(task_type, a)[1] for _, a in pairs]

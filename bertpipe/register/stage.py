@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.fair_mlm import has_mlm_head
 from bertpipe.outputs import atomic_file
 from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import gate as G
 from bertpipe.register import scoring as S
 from bertpipe.register.artifacts import export_section
-from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_champion, export_model,
-                                        find_by_fingerprint, registry_lock, set_champion_locked,
-                                        was_champion)
+from bertpipe.registry.champion import (CHALLENGER, FINGERPRINT_TAG, current_champion, find_by_fingerprint,
+                                        registry_lock, set_champion_locked, was_champion)
+from bertpipe.registry.versions import export_model
+from bertpipe.scoring.fair_mlm import has_mlm_head
 from bertpipe.stage import StageContext, read_manifest, write_json
 
 VERSION = "2"
@@ -68,9 +68,10 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     if task in ("question-answering", "token-classification"):
         # pyfunc: QA has no transformers 5 pipeline; NER users want entities, not the flavor's bare tag string.
         from bertpipe.register.pyfunc import log_pyfunc
+        from bertpipe.registry.versions import task_files
 
         with tempfile.TemporaryDirectory() as tmp:
-            files = A.task_files(model_dir, export_dir, Path(tmp) / "files")
+            files = task_files(model_dir, export_dir, Path(tmp) / "files")
             version = log_pyfunc(mlflow, name, model_dir, files, input_example(task, language), reqs)
     else:
         from transformers import AutoTokenizer, pipeline
@@ -149,14 +150,14 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         if tags.get("bertpipe.test_hash") == c.identity and "bertpipe.primary_value" in tags:
             c.metric, c.value = tags["bertpipe.primary_metric"], float(tags["bertpipe.primary_value"])
         else:
-            from bertpipe.evaluate.encoder_gate import encoder_gate_score
+            from bertpipe.scoring.encoder_gate import encoder_gate_score
 
             c.metric, c.value = encoder_gate_score(c.model_dir, ctx.cfg)
     if existing is not None:
         c.version, c.reused = str(existing.version), True
         ctx.log(f"{c.name}: v{c.version} already holds this content (fingerprint {c.fingerprint[:12]}); reused")
         return
-    from bertpipe.register.registry import claim, find_unfinished
+    from bertpipe.registry.champion import claim, find_unfinished
 
     unfinished = find_unfinished(client, c.name, c.fingerprint)
     if unfinished is not None:  # created by a register run killed before it tagged it: finish it, not a second one
@@ -247,7 +248,7 @@ def _champion_score(ctx: StageContext, client, c: Candidate, champ):
         if exported is None:
             return None, True, "its version no longer exists", None
         if c.ft_dir is None:
-            from bertpipe.evaluate.encoder_gate import encoder_gate_score
+            from bertpipe.scoring.encoder_gate import encoder_gate_score
 
             return float(encoder_gate_score(exported, ctx.cfg)[1]), True, "re-scored", None
         value, preds = S.score_model_dir(ctx.cfg, exported, c.ft_dir, c.task)

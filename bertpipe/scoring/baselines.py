@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Sequence
 
-from bertpipe.evaluate import metrics as M
 from bertpipe.finetune import tagging as T
+from bertpipe.scoring import metrics as M
 
 TFIDF = {"analyzer": "char", "ngram_range": (1, 2), "min_df": 2, "max_features": 200_000, "sublinear_tf": True}
 PAIR_SEP = " ‖ "  # joins text and text_pair for the pair-classification baseline

@@ -17,9 +17,7 @@ See docs/evaluation.md.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import random
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,27 +25,7 @@ from typing import Callable, Sequence
 from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
-
-Window = tuple[str, list[tuple[int, int]]]  # (text, chosen character spans [start, end))
-
-
-def _key(seed: int, text: str) -> bytes:
-    return hashlib.sha256(f"{seed}\x1f{text}".encode()).digest()
-
-
-def test_texts(corpus: Path, limit: int, seed: int = 0) -> list[str]:
-    """The non-empty texts of a prepared corpus's test split, in file order; with ``limit`` (0: all) a sample of that
-    many chosen by text and seed, spread over the whole split rather than its first documents."""
-    from bertpipe.corpusio import read_texts
-
-    texts = read_texts(corpus, "test")
-    if not texts:  # a NaN score would slip through comparisons; say what is missing instead
-        raise BertpipeError(f"{corpus}/test: no text to score the encoders on")
-    if not limit or len(texts) <= limit:
-        return texts
-    keep = set(sorted(range(len(texts)), key=lambda i: (_key(seed, texts[i]), i))[:limit])
-    return [t for i, t in enumerate(texts) if i in keep]
-
+from bertpipe.scoring.windows import Window, choose_windows
 
 def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], None] | None = None) -> int:
     """Characters per window: the sequence length clamped to the smallest position table among ``models``, less
@@ -56,30 +34,6 @@ def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], 
     for m in models:
         n = clamp_seq_len(n, m, "evaluate.mlm_max_seq_len", log)
     return max(n - 2, 1)
-
-
-def _rng(seed: int, text: str) -> random.Random:
-    return random.Random(_key(seed, text))
-
-
-def choose_windows(texts: Sequence[str], max_chars: int, mask_frac: float, seed: int) -> list[Window]:
-    """Each text's first ``max_chars`` characters (ending on a word boundary) and the words to mask in it."""
-    from bertpipe.vocab.words import jieba_spans
-
-    out: list[Window] = []
-    for text in texts:
-        spans = jieba_spans(text[:max_chars])
-        if len(text) > max_chars and len(spans) > 1:
-            spans = spans[:-1]  # the last word may be cut by the window
-        if not spans:
-            continue
-        window = text[: spans[-1][1]]
-        words = [(a, b) for a, b in spans if any(ch.isalnum() for ch in window[a:b])]
-        if not words:
-            continue
-        k = max(1, round(mask_frac * len(words)))
-        out.append((window, sorted(_rng(seed, window).sample(words, k))))
-    return out
 
 
 def _masked_tokens(offsets, special, spans) -> tuple[list[bool], int]:
@@ -161,7 +115,7 @@ def has_mlm_head(model_dir) -> bool:
 
 
 def eval_device(p) -> str:
-    from bertpipe.finetune.train import pick_device
+    from bertpipe.device import pick_device
 
     return str(pick_device(p.device))
 
@@ -183,7 +137,7 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
     all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows).
     ``choose(max_chars)``: the windows (the evaluate stage reads them from ``windows.open_windows``'s store), else
     they are chosen from ``texts``."""
-    from bertpipe.evaluate.bootstrap import paired_bootstrap, ratio
+    from bertpipe.scoring.bootstrap import paired_bootstrap, ratio
 
     max_chars = window_chars(p.mlm_max_seq_len, list(models.values()), log)
     windows = choose(max_chars) if choose else choose_windows(texts, max_chars, p.mlm_mask_prob, p.mlm_seed)

@@ -5,9 +5,9 @@ it would make an import cycle."""
 
 from __future__ import annotations
 
-from bertpipe.evaluate.fair_mlm import eval_device, score_windows, summarize, window_chars
-from bertpipe.evaluate.windows import open_windows
 from bertpipe.modelinfo import clamp_seq_len
+from bertpipe.scoring.fair_mlm import eval_device, score_windows, summarize, window_chars
+from bertpipe.scoring.windows import open_windows
 
 
 def encoder_gate_score(model_dir, cfg) -> tuple[str, float]:
