@@ -603,7 +603,7 @@ def models_predict(
 ) -> None:
     from bertpipe.export.batch import check_paths, predict_file
     from bertpipe.export.infer import Predictor, resolve_device
-    from bertpipe.registry.versions import local_version
+    from bertpipe.registry.files import local_version
 
     check_paths(Path(input_), Path(output), force)  # before the model is loaded (seconds)
     cfg = load(params, profile, set_)

@@ -423,6 +423,20 @@ def prepared_domain(root: Path, texts: list[str], fingerprint: str) -> None:
     write_json(root / "work" / "prepare" / "manifest.json", {"fingerprint": fingerprint})
 
 
+def evaluate_comparison(cfg, base: Path, adapted: Path) -> dict[str, float]:
+    """The evaluate stage's encoder comparison into work/evaluate/metrics.json; its gate scores."""
+    from types import SimpleNamespace
+
+    from bertpipe.evaluate.stage import _encoder_comparison
+    from bertpipe.layout import corpus_dir
+
+    ctx = SimpleNamespace(inputs={"corpus": corpus_dir(cfg, "domain"), "base": base, "adapted": adapted}, cfg=cfg,
+                          log=lambda m: None, counts={})
+    out = _encoder_comparison(ctx, cfg.params.evaluate, ["base", "adapted"])
+    write_json(cfg.work / "evaluate" / "metrics.json", {"encoder_comparison": out})
+    return {e: r["neg_nll_per_char"] for e, r in out["gate"].items()}
+
+
 def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, sample_raw):
     import shutil
 
@@ -446,10 +460,14 @@ def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, samp
         tiny_mlm(adapted / "model", zh_tokenizer_dir, texts, steps, seed=2, start=start)
         write_json(adapted / "manifest.json", {"fingerprint": fingerprint})
 
-    # The base encoder itself, "adapted" for zero steps: it does not beat its own floor.
+    # The base encoder itself, "adapted" for zero steps: it does not beat its own floor. Evaluate scored both on the
+    # same windows: register reads those numbers (no model runs in register).
     pretrain_output("pre-copy", 0)
+    evaluated = evaluate_comparison(cfg, base, adapted / "model")
     rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")
     assert rec["below_floor"] and not rec["promoted"] and "base encoder" in rec["floor"]
+    assert "evaluate's" in rec["score_source"] and "evaluate's score" in rec["floor"]
+    assert (rec["value"], rec["floor_value"]) == (evaluated["adapted"], evaluated["base"])
 
     pretrain_output("pre-trained", 30)
     rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")

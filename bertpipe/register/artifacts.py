@@ -3,7 +3,7 @@
 Every registered version (transformers flavor or bertpipe pyfunc) gets its export stage's files — ``model.onnx``,
 ``model.int8.onnx``, ``task.json``, ``checks.json``/``checks.md`` — as artifacts of the run that logged it, under
 ``bertpipe-export/<name>/``; the version's tag ``bertpipe.export_uri`` (``runs:/<run>/bertpipe-export/<name>``)
-points at them, and its description lists the checks. ``bertpipe.registry.versions.local_version`` brings a version
+points at them, and its description lists the checks. ``bertpipe.registry.files.local_version`` brings a version
 back as a save_pretrained dir plus those files.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bertpipe.registry.versions import EXPORT_TAG
+from bertpipe.registry.files import EXPORT_TAG
 from bertpipe.stage import read_manifest
 
 EXPORT_ARTIFACTS = "bertpipe-export"

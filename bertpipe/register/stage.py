@@ -57,6 +57,11 @@ class Candidate:
     encoder: str = ""  # a task model: which encoder's finetune (the best by dev score, bertpipe.export.choice)
     choice: str = ""  # ... and why, in words
     degenerate: str | None = None  # why the model learned nothing (its metrics.json says so): never crowned
+    score_read: bool = False  # the encoder's gate score was read from evaluate's metrics.json, not scored here
+
+
+def _evaluate_dir(ctx: StageContext) -> Path | None:
+    return Path(ctx.inputs["evaluate"]) if ctx.inputs.get("evaluate") else None
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -68,7 +73,7 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     if task in ("question-answering", "token-classification"):
         # pyfunc: QA has no transformers 5 pipeline; NER users want entities, not the flavor's bare tag string.
         from bertpipe.register.pyfunc import log_pyfunc
-        from bertpipe.registry.versions import task_files
+        from bertpipe.registry.files import task_files
 
         with tempfile.TemporaryDirectory() as tmp:
             files = task_files(model_dir, export_dir, Path(tmp) / "files")
@@ -149,10 +154,12 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         tags = existing.tags if existing is not None else {}
         if tags.get("bertpipe.test_hash") == c.identity and "bertpipe.primary_value" in tags:
             c.metric, c.value = tags["bertpipe.primary_metric"], float(tags["bertpipe.primary_value"])
-        else:
-            from bertpipe.scoring.encoder_gate import encoder_gate_score
+        else:  # evaluate's score of this very model on the same windows, else scored here
+            from bertpipe.scoring.encoder_gate import gate_score
 
-            c.metric, c.value = encoder_gate_score(c.model_dir, ctx.cfg)
+            c.metric, c.value, c.score_read = gate_score(c.model_dir, ctx.cfg, _evaluate_dir(ctx))
+            ctx.log(f"{c.name}: gate score {c.value:.4f} "
+                    f"{'read from evaluate' if c.score_read else 'scored (evaluate has no score of this model)'}")
     if existing is not None:
         c.version, c.reused = str(existing.version), True
         ctx.log(f"{c.name}: v{c.version} already holds this content (fingerprint {c.fingerprint[:12]}); reused")
@@ -261,7 +268,8 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
     """Phase 2 for one model (caller holds the registry lock): the gate's numbers and verdict, as a record."""
     p = ctx.params
     source = ("the registered seed's own test score" if c.ft_dir is not None
-              else "the encoder gate score on the domain held-out text")
+              else "the encoder gate score on the domain held-out text"
+              + (" (evaluate's, for the same model and windows)" if c.score_read else ""))
     rec = {"name": c.name, "version": c.version, "task": c.pipeline_task, "registered": True, "reused": c.reused,
            "fingerprint": c.fingerprint, "metric": c.metric, "value": c.value, "test_identity": c.identity,
            "test_set": _test_set_words(c), "score_source": source, "champion_before": None, "champion_value": None,
@@ -280,7 +288,7 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
                    reason=f"v{c.version} held champion before and was replaced; promote it explicitly if wanted")
         rec["decision"] = "not promoted: " + rec["reason"]
         return rec
-    floor = (G.encoder_floor(ctx.cfg, p.floor) if c.ft_dir is None
+    floor = (G.encoder_floor(ctx.cfg, p.floor, _evaluate_dir(ctx)) if c.ft_dir is None
              else G.task_floor(Path(ctx.inputs["evaluate"]), c.task, p.floor, c.metric))
     rec.update(floor=floor.describe(c.metric, p.floor_margin), floor_value=floor.value)
     champ_value, note, preds = None, "", None

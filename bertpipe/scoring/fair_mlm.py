@@ -134,17 +134,18 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
                      log: Callable[[str], None] | None = None, n_boot: int = 1000, boot_seed: int = 0,
                      choose: Callable[[int], list[Window]] | None = None) -> dict:
     """{name: summary} for every model on the same windows and spans (windows any model could not fit are dropped for
-    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows).
-    ``choose(max_chars)``: the windows (the evaluate stage reads them from ``windows.open_windows``'s store), else
-    they are chosen from ``texts``."""
+    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows) and
+    ``gate``: {name: {"neg_nll_per_char", "max_len"}}, each model's encoder gate score (``encoder_gate``: over every
+    window that model fits, the number register gates on). ``choose(max_chars)``: the windows (the evaluate stage
+    reads them from ``windows.open_windows``'s store), else they are chosen from ``texts``."""
     from bertpipe.scoring.bootstrap import paired_bootstrap, ratio
 
     max_chars = window_chars(p.mlm_max_seq_len, list(models.values()), log)
     windows = choose(max_chars) if choose else choose_windows(texts, max_chars, p.mlm_mask_prob, p.mlm_seed)
-    scores = {}
+    scores, max_lens = {}, {}
     for name, m in models.items():
-        max_len = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
-        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name, device=eval_device(p))
+        max_lens[name] = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
+        scores[name] = score_windows(m, windows, max_lens[name], p.mlm_batch_size, desc=name, device=eval_device(p))
     keep = [i for i in range(len(windows)) if all(s[i] is not None for s in scores.values())]
     out: dict = {"split": "test", "window_chars": max_chars, "dropped_windows": len(windows) - len(keep)}
     for name, s in scores.items():
@@ -156,8 +157,11 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
             d = paired_bootstrap([None] * len(keep), a, b, ratio, n=n_boot, seed=boot_seed)
             how = f"paired bootstrap over {len(keep)} text windows (n={n_boot}, seed {boot_seed})"
         else:
-            d = {"mean": ratio(None, b) - ratio(None, a), "ci95": None}
+            none = [None] * len(keep)  # the statistic reads no gold
+            d = {"mean": ratio(none, b) - ratio(none, a), "ci95": None}
             how = "none (evaluate.bootstrap_samples = 0)"
         out["delta"] = {"nll_per_char": d["mean"], "bits_per_char": d["mean"] / math.log(2), "ci95": d["ci95"],
                         "ci_method": how}
+    out["gate"] = {name: {"neg_nll_per_char": -float(summarize(s, windows)["nll_per_char"]),
+                          "max_len": max_lens[name]} for name, s in scores.items()}
     return out

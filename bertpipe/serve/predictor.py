@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertpipe.errors import BertpipeError
-from bertpipe.registry.versions import REF
-from bertpipe.registry.versions import resolve as resolve_registered
+from bertpipe.registry.files import REF
+from bertpipe.registry.files import resolve as resolve_registered
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Served:
 
     def __init__(self, cfg, name: str, version: str, backend: str, batch_size: int, device: str = "cpu"):
         from bertpipe.export.infer import Predictor
-        from bertpipe.registry.versions import local_version
+        from bertpipe.registry.files import local_version
 
         lv = local_version(cfg, f"{name}/{version}")  # downloaded once per version, cached under paths.state
         self.name, self.version = name, str(version)
