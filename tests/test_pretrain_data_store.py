@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from bertpipe import keyedstore
 from bertpipe.corpusio import read_texts
 from bertpipe.pretrain import tokstore
 from bertpipe.pretrain.data import build_examples, collate

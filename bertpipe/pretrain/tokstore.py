@@ -10,11 +10,12 @@ what the batches touch (the page cache is shared between ranks) and nothing is b
 
 The store lives at ``<paths.state>/tokstore/<key>/``; the key is a digest of everything the examples depend on: the
 corpus (its prepare fingerprint, else its bytes), the tokenizer (its full JSON), the language, the packing and pair
-params, the example limit, the code that builds examples and the library versions. Training params (steps, lr,
-masking, batch size, objective MLM or RTD) are not in it, so those runs share a store. A build writes into a temp
-dir renamed into place when complete, under a file lock (``bertpipe.keyedstore``): concurrent builders (torchrun
-ranks, two stages) build it once, the others wait and read it; a killed build leaves a temp dir that the next builder
-removes. Every process that opened a store holds a lease on it until it exits; the end of pretrain and ``bertpipe gc``
+params, the example limit, the code that builds examples (``codeid.module_code``: this module and every bertpipe
+module it imports, the segmentation in ``bertpipe.textseg`` among them) and the library versions. Training params
+(steps, lr, masking, batch size, objective MLM or RTD) are not in it, so those runs share a store. A build writes
+into a temp dir renamed into place when complete, under a file lock (``bertpipe.keyedstore``): concurrent builders
+(torchrun ranks, two stages) build it once, the others wait and read it; a killed build leaves a temp dir that the
+next builder removes. Every process that opened a store holds a lease on it until it exits; the end of pretrain and ``bertpipe gc``
 remove the stores that no stage output references and that are not among the few most recently used.
 
 Only the tokenizing is parallel: packing is sequential by nature (segments run across documents, NSP draws its
