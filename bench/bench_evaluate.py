@@ -21,11 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertpipe.config import load_config  # noqa: E402
-from bertpipe.evaluate import baselines as BL  # noqa: E402
-from bertpipe.evaluate import bootstrap as B  # noqa: E402
-from bertpipe.evaluate import fair_mlm as F  # noqa: E402
 from bertpipe.evaluate.params import EvaluateParams  # noqa: E402
 from bertpipe.training import taskfiles as D  # noqa: E402
+from bertpipe.scoring import baselines as BL  # noqa: E402
+from bertpipe.scoring import bootstrap as B  # noqa: E402
+from bertpipe.scoring import fair_mlm as F  # noqa: E402
+from bertpipe.scoring import windows as W  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:
@@ -116,7 +117,7 @@ def main() -> None:
         base = encoder(Path(tmp) / "base", raw / "bert-base-chinese", 0)
         adapted = encoder(Path(tmp) / "adapted", raw / "bert-base-chinese", 1)
         t = time.perf_counter()
-        windows = F.choose_windows(texts, F.window_chars(128, [base]), p.mlm_mask_prob, p.mlm_seed)
+        windows = W.choose_windows(texts, F.window_chars(128, [base]), p.mlm_mask_prob, p.mlm_seed)
         print(f"windows + jieba spans, {len(windows)} texts: {time.perf_counter() - t:.2f}s")
         t = time.perf_counter()
         res = F.compare_encoders({"base": base, "adapted": adapted}, texts, p)
@@ -133,7 +134,7 @@ def _finetune_dir(out: Path, ttype: str, test: list, preds: list) -> None:
     """A finetune output as evaluate reads it (metrics.json, predictions_test.jsonl), holding baseline predictions."""
     import json
 
-    from bertpipe.evaluate import metrics as M
+    from bertpipe.scoring import metrics as M
     from bertpipe.stage import write_json
 
     out.mkdir(parents=True)

@@ -15,8 +15,8 @@ bench/bench_adaptation.py). From it, domain pretraining twice (or more), each in
   pretrain stage's CPU seconds are reported beside it;
 - **downstream**: each encoder finetuned on each task for every seed (the finetune stage, in process, one seed at a
   time so every seed's test predictions are kept), test macro-F1; the TF-IDF baseline
-  (``bertpipe.evaluate.baselines``) on the same train split and test examples; RTD − MLM and MLM − TF-IDF as paired
-  bootstrap intervals over test examples (``bertpipe.evaluate.bootstrap.paired_bootstrap``) of the mean over seeds.
+  (``bertpipe.scoring.baselines``) on the same train split and test examples; RTD − MLM and MLM − TF-IDF as paired
+  bootstrap intervals over test examples (``bertpipe.scoring.bootstrap.paired_bootstrap``) of the mean over seeds.
 
 Writes bench/out/objectives_<tag>.json and .md and prints the table (docs/objectives.md reads it).
 """
@@ -160,14 +160,14 @@ class MeanOverSeeds:
     examples resamples the same examples for every seed."""
 
     def __call__(self, gold, stacked) -> float:
-        from bertpipe.evaluate.bootstrap import macro_f1
+        from bertpipe.scoring.bootstrap import macro_f1
 
         return statistics.fmean(macro_f1(gold, [s[k] for s in stacked]) for k in range(len(stacked[0])))
 
 
 def summarise(task: str, arms: list[str], seeds: list[int], preds: dict, cfg, n_boot: int) -> dict:
-    from bertpipe.evaluate.baselines import tfidf_predictions
-    from bertpipe.evaluate.bootstrap import macro_f1, paired_bootstrap
+    from bertpipe.scoring.baselines import tfidf_predictions
+    from bertpipe.scoring.bootstrap import macro_f1, paired_bootstrap
     from bertpipe.taskdata import read_task, task_dir
 
     splits = read_task(task_dir(cfg, task))

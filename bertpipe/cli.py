@@ -495,7 +495,7 @@ def _registry(params: str, profile, set_):
 @user_errors
 def models_list(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
                 as_json: bool = JsonOpt):
-    from bertpipe.register.registry import describe_models
+    from bertpipe.registry.champion import describe_models
 
     cfg, c = _registry(params, profile, set_)
     rows = describe_models(c)
@@ -514,7 +514,7 @@ def models_show(
     name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     as_json: bool = JsonOpt,
 ):
-    from bertpipe.register.registry import describe_versions
+    from bertpipe.registry.champion import describe_versions
 
     cfg, c = _registry(params, profile, set_)
     rows = describe_versions(c, name)
@@ -531,7 +531,7 @@ def models_promote(
     name: str, version: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt,
     set_: Optional[List[str]] = SetOpt,
 ):
-    from bertpipe.register.registry import promote
+    from bertpipe.registry.champion import promote
 
     cfg, c = _registry(params, profile, set_)
     promote(c, name, version)
@@ -543,7 +543,7 @@ def models_promote(
 def models_rollback(
     name: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt
 ):
-    from bertpipe.register.registry import rollback
+    from bertpipe.registry.champion import rollback
 
     cfg, c = _registry(params, profile, set_)
     v = rollback(c, name)
@@ -603,7 +603,7 @@ def models_predict(
 ) -> None:
     from bertpipe.inference.files import check_paths, predict_file
     from bertpipe.inference.predictor import Predictor, resolve_device
-    from bertpipe.register.artifacts import local_version
+    from bertpipe.registry.files import local_version
 
     check_paths(Path(input_), Path(output), force)  # before the model is loaded (seconds)
     cfg = load(params, profile, set_)

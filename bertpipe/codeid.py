@@ -78,10 +78,9 @@ def _parse(rel: str, text: str) -> tuple[str, tuple[str, ...]]:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest(), mods
 
 
-@functools.lru_cache(maxsize=None)
-def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
-    """The source files (relative to ORIGIN) of ``packages`` (e.g. ``("vocab",)``) and what they import."""
-    todo = [p for pkg in packages for p in sorted((PACKAGE / pkg).glob("*.py"))]
+def _closure(todo: list[Path]) -> tuple[str, ...]:
+    """The files of ``todo`` and every bertpipe module they import, transitively, infrastructure neither counted
+    nor followed (relative to ORIGIN, sorted)."""
     seen: set[str] = set()
     while todo:
         rel = _rel(todo.pop())
@@ -96,6 +95,31 @@ def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
                 parts = mod.split(".")
                 todo += [x for i in range(1, len(parts)) if (x := _module_file(".".join(parts[:i]))) is not None]
     return tuple(sorted(seen))
+
+
+@functools.lru_cache(maxsize=None)
+def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The source files (relative to ORIGIN) of ``packages`` (e.g. ``("vocab",)``) and what they import."""
+    return _closure([p for pkg in packages for p in sorted((PACKAGE / pkg).glob("*.py"))])
+
+
+@functools.lru_cache(maxsize=None)
+def module_code(modules: tuple[str, ...]) -> dict[str, str]:
+    """``{path: digest[:16]}`` of ``modules`` (dotted names, e.g. ``("bertpipe.scoring.windows",)``) and what they
+    import, by the stages' rule: the code identity of something derived outside a stage (a keyed store), so an edit
+    to any module its builder runs makes a new one."""
+    files = []
+    for mod in modules:
+        f = _module_file(mod)
+        if f is None:
+            raise ValueError(f"{mod}: no such module under {ORIGIN}")
+        files.append(f)
+    return {rel: _parsed(rel)[0][:16] for rel in _closure(files)}
+
+
+def module_digest(modules: tuple[str, ...]) -> str:
+    """One digest of ``module_code(modules)``."""
+    return hashlib.sha256(repr(sorted(module_code(modules).items())).encode()).hexdigest()[:32]
 
 
 def lib_versions(libs: tuple[str, ...]) -> dict[str, str]:

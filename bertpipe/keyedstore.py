@@ -1,7 +1,7 @@
 """Keyed derived-data stores under ``<paths.state>/tokstore/<key>/``: built once, leased while read, collected.
 
 The pretrain token store (``bertpipe.pretrain.tokstore``) and the fair-MLM window store
-(``bertpipe.evaluate.windows``) are derived from a corpus and keyed by a digest of everything they depend on. This
+(``bertpipe.scoring.windows``) are derived from a corpus and keyed by a digest of everything they depend on. This
 module is what they share:
 
 - ``open_or_build``: a store that exists is complete (``meta.json`` is written inside the temp dir before it is
@@ -55,6 +55,27 @@ def _stderr(m: str) -> None:
 
 def root_of(state: Path | str) -> Path:
     return Path(state) / "tokstore"
+
+
+def store_key(parts: dict) -> str:
+    """The key of a store derived from ``parts`` (JSON): what names its directory."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def corpus_digest(corpus: Path | str, split: str) -> str:
+    """A corpus split's part of a key: the prepare stage's fingerprint when the corpus is its output (no bytes read),
+    else the split files' bytes."""
+    from bertpipe.corpusio import split_files
+
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return "stage:" + str(json.loads((Path(corpus) / "manifest.json").read_text())["fingerprint"])
+    h = hashlib.sha256()
+    for f in split_files(corpus, split):
+        h.update(f"{f.name}:{f.stat().st_size};".encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def _lock(path: Path, mode: int, log: Log | None, what: str) -> int | None:

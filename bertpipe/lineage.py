@@ -78,7 +78,8 @@ def read_lineage(model_dir: Path | str) -> dict | None:
 def export_version(cfg: Config, name: str, version: str | None = None) -> tuple[str, Path] | None:
     """(version, save_pretrained dir) of ``name``'s champion (or of ``version``), exported once per version under
     paths.state/exported; None when there is no such version or the registry cannot be read."""
-    from bertpipe.register.registry import CHAMPION, export_model
+    from bertpipe.registry.champion import CHAMPION
+    from bertpipe.registry.versions import export_model
     from bertpipe.tracking import client, tracking_uri
 
     uri = tracking_uri(cfg)

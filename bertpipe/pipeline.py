@@ -307,7 +307,7 @@ def register_stage() -> Stage:
         ins["evaluate"] = cfg.work / "evaluate"
         ins["adapted"] = cfg.work / "pretrain"
         # Read too: each task's test split is re-scored and identified; the encoder gate (when the encoder is
-        # registered) scores on the domain test split against the base (evaluate.fair_mlm); the lineage tags name
+        # registered) scores on the domain test split against the base (scoring.encoder_gate); the lineage tags name
         # the vocab output's fingerprint where there is one (task models can be registered over a given encoder).
         if cfg.params.register.register_encoder:
             ins["corpus"] = corpus_dir(cfg, "domain")

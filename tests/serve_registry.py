@@ -41,8 +41,8 @@ def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str
                    name: str = "bertpipe-sentiment", hidden: int = 32, layers: int = 1) -> tuple[Path, list[str]]:
     """A project dir (params.yaml + state) whose registry holds ``versions`` versions of ``name``; v1 is champion."""
     from bertpipe.config import load_config
-    from bertpipe.register.registry import promote
     from bertpipe.register.stage import _log_and_register
+    from bertpipe.registry.champion import promote
     from bertpipe.tracking import client, experiment_id, fluent_mlflow
 
     root.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.evaluate import baselines as BL
 from bertpipe.finetune import synthetic as S
 from bertpipe.taskdata import Example
+from bertpipe.scoring import baselines as BL
 
 
 def _cls(rows, prefix):

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from bertpipe.evaluate import bootstrap as B
-from bertpipe.evaluate import metrics as M
+from bertpipe.scoring import bootstrap as B
+from bertpipe.scoring import metrics as M
 from bertpipe.training import tagging as T
 
 

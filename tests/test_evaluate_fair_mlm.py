@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.evaluate import fair_mlm as F
-from bertpipe.evaluate.encoder_gate import encoder_gate_score
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.finetune.synthetic import tiny_encoder
+from bertpipe.scoring import fair_mlm as F
+from bertpipe.scoring import windows as W
+from bertpipe.scoring.encoder_gate import encoder_gate_score
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -51,16 +52,16 @@ def _with_tokens(src, out, new_tokens, edit=None):
 
 
 def test_spans_depend_only_on_texts_and_seed(texts):
-    w1 = F.choose_windows(texts, 40, 0.15, seed=7)
-    assert w1 == F.choose_windows(texts, 40, 0.15, seed=7)
-    assert w1 != F.choose_windows(texts, 40, 0.15, seed=8)
+    w1 = W.choose_windows(texts, 40, 0.15, seed=7)
+    assert w1 == W.choose_windows(texts, 40, 0.15, seed=7)
+    assert w1 != W.choose_windows(texts, 40, 0.15, seed=8)
     # a text's spans do not depend on which other texts are scored
-    assert F.choose_windows(texts[3:4], 40, 0.15, seed=7) == [w for w in w1 if w[0] == texts[3][: len(w[0])]][:1]
+    assert W.choose_windows(texts[3:4], 40, 0.15, seed=7) == [w for w in w1 if w[0] == texts[3][: len(w[0])]][:1]
     for window, spans in w1:
         assert 0 < len(window) <= 40 and spans == sorted(spans)
         assert all(any(ch.isalnum() for ch in window[a:b]) for a, b in spans)
     # the window ends on a jieba word boundary: the chosen words are whole
-    from bertpipe.vocab.words import jieba_spans
+    from bertpipe.textseg import jieba_spans
 
     for window, spans in w1:
         words = set(jieba_spans(window))
@@ -110,7 +111,7 @@ def test_per_character_value_by_hand(encoders, tmp_path):
 
 
 def test_windows_that_do_not_fit_are_dropped(encoders, texts):
-    windows = F.choose_windows(texts[:6] + ["保护专利权。"], 60, 0.15, seed=0)
+    windows = W.choose_windows(texts[:6] + ["保护专利权。"], 60, 0.15, seed=0)
     scores = F.score_windows(encoders["a"], windows, max_len=30)
     assert any(s is None for s in scores) and any(s is not None for s in scores)
     summary = F.summarize(scores, windows)
@@ -146,8 +147,8 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     name, value = encoder_gate_score(encoders["b"], cfg)
     direct = F.compare_encoders({"b": encoders["b"]}, texts[:12], params.evaluate)
     # a limit samples texts from the whole split, fixed by the seed, kept in file order
-    sample = F.test_texts(corpus, 5, seed=0)
-    assert sample == F.test_texts(corpus, 5, seed=0) != F.test_texts(corpus, 5, seed=1)
+    sample = W.test_texts(corpus, 5, seed=0)
+    assert sample == W.test_texts(corpus, 5, seed=0) != W.test_texts(corpus, 5, seed=1)
     assert len(sample) == 5 and sample != texts[:5] and sample == [t for t in texts[:12] if t in sample]
     assert name == "neg_nll_per_char" and value == pytest.approx(-direct["b"]["nll_per_char"], rel=1e-9)
     from bertpipe.errors import BertpipeError

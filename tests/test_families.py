@@ -17,9 +17,9 @@ import torch
 
 from bertpipe import families as F
 from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+from bertpipe.textseg import jieba_spans, tokenize_with_words
 from bertpipe.vocab import embeddings, extend, mining
 from bertpipe.vocab.params import VocabParams
-from bertpipe.vocab.words import jieba_spans, tokenize_with_words
 from tests.corpus import law_texts
 from tests.test_pretrain_support import english_texts
 from tests.families import FAMILIES, TINY, TOKENIZER_KIND, family_dirs  # noqa: F401 (a fixture)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bertpipe.config import load_config
-from bertpipe.evaluate import metrics as M
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import finetune_stage, tasks_stage
 from bertpipe.register.gate import Floor, degenerate_reason, judge
+from bertpipe.scoring import metrics as M
 from bertpipe.stage import fingerprint, run_stage
 from bertpipe.training import degenerate as D
 from bertpipe.training import imbalance as I

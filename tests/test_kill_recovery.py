@@ -286,7 +286,7 @@ def test_register_killed_after_moving_the_champion_records_the_decision_it_made(
     attempt journaled."""
     from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
 
-    from bertpipe.register.registry import history
+    from bertpipe.registry.champion import history
     from bertpipe.stage import run_stage
     from bertpipe.tracking import client
 

@@ -29,10 +29,10 @@ RSS_BOUND_MB = 480
 RUN = """
 import json, sys
 from pathlib import Path
-from bertpipe.prepare.clean import Cleaner
+from bertpipe.cleaning.clean import Cleaner
+from bertpipe.cleaning.dedup import normal_form
+from bertpipe.cleaning.exclude import EvalTexts
 from bertpipe.prepare.corpus import prepare_corpus
-from bertpipe.prepare.dedup import normal_form
-from bertpipe.prepare.exclude import EvalTexts
 from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams
 
 corpus, out, tasks = sys.argv[1:4]

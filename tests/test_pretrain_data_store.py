@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
+from bertpipe import keyedstore
 from bertpipe.corpusio import read_texts
 from bertpipe.pretrain import tokstore
 from bertpipe.pretrain.data import build_examples, collate
@@ -82,7 +83,7 @@ def test_store_is_reused_across_training_params_and_rebuilt_for_packing(tmp_path
 
 def test_concurrent_builders_build_once_and_a_killed_build_is_cleared(tmp_path, tok, corpus):
     p = PretrainParams(max_seq_len=64)
-    key = tokstore.store_key(tokstore.key_parts(corpus, "valid", tok, "zh", p, 0, 1))
+    key = keyedstore.store_key(tokstore.key_parts(corpus, "valid", tok, "zh", p, 0, 1))
     (tmp_path / "tokstore" / f"{key}.tmp-deadbeef").mkdir(parents=True)  # what a SIGKILL mid-build leaves
     records = []
 

@@ -71,7 +71,7 @@ def test_discriminator_learns_and_encoder_is_saved_headless(rtd_base):
     assert "RTD (ELECTRA)" in report and "discriminator" in report
 
     # the encoder comparison does not apply to it: one line saying why, not a score from a random head
-    from bertpipe.evaluate.fair_mlm import has_mlm_head, score_windows
+    from bertpipe.scoring.fair_mlm import has_mlm_head, score_windows
 
     with pytest.raises(BertpipeError, match="no masked-LM head"):
         score_windows(out / "model", [("本法所称的发明创造", [(0, 2)])], 64)

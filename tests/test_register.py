@@ -143,7 +143,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
 
 def write_baselines(root: Path, task: str = "sentiment") -> float:
     """work/evaluate/metrics.json with the majority-class baseline computed on the task's test split."""
-    from bertpipe.evaluate.metrics import classification_metrics
+    from bertpipe.scoring.metrics import classification_metrics
     from bertpipe.taskdata import read_split
 
     gold = [e.label for e in read_split(root / "work" / "tasks" / task / "test.jsonl")]
@@ -180,7 +180,7 @@ def versions(cfg, name: str = "bertpipe-sentiment") -> list[str]:
 
 def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
     from bertpipe.register.decision import summary_lines
-    from bertpipe.register.registry import current_champion, history, promote, rollback
+    from bertpipe.registry.champion import current_champion, history, promote, rollback
     from bertpipe.tracking import client, fluent_mlflow
 
     cfg = make_project(tmp_path)
@@ -249,7 +249,7 @@ def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
 
 
 def test_rerun_after_a_failure_registers_nothing_twice(tmp_path, zh_tokenizer_dir):
-    from bertpipe.register.registry import history
+    from bertpipe.registry.champion import history
 
     tasks = ("sentiment", "reviews")
     cfg = make_project(tmp_path, tasks=tasks)
@@ -281,7 +281,7 @@ def test_interleaved_promotes_lose_no_history_and_rollback_to_deleted_version(tm
     from typer.testing import CliRunner
 
     from bertpipe.cli import app
-    from bertpipe.register.registry import history, promote
+    from bertpipe.registry.champion import history, promote
     from bertpipe.tracking import client
 
     (tmp_path / "params.yaml").write_text("paths: {work: work, state: state}\n")
@@ -336,7 +336,7 @@ def test_models_cli(tmp_path, zh_tokenizer_dir):
 
 
 def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tmp_path, zh_tokenizer_dir):
-    pytest.importorskip("bertpipe.evaluate.bootstrap")
+    pytest.importorskip("bertpipe.scoring.bootstrap")
     cfg = make_project(tmp_path, "register_encoder: false, require_ci: true, ci_samples: 200")
     # One text carries both labels, so every model gets one of them wrong.
     write_task(tmp_path, "sentiment", examples("test", 24) + [Example(id=f"amb{i}", text="一般般", label=LABELS[i])
@@ -350,7 +350,7 @@ def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tm
     recs = [json.loads(x) for x in (other / "predictions_test.jsonl").read_text().splitlines()]
     wrong = next(r for r in recs if r["pred"] != r["label"])
     wrong["pred"] = wrong["label"]
-    from bertpipe.evaluate.metrics import classification_metrics
+    from bertpipe.scoring.metrics import classification_metrics
 
     metrics["per_seed"]["42"]["test"]["macro_f1"] = classification_metrics(
         [r["label"] for r in recs], [r["pred"] for r in recs], LABELS)[0]["macro_f1"]
@@ -423,11 +423,25 @@ def prepared_domain(root: Path, texts: list[str], fingerprint: str) -> None:
     write_json(root / "work" / "prepare" / "manifest.json", {"fingerprint": fingerprint})
 
 
+def evaluate_comparison(cfg, base: Path, adapted: Path) -> dict[str, float]:
+    """The evaluate stage's encoder comparison into work/evaluate/metrics.json; its gate scores."""
+    from types import SimpleNamespace
+
+    from bertpipe.evaluate.stage import _encoder_comparison
+    from bertpipe.layout import corpus_dir
+
+    ctx = SimpleNamespace(inputs={"corpus": corpus_dir(cfg, "domain"), "base": base, "adapted": adapted}, cfg=cfg,
+                          log=lambda m: None, counts={})
+    out = _encoder_comparison(ctx, cfg.params.evaluate, ["base", "adapted"])
+    write_json(cfg.work / "evaluate" / "metrics.json", {"encoder_comparison": out})
+    return {e: r["neg_nll_per_char"] for e, r in out["gate"].items()}
+
+
 def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, sample_raw):
     import shutil
 
-    from bertpipe.evaluate.encoder_gate import encoder_gate_score
-    from bertpipe.register.registry import current_champion
+    from bertpipe.registry.champion import current_champion
+    from bertpipe.scoring.encoder_gate import encoder_gate_score
     from bertpipe.tracking import client
     from tests.corpus import law_texts
 
@@ -446,10 +460,14 @@ def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, samp
         tiny_mlm(adapted / "model", zh_tokenizer_dir, texts, steps, seed=2, start=start)
         write_json(adapted / "manifest.json", {"fingerprint": fingerprint})
 
-    # The base encoder itself, "adapted" for zero steps: it does not beat its own floor.
+    # The base encoder itself, "adapted" for zero steps: it does not beat its own floor. Evaluate scored both on the
+    # same windows: register reads those numbers (no model runs in register).
     pretrain_output("pre-copy", 0)
+    evaluated = evaluate_comparison(cfg, base, adapted / "model")
     rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")
     assert rec["below_floor"] and not rec["promoted"] and "base encoder" in rec["floor"]
+    assert "evaluate's" in rec["score_source"] and "evaluate's score" in rec["floor"]
+    assert (rec["value"], rec["floor_value"]) == (evaluated["adapted"], evaluated["base"])
 
     pretrain_output("pre-trained", 30)
     rec = record(run_stage(register_stage(tasks=()), cfg).out, "bertpipe-encoder")

@@ -12,7 +12,7 @@ import pytest
 from bertpipe import lineage
 from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages
-from bertpipe.register.registry import cache_dir
+from bertpipe.registry.versions import cache_dir
 from tests.e2e_project import write_project
 
 NAME = "bertpipe-encoder"

@@ -537,7 +537,7 @@ def test_champion_truncates_long_text_however_it_is_loaded(registry):
     Every way of loading the transformers-flavor champion now truncates it as `models predict` does (head)."""
     from bertpipe.config import load_config
     from bertpipe.inference.predictor import Predictor
-    from bertpipe.register.artifacts import local_version
+    from bertpipe.registry.files import local_version
     from bertpipe.tracking import fluent_mlflow
 
     cfg = load_config(registry / "params.yaml")

@@ -50,7 +50,7 @@ def _until(check, timeout: float = 60.0, what: str = ""):
 @pytest.mark.slow
 def test_a_version_that_fails_to_load_does_not_stop_alias_following(tmp_path, zh_tokenizer_dir):
     from bertpipe.config import load_config
-    from bertpipe.register.registry import promote
+    from bertpipe.registry.champion import promote
     from bertpipe.serve.app import RegistryModelAPI
     from bertpipe.serve.params import ServeParams
     from bertpipe.serve.predictor import ModelRef

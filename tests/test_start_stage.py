@@ -77,7 +77,7 @@ def test_an_unreachable_registry_is_an_error_not_the_base(tmp_path, sample_raw, 
 
 
 def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
-    from bertpipe.register.registry import cache_dir
+    from bertpipe.registry.versions import cache_dir
     from tests.test_retrain_lineage import NAME, _client, _register
 
     _, cfg = project(tmp_path, sample_raw)

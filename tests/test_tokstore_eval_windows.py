@@ -1,6 +1,7 @@
 """Evaluate's fair-MLM comparison reads the test split's windows from a keyed store: built once (the same windows
 and metrics as choosing them from the texts), read by the second evaluate and by the register gate without reading
-or segmenting the test split again, and rebuilt when what they depend on changes."""
+or segmenting the test split again, and rebuilt when what they depend on changes. Register reads the gate scores
+evaluate recorded for the same models instead of scoring them again."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.evaluate import fair_mlm as F
-from bertpipe.evaluate.encoder_gate import encoder_gate_score
 from bertpipe.evaluate import stage as evaluate_stage
-from bertpipe.evaluate import windows as W
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.finetune.synthetic import tiny_encoder
+from bertpipe.scoring import encoder_gate as G
+from bertpipe.scoring import fair_mlm as F
+from bertpipe.scoring import windows as W
+from bertpipe.scoring.encoder_gate import encoder_gate_score
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -44,13 +46,13 @@ def _no_retokenizing(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the test split was read and segmented again")
 
-    monkeypatch.setattr(F, "test_texts", boom)
-    monkeypatch.setattr(F, "choose_windows", boom)
+    monkeypatch.setattr(W, "test_texts", boom)
+    monkeypatch.setattr(W, "choose_windows", boom)
 
 
 def test_windows_are_built_once_and_equal_choosing_them(tmp_path, corpus, monkeypatch):
     p = EvaluateParams(mlm_max_texts=30, mlm_seed=3)
-    expected = F.choose_windows(F.test_texts(corpus, 30, 3), 60, p.mlm_mask_prob, 3)
+    expected = W.choose_windows(W.test_texts(corpus, 30, 3), 60, p.mlm_mask_prob, 3)
     got, rec = W.open_windows(corpus, p, 60, tmp_path / "state")
     assert rec["built"] and got == expected and rec["texts"] == 30 and rec["windows"] == len(expected) > 20
     with monkeypatch.context() as m:
@@ -68,7 +70,7 @@ def test_windows_are_built_once_and_equal_choosing_them(tmp_path, corpus, monkey
 
 def test_second_evaluate_reads_the_store_with_the_same_metrics(tmp_path, corpus, encoders, monkeypatch):
     p = EvaluateParams(mlm_max_texts=20, mlm_max_seq_len=64, bootstrap_samples=50)
-    expected = F.compare_encoders(encoders, F.test_texts(corpus, 20, p.mlm_seed), p, n_boot=50)  # before the store
+    expected = F.compare_encoders(encoders, W.test_texts(corpus, 20, p.mlm_seed), p, n_boot=50)  # before the store
     expected["texts"] = 20
 
     def ctx():
@@ -86,7 +88,8 @@ def test_second_evaluate_reads_the_store_with_the_same_metrics(tmp_path, corpus,
     assert second.counts["window_store"]["test"]["key"] == first.counts["window_store"]["test"]["key"]
     for out in (out1, out2):
         out.pop("verdict")
-        assert out == expected  # every summary, the delta and its interval: identical
+        assert all(len(rec.pop("key")) == 32 for rec in out["gate"].values())  # register's check (below)
+        assert out == expected  # every summary, the delta, its interval and the gate scores: identical
 
 
 def test_register_gate_scores_read_one_store(tmp_path, corpus, encoders, monkeypatch):
@@ -99,3 +102,45 @@ def test_register_gate_scores_read_one_store(tmp_path, corpus, encoders, monkeyp
         assert encoder_gate_score(encoders["adapted"], cfg) == first
         encoder_gate_score(encoders["base"], cfg)
     assert len([d for d in (tmp_path / "st" / "tokstore").iterdir() if d.is_dir()]) == 1
+
+
+def _no_scoring(monkeypatch):
+    """Running a model over the windows fails the test."""
+    def boom(*a, **k):
+        raise AssertionError("a model was scored again")
+
+    monkeypatch.setattr(F, "score_windows", boom)
+    monkeypatch.setattr(G, "score_windows", boom)
+
+
+def test_register_reads_the_gate_scores_evaluate_recorded(tmp_path, corpus, encoders, monkeypatch):
+    import json
+    import shutil
+
+    from bertpipe.register.gate import encoder_floor
+
+    p = EvaluateParams(mlm_max_seq_len=64, mlm_max_texts=10, bootstrap_samples=0)
+    params = SimpleNamespace(evaluate=p, model=SimpleNamespace(base=str(encoders["base"])))
+    cfg = SimpleNamespace(params=params, work=tmp_path / "work", path=lambda q: tmp_path / q, state=tmp_path / "st")
+    ctx = SimpleNamespace(inputs={"corpus": str(corpus), **encoders}, cfg=cfg, log=lambda m: None, counts={})
+    evaluated = tmp_path / "work" / "evaluate"
+    evaluated.mkdir(parents=True)
+    out = evaluate_stage._encoder_comparison(ctx, p, ["base", "adapted"])
+    (evaluated / "metrics.json").write_text(json.dumps({"encoder_comparison": out}))
+    scored = {e: encoder_gate_score(encoders[e], cfg) for e in ("base", "adapted")}
+
+    with monkeypatch.context() as m:
+        _no_scoring(m)
+        for e in ("base", "adapted"):  # the same number register would compute, read without running the model
+            assert G.gate_score(encoders[e], cfg, evaluated) == (*scored[e], True)
+        floor = encoder_floor(cfg, "majority", evaluated)
+        assert floor.value == scored["base"][1] and "evaluate's score" in floor.source
+
+    # Another model (the same weights, one config byte more), or other scoring settings: scored here, not read.
+    other = tmp_path / "other"
+    shutil.copytree(encoders["adapted"], other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")
+    assert G.gate_score(other, cfg, evaluated) == (*scored["adapted"], False)
+    cfg.params.evaluate = p.model_copy(update={"mlm_batch_size": 4})
+    name, value, read = G.gate_score(encoders["adapted"], cfg, evaluated)
+    assert not read and value == pytest.approx(scored["adapted"][1], rel=1e-5)

@@ -180,7 +180,7 @@ def test_register_is_stale_when_the_registry_lost_its_versions(registered, tmp_p
 
 
 def test_a_re_created_model_is_not_answered_from_the_deleted_ones_files(registered, tmp_path, zh_tokenizer_dir):
-    from bertpipe.register.artifacts import local_version
+    from bertpipe.registry.files import local_version
     from bertpipe.tracking import client
 
     ref, _ = registered

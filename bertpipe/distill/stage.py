@@ -58,7 +58,7 @@ def build(ctx, task: str) -> dict:
     from bertpipe.device import legacy_request, pick_device, precision_for
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
-    from bertpipe.evaluate.metrics import PRIMARY
+    from bertpipe.scoring.metrics import PRIMARY
     from bertpipe.inference.speed import dir_size, n_params
     from bertpipe.stage import write_json
     from bertpipe.training.features import featurize

@@ -15,7 +15,12 @@ figures) and ``metrics.json``.
                       "search": {encoder: {"chosen", "trials", "complete"}},
                       "verdict": "plain sentences"}},
      "encoder_comparison": {"split": "test", "base": {"nll_per_char", "bits_per_char", "masked_chars", "spans", ...},
-                            "adapted": {...}, "delta": {"nll_per_char", "ci95": [lo, hi], ...}}}
+                            "adapted": {...}, "delta": {"nll_per_char", "ci95": [lo, hi], ...},
+                            "gate": {encoder: {"neg_nll_per_char", "max_len", "key"}}}}
+
+``encoder_comparison.gate`` holds each encoder's register gate score (``bertpipe.scoring.encoder_gate``) under the
+key of the model, windows and scoring it was computed with: register reads it instead of scoring the same encoder
+again.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ import statistics
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate import bootstrap as B
 from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.scoring import bootstrap as B
 
 VERSION = "2"
 
@@ -204,7 +209,7 @@ def encoder_verdict(ec: dict) -> str:
 
 def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
     """Baselines, test-set identity, intervals and verdicts, task by task."""
-    from bertpipe.evaluate.baselines import task_baselines
+    from bertpipe.scoring.baselines import task_baselines
     from bertpipe.taskdata import read_task, split_info
 
     for task, t in result["tasks"].items():
@@ -228,8 +233,10 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
 
 
 def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
-    from bertpipe.evaluate.fair_mlm import compare_encoders
-    from bertpipe.evaluate.windows import open_windows
+    from bertpipe.scoring.encoder_gate import gate_key
+    from bertpipe.scoring.fair_mlm import compare_encoders
+    from bertpipe.scoring.windows import open_windows
+    from bertpipe.stage import content_digest
 
     models = {e: ctx.inputs[e] for e in encoders if ctx.inputs.get(e) is not None}
     store: dict = {}
@@ -246,6 +253,8 @@ def _encoder_comparison(ctx, p: EvaluateParams, encoders: list[str]) -> dict:
         return {"split": "test", "skipped": str(e).splitlines()[0][:200]}
     ctx.counts["window_store"] = store
     out["texts"] = store["test"]["texts"]
+    for e, rec in out["gate"].items():  # what register reads instead of scoring the same model again
+        rec["key"] = gate_key(content_digest(models[e], ctx.cfg), store["test"]["key"], rec["max_len"], p)
     out["verdict"] = encoder_verdict(out)
     for e in models:
         ctx.log(f"encoder {e}: {out[e]['bits_per_char']:.4f} bits per masked character ({out[e]['masked_chars']} "

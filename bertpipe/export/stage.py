@@ -35,7 +35,7 @@ def _max_diff(a: list, b: list) -> float:
 def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from transformers import AutoTokenizer
 
-    from bertpipe.evaluate.metrics import PRIMARY
+    from bertpipe.scoring.metrics import PRIMARY
     from bertpipe.training.features import featurize
     from bertpipe.training.predict import run_model, score
     from bertpipe.training.task import model_labels, task_examples, task_settings

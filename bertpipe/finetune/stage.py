@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bertpipe.device import legacy_request, pick_device, precision_for
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.metrics import PRIMARY
+from bertpipe.scoring.metrics import PRIMARY
 from bertpipe.finetune import search as S
 from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams

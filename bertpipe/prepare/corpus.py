@@ -27,10 +27,10 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from bertpipe.cleaning.clean import Cleaner
+from bertpipe.cleaning.dedup import components, keep_rank, lsh_candidates, lsh_params, pair_jaccard
+from bertpipe.cleaning.exclude import EvalTexts, merge_excluded
 from bertpipe.errors import BertpipeError
-from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.dedup import components, keep_rank, lsh_candidates, lsh_params, pair_jaccard
-from bertpipe.prepare.exclude import EvalTexts, merge_excluded
 from bertpipe.prepare.ingest import Ingest, source_files
 from bertpipe.prepare.params import CorpusParams, PrepareParams
 from bertpipe.prepare.shard import BatchJob, keep_out_sketch, merge_counts, process_batch, run_batches, shard_count

@@ -25,9 +25,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.dedup import Sketch, exact_key, normal_form, sketch
-from bertpipe.prepare.exclude import EvalTexts, exclude
+from bertpipe.cleaning.clean import Cleaner
+from bertpipe.cleaning.dedup import Sketch, exact_key, normal_form, sketch
+from bertpipe.cleaning.exclude import EvalTexts, exclude
 from bertpipe.prepare.params import PrepareParams
 from bertpipe.prepare.store import write_batch
 

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bertpipe.prepare.dedup import components
+from bertpipe.cleaning.dedup import components
 
 
 def leak_components(groups: Sequence[str], clusters: Sequence[str]) -> np.ndarray:

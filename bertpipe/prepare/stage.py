@@ -13,9 +13,9 @@ import shutil
 import time
 from pathlib import Path
 
+from bertpipe.cleaning.exclude import EvalTexts
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
-from bertpipe.prepare.exclude import EvalTexts
 from bertpipe.prepare.files import regular_file
 from bertpipe.prepare.ingest import is_glob, source_files
 from bertpipe.prepare.params import PrepareParams

@@ -10,11 +10,12 @@ what the batches touch (the page cache is shared between ranks) and nothing is b
 
 The store lives at ``<paths.state>/tokstore/<key>/``; the key is a digest of everything the examples depend on: the
 corpus (its prepare fingerprint, else its bytes), the tokenizer (its full JSON), the language, the packing and pair
-params, the example limit, the code that builds examples and the library versions. Training params (steps, lr,
-masking, batch size, objective MLM or RTD) are not in it, so those runs share a store. A build writes into a temp
-dir renamed into place when complete, under a file lock (``bertpipe.keyedstore``): concurrent builders (torchrun
-ranks, two stages) build it once, the others wait and read it; a killed build leaves a temp dir that the next builder
-removes. Every process that opened a store holds a lease on it until it exits; the end of pretrain and ``bertpipe gc``
+params, the example limit, the code that builds examples (``codeid.module_code``: this module and every bertpipe
+module it imports, the segmentation in ``bertpipe.textseg`` among them) and the library versions. Training params
+(steps, lr, masking, batch size, objective MLM or RTD) are not in it, so those runs share a store. A build writes
+into a temp dir renamed into place when complete, under a file lock (``bertpipe.keyedstore``): concurrent builders
+(torchrun ranks, two stages) build it once, the others wait and read it; a killed build leaves a temp dir that the
+next builder removes. Every process that opened a store holds a lease on it until it exits; the end of pretrain and ``bertpipe gc``
 remove the stores that no stage output references and that are not among the few most recently used.
 
 Only the tokenizing is parallel: packing is sequential by nature (segments run across documents, NSP draws its
@@ -24,8 +25,6 @@ random partners with one generator), cheap next to tokenizing, and runs in the p
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import hashlib
 import json
 import os
@@ -38,8 +37,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from bertpipe import keyedstore
-from bertpipe.codeid import lib_versions
-from bertpipe.corpusio import iter_text_batches, split_files, split_rows
+from bertpipe.codeid import lib_versions, module_code
+from bertpipe.corpusio import iter_text_batches, split_rows
 from bertpipe.errors import BertpipeError
 from bertpipe.pretrain import data
 from bertpipe.pretrain.data import Example
@@ -47,10 +46,7 @@ from bertpipe.pretrain.data import Example
 STORE_VERSION = "1"
 # Files of a store: name -> dtype. Word indices fit int16 (max_seq_len <= 512); -1 marks special tokens.
 ARRAYS = {"ids": np.int32, "words": np.int16, "offsets": np.int64, "n_first": np.int16, "pair": np.int8}
-# The modules whose code decides the examples: an edit to any of them makes a new store.
-CODE = ("pretrain/data.py", "pretrain/tokstore.py", "textseg.py", "families.py", "corpusio.py")
 LIBS = ("tokenizers", "transformers", "jieba", "numpy")
-PACKAGE = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- reading
@@ -115,34 +111,6 @@ class ExampleStore:
 # ---------------------------------------------------------------- the key
 
 
-def _file_digest(path: Path, h) -> None:
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-
-
-def corpus_digest(corpus: Path, split: str) -> str:
-    """The prepare stage's fingerprint when the corpus is its output (no bytes read), else the split files' bytes."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return "stage:" + str(json.loads((Path(corpus) / "manifest.json").read_text())["fingerprint"])
-    h = hashlib.sha256()
-    for f in split_files(corpus, split):
-        h.update(f"{f.name}:{f.stat().st_size};".encode())
-        _file_digest(f, h)
-    return h.hexdigest()
-
-
-def code_digest(files: tuple[str, ...] = CODE) -> str:
-    """Syntax trees of ``files`` (relative to the package), not bytes, as bertpipe.codeid does: a comment edit keeps
-    the store."""
-    h = hashlib.sha256()
-    for rel in files:
-        path = PACKAGE / rel
-        h.update(rel.encode())
-        h.update(ast.dump(ast.parse(path.read_text(encoding="utf-8"))).encode())
-    return h.hexdigest()
-
-
 def key_parts(corpus: Path, split: str, tokenizer, language: str, p, limit: int, seed: int) -> dict:
     """What the examples depend on. Params that change nothing are normalised away (seed without a pair objective,
     cross_document with one), so such runs share a store."""
@@ -150,7 +118,7 @@ def key_parts(corpus: Path, split: str, tokenizer, language: str, p, limit: int,
     tok_json = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
     return {
         "version": STORE_VERSION,
-        "corpus": corpus_digest(corpus, split),
+        "corpus": keyedstore.corpus_digest(corpus, split),
         "split": split,
         "tokenizer": hashlib.sha256(tok_json.encode()).hexdigest(),
         "special": [tokenizer.cls_token_id, tokenizer.sep_token_id],
@@ -158,13 +126,9 @@ def key_parts(corpus: Path, split: str, tokenizer, language: str, p, limit: int,
         "packing": {"max_seq_len": p.max_seq_len, "pair_objective": pair,
                     "cross_document": bool(p.cross_document and pair == "none"), "limit": int(limit),
                     "seed": int(seed) if pair != "none" else None, "doc_chunk": data.DOC_CHUNK},
-        "code": code_digest(),
+        "code": module_code((__name__,)),
         "libs": lib_versions(LIBS),
     }
-
-
-def store_key(parts: dict) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
 # ---------------------------------------------------------------- tokenizing in workers
@@ -368,7 +332,7 @@ def open_or_build(corpus: Path | str, split: str, tokenizer, language: str, p, l
     (``built``: whether this call built it; key, size, examples, tokens, the build's time)."""
     corpus = Path(corpus)
     parts = key_parts(corpus, split, tokenizer, language, p, limit, seed)
-    key = store_key(parts)
+    key = keyedstore.store_key(parts)
 
     def build(tmp: Path) -> dict:
         n_workers = workers or default_workers()

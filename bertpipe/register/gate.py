@@ -119,8 +119,9 @@ def task_floor(evaluate_dir: Path, task: str, floor: str, metric: str) -> Floor:
     return Floor(floor, 0.0, f"no {floor} baseline for {task!r} in {path}, floor taken as 0")
 
 
-def encoder_floor(cfg, floor: str) -> Floor:
-    """The adapted encoder must beat the base encoder it was adapted from on the same gate score."""
+def encoder_floor(cfg, floor: str, evaluate_dir: Path | None = None) -> Floor:
+    """The adapted encoder must beat the base encoder it was adapted from on the same gate score (evaluate's, when it
+    scored this base on the same windows)."""
     if floor == "none":
         return Floor("none", None, "no floor (register.floor: none)")
     from bertpipe.layout import base_model
@@ -128,11 +129,11 @@ def encoder_floor(cfg, floor: str) -> Floor:
     base = base_model(cfg)
     if not isinstance(base, Path) or not base.exists():
         return Floor("base encoder", None, f"no floor (base encoder {base} is not a local model to score)")
-    from bertpipe.errors import BertpipeError
-    from bertpipe.evaluate.encoder_gate import encoder_gate_score
+    from bertpipe.scoring.encoder_gate import gate_score
 
     try:
-        return Floor("base encoder", float(encoder_gate_score(base, cfg)[1]), f"base encoder {base}")
+        _, value, read = gate_score(base, cfg, evaluate_dir)
+        return Floor("base encoder", value, f"base encoder {base}" + (" (evaluate's score)" if read else ""))
     except BertpipeError as e:  # an ELECTRA discriminator has no MLM head: a random one would make any floor
         return Floor("base encoder", None, f"no floor ({str(e).splitlines()[0][:200]})")
 

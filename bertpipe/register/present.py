@@ -22,7 +22,7 @@ def missing(cfg, out: Path) -> str | None:
     models = [m for m in data.get("models") or [] if m.get("registered", True) and m.get("version")]
     if not models:
         return None
-    from bertpipe.register.registry import FINGERPRINT_TAG
+    from bertpipe.registry.champion import FINGERPRINT_TAG
     from bertpipe.tracking import client, display_uri, store_file, tracking_uri, unreachable_line
 
     uri = tracking_uri(cfg)

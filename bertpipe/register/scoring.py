@@ -40,7 +40,7 @@ def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[floa
     from transformers import AutoTokenizer
 
     from bertpipe.device import pick_device
-    from bertpipe.evaluate.metrics import PRIMARY
+    from bertpipe.scoring.metrics import PRIMARY
     from bertpipe.modelinfo import clamp_seq_len
     from bertpipe.training.features import featurize
     from bertpipe.training.heads import auto_class
@@ -89,8 +89,8 @@ def _gold_pred(task_type: str, rec: dict):
 def metric_fn(task_type: str, primary: str):
     """metric(gold, pred) over example lists, the bootstrap's statistic; None where the gate has none (QA)."""
     if task_type in ("classification", "pair_classification"):
-        from bertpipe.evaluate.bootstrap import macro_f1
-        from bertpipe.evaluate.metrics import classification_metrics
+        from bertpipe.scoring.bootstrap import macro_f1
+        from bertpipe.scoring.metrics import classification_metrics
 
         if primary == "macro_f1":
             # The evaluate stage's statistic (checked against scikit-learn's): a thousand replicates of the full
@@ -133,9 +133,9 @@ def paired_interval(task_type: str, primary: str, champion_recs: list[dict], cha
     if not pairs or len(pairs) != len(challenger_recs):
         return None, f"predictions cover different examples ({len(pairs)} of {len(challenger_recs)} shared)"
     try:
-        from bertpipe.evaluate.bootstrap import paired_bootstrap
+        from bertpipe.scoring.bootstrap import paired_bootstrap
     except ImportError:
-        return None, "bertpipe.evaluate.bootstrap is not available"
+        return None, "bertpipe.scoring.bootstrap is not available"
     gold = [_gold_pred(task_type, b)[0] for b, _ in pairs]
     pred_b = [_gold_pred(task_type, b)[1] for b, _ in pairs]
     pred_a = [_gold_pred(task_type, a)[1] for _, a in pairs]

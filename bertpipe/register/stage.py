@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.evaluate.fair_mlm import has_mlm_head
 from bertpipe.outputs import atomic_file
 from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import gate as G
 from bertpipe.register import scoring as S
 from bertpipe.register.artifacts import export_section
-from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_champion, export_model,
-                                        find_by_fingerprint, registry_lock, set_champion_locked,
-                                        was_champion)
+from bertpipe.registry.champion import (CHALLENGER, FINGERPRINT_TAG, current_champion, find_by_fingerprint,
+                                        registry_lock, set_champion_locked, was_champion)
+from bertpipe.registry.versions import export_model
+from bertpipe.scoring.fair_mlm import has_mlm_head
 from bertpipe.stage import StageContext, read_manifest, write_json
 
 VERSION = "2"
@@ -57,6 +57,11 @@ class Candidate:
     encoder: str = ""  # a task model: which encoder's finetune (the best by dev score, bertpipe.training.choice)
     choice: str = ""  # ... and why, in words
     degenerate: str | None = None  # why the model learned nothing (its metrics.json says so): never crowned
+    score_read: bool = False  # the encoder's gate score was read from evaluate's metrics.json, not scored here
+
+
+def _evaluate_dir(ctx: StageContext) -> Path | None:
+    return Path(ctx.inputs["evaluate"]) if ctx.inputs.get("evaluate") else None
 
 
 def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: str, reqs: list[str]):
@@ -68,9 +73,10 @@ def _log_and_register(mlflow, name: str, model_dir: Path, task: str, language: s
     if task in ("question-answering", "token-classification"):
         # pyfunc: QA has no transformers 5 pipeline; NER users want entities, not the flavor's bare tag string.
         from bertpipe.register.pyfunc import log_pyfunc
+        from bertpipe.registry.files import task_files
 
         with tempfile.TemporaryDirectory() as tmp:
-            files = A.task_files(model_dir, export_dir, Path(tmp) / "files")
+            files = task_files(model_dir, export_dir, Path(tmp) / "files")
             version = log_pyfunc(mlflow, name, model_dir, files, input_example(task, language), reqs)
     else:
         from transformers import AutoTokenizer, pipeline
@@ -148,15 +154,17 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
         tags = existing.tags if existing is not None else {}
         if tags.get("bertpipe.test_hash") == c.identity and "bertpipe.primary_value" in tags:
             c.metric, c.value = tags["bertpipe.primary_metric"], float(tags["bertpipe.primary_value"])
-        else:
-            from bertpipe.evaluate.encoder_gate import encoder_gate_score
+        else:  # evaluate's score of this very model on the same windows, else scored here
+            from bertpipe.scoring.encoder_gate import gate_score
 
-            c.metric, c.value = encoder_gate_score(c.model_dir, ctx.cfg)
+            c.metric, c.value, c.score_read = gate_score(c.model_dir, ctx.cfg, _evaluate_dir(ctx))
+            ctx.log(f"{c.name}: gate score {c.value:.4f} "
+                    f"{'read from evaluate' if c.score_read else 'scored (evaluate has no score of this model)'}")
     if existing is not None:
         c.version, c.reused = str(existing.version), True
         ctx.log(f"{c.name}: v{c.version} already holds this content (fingerprint {c.fingerprint[:12]}); reused")
         return
-    from bertpipe.register.registry import claim, find_unfinished
+    from bertpipe.registry.champion import claim, find_unfinished
 
     unfinished = find_unfinished(client, c.name, c.fingerprint)
     if unfinished is not None:  # created by a register run killed before it tagged it: finish it, not a second one
@@ -247,7 +255,7 @@ def _champion_score(ctx: StageContext, client, c: Candidate, champ):
         if exported is None:
             return None, True, "its version no longer exists", None
         if c.ft_dir is None:
-            from bertpipe.evaluate.encoder_gate import encoder_gate_score
+            from bertpipe.scoring.encoder_gate import encoder_gate_score
 
             return float(encoder_gate_score(exported, ctx.cfg)[1]), True, "re-scored", None
         value, preds = S.score_model_dir(ctx.cfg, exported, c.ft_dir, c.task)
@@ -260,7 +268,8 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
     """Phase 2 for one model (caller holds the registry lock): the gate's numbers and verdict, as a record."""
     p = ctx.params
     source = ("the registered seed's own test score" if c.ft_dir is not None
-              else "the encoder gate score on the domain held-out text")
+              else "the encoder gate score on the domain held-out text"
+              + (" (evaluate's, for the same model and windows)" if c.score_read else ""))
     rec = {"name": c.name, "version": c.version, "task": c.pipeline_task, "registered": True, "reused": c.reused,
            "fingerprint": c.fingerprint, "metric": c.metric, "value": c.value, "test_identity": c.identity,
            "test_set": _test_set_words(c), "score_source": source, "champion_before": None, "champion_value": None,
@@ -279,7 +288,7 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
                    reason=f"v{c.version} held champion before and was replaced; promote it explicitly if wanted")
         rec["decision"] = "not promoted: " + rec["reason"]
         return rec
-    floor = (G.encoder_floor(ctx.cfg, p.floor) if c.ft_dir is None
+    floor = (G.encoder_floor(ctx.cfg, p.floor, _evaluate_dir(ctx)) if c.ft_dir is None
              else G.task_floor(Path(ctx.inputs["evaluate"]), c.task, p.floor, c.metric))
     rec.update(floor=floor.describe(c.metric, p.floor_margin), floor_value=floor.value)
     champ_value, note, preds = None, "", None

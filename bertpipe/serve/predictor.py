@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertpipe.errors import BertpipeError
-from bertpipe.register.artifacts import _REF
-from bertpipe.register.artifacts import resolve as resolve_registered
+from bertpipe.registry.files import REF
+from bertpipe.registry.files import resolve as resolve_registered
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class ModelRef:
 
     @classmethod
     def parse(cls, ref: str, default_alias: str = "champion") -> "ModelRef":
-        m = _REF.match(ref.strip().removeprefix("models:/"))
+        m = REF.match(ref.strip().removeprefix("models:/"))
         if not m:
             raise BertpipeError(f"model {ref!r}: expected NAME, NAME@alias or NAME/version")
         return cls(m["name"], m["alias"] or (None if m["version"] else default_alias), m["version"])
@@ -47,7 +47,7 @@ class Served:
 
     def __init__(self, cfg, name: str, version: str, backend: str, batch_size: int, device: str = "cpu"):
         from bertpipe.inference.predictor import Predictor
-        from bertpipe.register.artifacts import local_version
+        from bertpipe.registry.files import local_version
 
         lv = local_version(cfg, f"{name}/{version}")  # downloaded once per version, cached under paths.state
         self.name, self.version = name, str(version)

@@ -1,6 +1,6 @@
 """Near-duplicates inside one task: which groups must share a split, and what to drop when they still cross one.
 
-The MinHash is prepare's (``bertpipe.prepare.dedup``) with prepare's settings, so "near-duplicate" means the same
+The MinHash is prepare's (``bertpipe.cleaning.dedup``) with prepare's settings, so "near-duplicate" means the same
 thing for a task's own splits as for the pretraining corpora.
 
 Why groups are merged only when they share a good part of their examples: one boilerplate article ("本法自公布之日起
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertpipe.prepare.dedup import components, near_duplicates
+from bertpipe.cleaning.dedup import components, near_duplicates
 from bertpipe.taskdata import Example
 from bertpipe.training.taskfiles import own_group
 

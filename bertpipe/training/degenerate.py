@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from bertpipe.evaluate import metrics as M
+from bertpipe.scoring import metrics as M
 
 
 def majority_score(task_type: str, train_labels: Sequence[str], gold: Sequence[str], labels: Sequence[str]

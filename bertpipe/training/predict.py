@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bertpipe.evaluate import metrics as M
+from bertpipe.scoring import metrics as M
 from bertpipe.training import qa as Q
 from bertpipe.training import tagging as T
 from bertpipe.training import windows as W

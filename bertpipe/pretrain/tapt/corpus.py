@@ -1,7 +1,7 @@
 """The TAPT corpus of one task: its train split's texts, minus any that leak its dev/test texts.
 
 The task's train texts (the text, a pair's second text, a QA question; each distinct text once) are checked against
-the task's own dev and test texts with prepare's leakage exclusion (``bertpipe.prepare.exclude``: exact, contains,
+the task's own dev and test texts with prepare's leakage exclusion (``bertpipe.cleaning.exclude``: exact, contains,
 near-duplicate, after prepare's normalisation and with ``prepare``'s clean/dedup/exclude params), so "leak" means
 what it means for the pretraining corpora. The tasks stage already drops train examples that near-duplicate dev or
 test; this check also catches a train text that contains a dev/test text verbatim, and a task directory not made by
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.exclude import EvalTexts, exclude
+from bertpipe.cleaning.clean import Cleaner
+from bertpipe.cleaning.exclude import EvalTexts, exclude
 from bertpipe.taskdata import read_split
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Sequence
 
-from bertpipe.evaluate import metrics as M
+from bertpipe.scoring import metrics as M
 from bertpipe.training import tagging as T
 
 TFIDF = {"analyzer": "char", "ngram_range": (1, 2), "min_df": 2, "max_features": 200_000, "sublinear_tf": True}

@@ -6,8 +6,11 @@ import html
 import re
 import unicodedata
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from bertpipe.prepare.params import CleanParams
+if TYPE_CHECKING:  # the params schema is the prepare stage's
+    from bertpipe.prepare.params import CleanParams
+
 
 _TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9]*)\b[^<>]*>|<!--.*?-->", re.S)
 # Tags that end a line of text; every other tag is removed without a trace (inline markup).

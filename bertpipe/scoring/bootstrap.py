@@ -5,7 +5,7 @@ much the difference depends on which test examples happened to be drawn, not the
 The evaluate stage uses it for adapted − base; register reuses it for challenger − champion.
 
 The metric functions here recompute the finetune primary metrics from per-example prediction records fast enough for a
-thousand replicates (tests check them against ``bertpipe.evaluate.metrics``):
+thousand replicates (tests check them against ``bertpipe.scoring.metrics``):
 
 - ``macro_f1``: scikit-learn's macro-F1 over the classes present in the gold labels, as ``classification_metrics``;
 - ``entity_f1``: strict entity-level micro F1 over ``(start, end, type)`` spans, which is seqeval's strict IOB2 score
@@ -59,7 +59,7 @@ entity_f1 = SumMetric(3, _entity_counts, lambda c: 2 * c[0] / (c[1] + c[2]) if c
 
 
 def _qa_counts(answers: Sequence[str], pred: str) -> tuple[float, int]:
-    from bertpipe.evaluate.metrics import qa_f1 as f1
+    from bertpipe.scoring.metrics import qa_f1 as f1
 
     return (max(f1(pred, a) for a in answers), 1) if answers else (0.0, 0)  # unanswerable: not scored
 

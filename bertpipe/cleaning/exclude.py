@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bertpipe.prepare.clean import Cleaner
-from bertpipe.prepare.dedup import Sketch, near_duplicates, ngram_hashes, normal_form, sketch
-from bertpipe.prepare.params import PrepareParams
+from bertpipe.cleaning.clean import Cleaner
+from bertpipe.cleaning.dedup import Sketch, near_duplicates, ngram_hashes, normal_form, sketch
+
+if TYPE_CHECKING:  # the params schema is the prepare stage's
+    from bertpipe.prepare.params import PrepareParams
 
 REASONS = ("exact", "contains", "near")
 

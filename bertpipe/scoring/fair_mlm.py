@@ -17,9 +17,7 @@ See docs/evaluation.md.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import random
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,27 +25,7 @@ from typing import Callable, Sequence
 from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
-
-Window = tuple[str, list[tuple[int, int]]]  # (text, chosen character spans [start, end))
-
-
-def _key(seed: int, text: str) -> bytes:
-    return hashlib.sha256(f"{seed}\x1f{text}".encode()).digest()
-
-
-def test_texts(corpus: Path, limit: int, seed: int = 0) -> list[str]:
-    """The non-empty texts of a prepared corpus's test split, in file order; with ``limit`` (0: all) a sample of that
-    many chosen by text and seed, spread over the whole split rather than its first documents."""
-    from bertpipe.corpusio import read_texts
-
-    texts = read_texts(corpus, "test")
-    if not texts:  # a NaN score would slip through comparisons; say what is missing instead
-        raise BertpipeError(f"{corpus}/test: no text to score the encoders on")
-    if not limit or len(texts) <= limit:
-        return texts
-    keep = set(sorted(range(len(texts)), key=lambda i: (_key(seed, texts[i]), i))[:limit])
-    return [t for i, t in enumerate(texts) if i in keep]
-
+from bertpipe.scoring.windows import Window, choose_windows
 
 def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], None] | None = None) -> int:
     """Characters per window: the sequence length clamped to the smallest position table among ``models``, less
@@ -56,30 +34,6 @@ def window_chars(requested_seq_len: int, models: Sequence, log: Callable[[str], 
     for m in models:
         n = clamp_seq_len(n, m, "evaluate.mlm_max_seq_len", log)
     return max(n - 2, 1)
-
-
-def _rng(seed: int, text: str) -> random.Random:
-    return random.Random(_key(seed, text))
-
-
-def choose_windows(texts: Sequence[str], max_chars: int, mask_frac: float, seed: int) -> list[Window]:
-    """Each text's first ``max_chars`` characters (ending on a word boundary) and the words to mask in it."""
-    from bertpipe.vocab.words import jieba_spans
-
-    out: list[Window] = []
-    for text in texts:
-        spans = jieba_spans(text[:max_chars])
-        if len(text) > max_chars and len(spans) > 1:
-            spans = spans[:-1]  # the last word may be cut by the window
-        if not spans:
-            continue
-        window = text[: spans[-1][1]]
-        words = [(a, b) for a, b in spans if any(ch.isalnum() for ch in window[a:b])]
-        if not words:
-            continue
-        k = max(1, round(mask_frac * len(words)))
-        out.append((window, sorted(_rng(seed, window).sample(words, k))))
-    return out
 
 
 def _masked_tokens(offsets, special, spans) -> tuple[list[bool], int]:
@@ -180,17 +134,18 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
                      log: Callable[[str], None] | None = None, n_boot: int = 1000, boot_seed: int = 0,
                      choose: Callable[[int], list[Window]] | None = None) -> dict:
     """{name: summary} for every model on the same windows and spans (windows any model could not fit are dropped for
-    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows).
-    ``choose(max_chars)``: the windows (the evaluate stage reads them from ``windows.open_windows``'s store), else
-    they are chosen from ``texts``."""
-    from bertpipe.evaluate.bootstrap import paired_bootstrap, ratio
+    all), plus ``delta`` (last − first model's NLL per character, with a paired bootstrap interval over windows) and
+    ``gate``: {name: {"neg_nll_per_char", "max_len"}}, each model's encoder gate score (``encoder_gate``: over every
+    window that model fits, the number register gates on). ``choose(max_chars)``: the windows (the evaluate stage
+    reads them from ``windows.open_windows``'s store), else they are chosen from ``texts``."""
+    from bertpipe.scoring.bootstrap import paired_bootstrap, ratio
 
     max_chars = window_chars(p.mlm_max_seq_len, list(models.values()), log)
     windows = choose(max_chars) if choose else choose_windows(texts, max_chars, p.mlm_mask_prob, p.mlm_seed)
-    scores = {}
+    scores, max_lens = {}, {}
     for name, m in models.items():
-        max_len = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
-        scores[name] = score_windows(m, windows, max_len, p.mlm_batch_size, desc=name, device=eval_device(p))
+        max_lens[name] = clamp_seq_len(p.mlm_max_seq_len, m, "evaluate.mlm_max_seq_len")  # window_chars logged it
+        scores[name] = score_windows(m, windows, max_lens[name], p.mlm_batch_size, desc=name, device=eval_device(p))
     keep = [i for i in range(len(windows)) if all(s[i] is not None for s in scores.values())]
     out: dict = {"split": "test", "window_chars": max_chars, "dropped_windows": len(windows) - len(keep)}
     for name, s in scores.items():
@@ -202,8 +157,11 @@ def compare_encoders(models: dict[str, object], texts: Sequence[str] | None, p,
             d = paired_bootstrap([None] * len(keep), a, b, ratio, n=n_boot, seed=boot_seed)
             how = f"paired bootstrap over {len(keep)} text windows (n={n_boot}, seed {boot_seed})"
         else:
-            d = {"mean": ratio(None, b) - ratio(None, a), "ci95": None}
+            none = [None] * len(keep)  # the statistic reads no gold
+            d = {"mean": ratio(none, b) - ratio(none, a), "ci95": None}
             how = "none (evaluate.bootstrap_samples = 0)"
         out["delta"] = {"nll_per_char": d["mean"], "bits_per_char": d["mean"] / math.log(2), "ci95": d["ci95"],
                         "ci_method": how}
+    out["gate"] = {name: {"neg_nll_per_char": -float(summarize(s, windows)["nll_per_char"]),
+                          "max_len": max_lens[name]} for name, s in scores.items()}
     return out
