@@ -354,14 +354,10 @@ def schedule_cmd(
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
                    err=True)
-    from bertpipe_prefect.flows.serve import serve
+    from bertpipe_prefect.flows.schedule import serve
 
     serve(params, profile, overrides, until, name)
 
-
-# `serve` was this command's name, which also meant the HTTP model server (`bertpipe models serve`): kept as an alias
-# for a release, hidden from the command list.
-app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
 @app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml, params_effective/) from the stage graph and "

@@ -220,7 +220,7 @@ def untagged_version(db: Path) -> str | None:
 
 @pytest.mark.slow
 def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_path, zh_tokenizer_dir):
-    """Issue 23.2: SIGKILL once the version row exists and before its fingerprint tag is set (found by polling the
+    """SIGKILL once the version row exists and before its fingerprint tag is set (found by polling the
     store, as the fault campaign did); the rerun finishes that version instead of registering the content again."""
     import sys
 

@@ -54,7 +54,7 @@ def shadowing_project(root: Path, sample_raw: Path) -> Path:
 
 RESOLVE = """
 import inspect, json, os
-from bertpipe_prefect.flows.serve import deployment
+from bertpipe_prefect.flows.schedule import deployment
 from prefect.flows import load_flow_from_entrypoint
 dep = deployment("params.yaml", until="tasks")
 flow = load_flow_from_entrypoint(dep.entrypoint)
