@@ -19,31 +19,12 @@ its stand-in is a ~30 ms Python start where `bertpipe start` takes ~0.45 s. CPU 
 process tree. Usage: ``python bench/bench_dvc_noop.py [--rounds 3] [--raw data/raw]`` (needs the sample corpora:
 `bertpipe data samples`, or ``--raw`` at a copy of them).
 
-Figures (2-core machine shared with two other sessions; median of 3 alternating runs; CPU-s of the process tree):
-
-This bench, load 2.7-2.8 (`uptime`), 04:48 UTC:
-  floor 0.80 s wall / 0.70 s CPU (dvc.lock 15 lines); before, pure-Python YAML 4.20 / 3.95 (3,309 lines); before,
-  libyaml 2.95 / 2.53; after, pure-Python YAML 2.74 / 2.17 (2,105 lines); after, libyaml 2.33 / 1.80.
-  CPU before/after 2.20x; after/floor 2.56x; the layout alone 1.82x; libyaml alone 1.56x.
-
-The finished demo project (`profiles.demo` with smaller budgets, 21 stages; dvc.lock 3,260 -> 2,100 lines), the
-same procedure with the real `bertpipe start`, load 2.6-2.7, 04:49 UTC: before (old layout, pure-Python YAML) 4.94 s
-wall / 4.33 s CPU; libyaml alone 3.38 / 2.95; the layout alone 2.93 / 2.62; after (both) **2.17 s wall / 2.04 s
-CPU** (2.1x less CPU); DVC's floor (one stage, nothing to run) 0.65 / 0.61. What is left: the floor, `bertpipe
-start` (~0.45 s: the always_changed stage), and DVC rewriting dvc.lock after start runs (a round-trip ruamel parse
-and dump, pure Python even with libyaml: a third of DVC's profile), mostly the stages' resolved params values
-(~1,160 lines of the lock), which `dvc exp show`/`params diff` need. Tracking a digest per stage instead of its
-values measured only ~12% less CPU, so the values stay.
-
-Start's own file (``split``), this bench, load 3.0-3.1, 07:54 UTC (walls inflated by the load; CPU is the figure):
-  floor 1.08 s wall / 0.67 s CPU; before, pure-Python YAML 6.58 / 4.01; after, libyaml 2.88 / 1.77 (root dvc.lock
-  2,058 lines); split, pure-Python YAML 2.84 / 1.75; **split, libyaml 2.14 / 1.29** (root dvc.lock 2,037 lines,
-  not rewritten by a no-op repro). CPU after/split 1.37x; before/split 3.10x; split/floor 1.93x.
-The finished demo project (a copy of a `bash scripts/demo.sh` fresh clone, all 21 stages fresh, the real `bertpipe
-start`), one file vs start in stages/start/dvc.yaml (the rest of dvc.yaml identical), 5 alternating no-op `dvc
-repro` runs, load 3.0-3.2, 07:57 UTC: one file 3.65 s wall / 2.18 s CPU; **split 2.44 s wall / 1.58 s CPU** (1.38x
-less CPU). The same, idle (load 0.1-0.3), 09:48 UTC: one file 1.94 s wall / 1.92 s CPU; **split 1.43 s wall / 1.40 s
-CPU**.
+Figures: this bench, 1 round, on the 2-core machine shared with six sessions (load 8.2-8.5, 2026-12-05 01:19 UTC:
+walls inflated by the load; CPU-s of the process tree is the figure): floor 0.71 s CPU (dvc.lock 15 lines); before,
+pure-Python YAML 3.48, libyaml 2.40 (3,743 lines); after, pure-Python YAML 1.35, libyaml 1.23 (687 lines); **split,
+libyaml 1.11** (669 lines). CPU before/split 3.12x; split/floor 1.57x; start's own file alone 1.10x; the layout
+alone 2.58x; libyaml alone (before) 1.45x. The finished demo project's figures: README.md, "DVC: metrics, plots,
+experiments".
 """
 
 from __future__ import annotations
