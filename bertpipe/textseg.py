@@ -1,7 +1,7 @@
 """Text segmentation shared by every stage: sentences (Chinese first) and whole-word ids of tokenised text.
 
 The one sentence splitter (pretraining segments) and the one whole-word tokenizer (vocab mining, pretraining,
-the fair MLM comparison); ``bertpipe.prepare.segment`` and ``bertpipe.vocab.words`` re-export them.
+the fair MLM comparison); ``bertpipe.vocab.words`` re-exports them for the vocab stage.
 
 **Sentences** (Chinese first): what pretraining packs into segments.
 

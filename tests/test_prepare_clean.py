@@ -11,7 +11,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.prepare.clean import Cleaner, nfkc, strip_html
 from bertpipe.prepare.ingest import Ingest, decode, strip_pos_tags
 from bertpipe.prepare.params import CleanParams, SourceParams
-from bertpipe.prepare.segment import split_sentences
+from bertpipe.textseg import split_sentences
 
 DATA = Path(__file__).parent / "data" / "prepare"
 LAW = "为了保护专利权人的合法权益，鼓励发明创造，推动发明创造的应用，制定本法。"

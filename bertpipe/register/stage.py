@@ -31,7 +31,7 @@ from bertpipe.register.registry import (CHALLENGER, FINGERPRINT_TAG, current_cha
 from bertpipe.stage import StageContext, read_manifest, write_json
 
 VERSION = "2"
-# Kept importable under their old names (h7 and tests use them).
+# the model card's pipeline task and input example, for the registered model
 pipeline_task, input_example = C.pipeline_task, C.input_example
 
 

@@ -19,7 +19,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.finetune import data as D
 from bertpipe.finetune.params import FinetuneParams, TaskParams
 from bertpipe.stage import write_json
-from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split  # noqa: F401 (task_params: old home)
+from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split
 from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
 
 VERSION = "1"
