@@ -55,7 +55,7 @@ def record(cfg: Config, stages: list[str], timeout_s: float = 1800) -> str | Non
     if stale:
         shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
         return (f"dvc.lock: left as it is: {shown} not what this run's settings generate (a --set/--profile, or "
-                f"params.yaml edited since `bertpipe dvc-yaml`); `bertpipe dvc-yaml`, then `dvc commit`, records it")
+                f"params.yaml edited since `bertpipe dvc-yaml`: run it, and `dvc commit` records what is fresh)")
     names = targets(cfg, stages)
     try:
         proc = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet", *names], cwd=root,
