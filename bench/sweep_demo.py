@@ -55,8 +55,8 @@ def ft(group: str, build: str, task: str, encoder: str, name: str = "", **sets) 
 
 
 T = "finetune.train."
-# ---- encoder builds: the old demo's (e0) and 2.5x the steps (e1)
-enc("enc", "e0")  # the old demo's 200 + 200 steps (its 120 s wall clock removed)
+# ---- encoder builds: 200 + 200 steps (e0) and 2.5x the steps (e1)
+enc("enc", "e0")  # base 200 steps, pretrain 200 steps, no wall-clock budget
 enc("enc1", "e1", base__max_steps=600, pretrain__max_steps=400)  # ~ the flow's budget for encoders
 # ---- finetune on e0: lr, data, epochs, precision per task (one finetune is one try). Overrides go to the task's
 # train_overrides, so a profile's own per-task overrides cannot silently win.
