@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from sweep_demo import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
+from common import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
 
 from bertpipe.scoring import baselines as BL  # noqa: E402
 from bertpipe.scoring import bootstrap as B  # noqa: E402

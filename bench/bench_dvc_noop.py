@@ -5,11 +5,12 @@ repo's params.yaml (the demo's 21 stages, their real deps, params sections and v
 each stage's command replaced by a stand-in that only creates its output paths:
 
 - ``floor``: one stage, one dep, one out (what any DVC project pays: import, repo, lock);
-- ``before``: each stage lists its own ~20 source files as deps and reads ``params.effective.json`` (the old layout);
-- ``after``: the source files once, as deps of the ``params`` stage; each stage reads ``code.<stage>`` and its
-  sections from ``params_effective.json`` (bertpipe.dvcfile), all in one dvc.yaml;
+- ``before``: each stage lists its own ~20 source files as deps and its resolved values as DVC params of one file,
+  ``params.effective.json``;
+- ``after``: the code folder once, as a dep of the ``params`` stage; each stage depends on its own
+  ``params_effective/<stage>.json`` (its resolved values and code digest: bertpipe.dvcfile), all in one dvc.yaml;
 - ``split``: ``after`` with the always_changed stage (start) in its own ``stages/start/dvc.yaml`` (``wdir: ../..``),
-  as `bertpipe dvc-yaml` writes it now: DVC rewrites start's ~20-line lock after running it, not the root dvc.lock.
+  the layout `bertpipe dvc-yaml` writes: DVC rewrites start's ~20-line lock after running it, not the root dvc.lock.
 
 Each is built once (`dvc repro` runs the stand-ins), then timed no-op `dvc repro` runs alternate between them, with
 ruamel's libyaml parser (ruamel.yaml.clib) and without it (a shadow ``_ruamel_yaml`` module makes ruamel fall back to
@@ -18,31 +19,12 @@ its stand-in is a ~30 ms Python start where `bertpipe start` takes ~0.45 s. CPU 
 process tree. Usage: ``python bench/bench_dvc_noop.py [--rounds 3] [--raw data/raw]`` (needs the sample corpora:
 `bertpipe data samples`, or ``--raw`` at a copy of them).
 
-Figures (2-core machine shared with two other sessions; median of 3 alternating runs; CPU-s of the process tree):
-
-This bench, load 2.7-2.8 (`uptime`), 04:48 UTC:
-  floor 0.80 s wall / 0.70 s CPU (dvc.lock 15 lines); before, pure-Python YAML 4.20 / 3.95 (3,309 lines); before,
-  libyaml 2.95 / 2.53; after, pure-Python YAML 2.74 / 2.17 (2,105 lines); after, libyaml 2.33 / 1.80.
-  CPU before/after 2.20x; after/floor 2.56x; the layout alone 1.82x; libyaml alone 1.56x.
-
-The finished demo project (`profiles.demo` with smaller budgets, 21 stages; dvc.lock 3,260 -> 2,100 lines), the
-same procedure with the real `bertpipe start`, load 2.6-2.7, 04:49 UTC: before (old layout, pure-Python YAML) 4.94 s
-wall / 4.33 s CPU; libyaml alone 3.38 / 2.95; the layout alone 2.93 / 2.62; after (both) **2.17 s wall / 2.04 s
-CPU** (2.1x less CPU); DVC's floor (one stage, nothing to run) 0.65 / 0.61. What is left: the floor, `bertpipe
-start` (~0.45 s: the always_changed stage), and DVC rewriting dvc.lock after start runs (a round-trip ruamel parse
-and dump, pure Python even with libyaml: a third of DVC's profile), mostly the stages' resolved params values
-(~1,160 lines of the lock), which `dvc exp show`/`params diff` need. Tracking a digest per stage instead of its
-values measured only ~12% less CPU, so the values stay.
-
-Start's own file (``split``), this bench, load 3.0-3.1, 07:54 UTC (walls inflated by the load; CPU is the figure):
-  floor 1.08 s wall / 0.67 s CPU; before, pure-Python YAML 6.58 / 4.01; after, libyaml 2.88 / 1.77 (root dvc.lock
-  2,058 lines); split, pure-Python YAML 2.84 / 1.75; **split, libyaml 2.14 / 1.29** (root dvc.lock 2,037 lines,
-  not rewritten by a no-op repro). CPU after/split 1.37x; before/split 3.10x; split/floor 1.93x.
-The finished demo project (a copy of a `bash scripts/demo.sh` fresh clone, all 21 stages fresh, the real `bertpipe
-start`), one file vs start in stages/start/dvc.yaml (the rest of dvc.yaml identical), 5 alternating no-op `dvc
-repro` runs, load 3.0-3.2, 07:57 UTC: one file 3.65 s wall / 2.18 s CPU; **split 2.44 s wall / 1.58 s CPU** (1.38x
-less CPU). The same, idle (load 0.1-0.3), 09:48 UTC: one file 1.94 s wall / 1.92 s CPU; **split 1.43 s wall / 1.40 s
-CPU**.
+Figures: this bench, 1 round, on the 2-core machine shared with six sessions (load 8.2-8.5, 2026-12-05 01:19 UTC:
+walls inflated by the load; CPU-s of the process tree is the figure): floor 0.71 s CPU (dvc.lock 15 lines); before,
+pure-Python YAML 3.48, libyaml 2.40 (3,743 lines); after, pure-Python YAML 1.35, libyaml 1.23 (687 lines); **split,
+libyaml 1.11** (669 lines). CPU before/split 3.12x; split/floor 1.57x; start's own file alone 1.10x; the layout
+alone 2.58x; libyaml alone (before) 1.45x. The finished demo project's figures: README.md, "DVC: metrics, plots,
+experiments".
 """
 
 from __future__ import annotations
@@ -61,6 +43,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+VALUES = "params.effective.json"  # the ``before`` layout's one file of every stage's resolved values (DVC params)
 sys.path.insert(0, str(REPO))
 
 MK = """import sys, pathlib
@@ -78,38 +61,40 @@ def split_names(raw: Path) -> list[str]:
     return split_stages(dvc_files(load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])))
 
 
-def layouts(raw: Path) -> tuple[dict, dict, str, str]:
-    """(after dvc.yaml, before dvc.yaml, after params file text, before params file text), commands not replaced."""
+def layouts(raw: Path) -> tuple[dict, dict, dict[str, str], dict[str, str]]:
+    """(after dvc.yaml, before dvc.yaml, after params files, before params files), commands not replaced. The params
+    files are {path relative to the project: text}, what the ``params`` stage's stand-in writes."""
     import json
 
-    from bertpipe.config import load_config
-    from bertpipe.dvcfile import CODE, EFFECTIVE, LEGACY_EFFECTIVE, dvc_stage_name, dvc_yaml, render_effective
+    from bertpipe.config import deep_merge, load_config
+    from bertpipe.dvcfile import dvc_stage_name, dvc_yaml, effective_file, effective_files, render_effective
     from bertpipe.pipeline import all_stages
 
     cfg = load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])
     after = dvc_yaml(cfg)
-    eff_text = render_effective(cfg)
     before = yaml.safe_load(yaml.safe_dump(after))
-    before["stages"]["params"]["deps"] = [d for d in after["stages"]["params"]["deps"] if not d.startswith("bertpipe/")]
-    before["stages"]["params"]["outs"] = [{LEGACY_EFFECTIVE: {"cache": False}}]
+    before["stages"]["params"]["deps"] = [d for d in after["stages"]["params"]["deps"] if d != "bertpipe"]
+    before["stages"]["params"]["outs"] = [{VALUES: {"cache": False}}]
+    values: dict = {}
     for name, st in all_stages(cfg).items():
         entry = before["stages"][dvc_stage_name(name)]
-        entry["deps"] += list(st.code_identity()["files"])
-        keys = [k for k in entry["params"][0][EFFECTIVE] if not k.startswith(f"{CODE}.")]
-        entry["params"] = [{LEGACY_EFFECTIVE: keys}]
-    old = json.loads(eff_text)
-    old.pop(CODE)
-    return after, before, eff_text, json.dumps(old, indent=1, sort_keys=True) + "\n"
+        entry["deps"] = [d for d in entry["deps"] if d != effective_file(name)] + list(st.code_identity()["files"])
+        entry["params"] = [{VALUES: list(dict.fromkeys(st.sections))}]
+    for d in effective_files(cfg).values():
+        values = deep_merge(values, d["params"])
+    return after, before, render_effective(cfg), {VALUES: json.dumps(values, indent=1, sort_keys=True) + "\n"}
 
 
-def build(root: Path, dvc: dict, params_file: str, params_text: str, split: tuple[str, ...] = ()) -> int:
+def build(root: Path, dvc: dict, params_files: dict[str, str], split: tuple[str, ...] = ()) -> int:
     """A git+DVC project at ``root`` running stand-ins, the stages named in ``split`` in a dvc.yaml of their own
     (stages/<name>/dvc.yaml, run from the project root); built once. Returns the root dvc.lock's line count."""
     stages = dvc["stages"]
     outs = [next(iter(o)) for st in stages.values() for o in st.get("outs", []) if isinstance(o, dict)]
     root.mkdir(parents=True)
     (root / ".mk.py").write_text(MK)
-    (root / ".params.src").write_text(params_text)
+    for rel, text in params_files.items():  # what the params stage's stand-in copies into the project
+        (root / ".params.src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / ".params.src" / rel).write_text(text)
     for name, st in stages.items():
         kept = []
         for dep in st.get("deps", []):
@@ -120,8 +105,10 @@ def build(root: Path, dvc: dict, params_file: str, params_text: str, split: tupl
                 continue
             src = REPO / dep
             (root / dep).parent.mkdir(parents=True, exist_ok=True)
-            if dep.startswith("bertpipe/"):
-                shutil.copy(src, root / dep)  # the real source files: DVC hashes them as it would
+            if dep == "bertpipe":  # the code folder: DVC hashes the real source files as it would
+                shutil.copytree(src, root / dep, ignore=shutil.ignore_patterns("__pycache__"))
+            elif dep.startswith("bertpipe/"):
+                shutil.copy(src, root / dep)
             elif src.is_dir():
                 (root / dep).mkdir(parents=True, exist_ok=True)
                 (root / dep / "stand-in").write_text(dep)
@@ -129,7 +116,7 @@ def build(root: Path, dvc: dict, params_file: str, params_text: str, split: tupl
                 (root / dep).write_text(dep)
         st["deps"] = kept
         if name == "params":
-            st["cmd"] = f"cp .params.src {params_file}"
+            st["cmd"] = "cp -r .params.src/. ."
             continue
         out = next(iter(st["outs"][0]))
         made = sorted({d for s in stages.values() for d in s.get("deps", []) if d.startswith(out + "/")})
@@ -194,10 +181,9 @@ def main() -> None:
         for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
             subprocess.run(cmd, cwd=tmp / "floor", check=True, capture_output=True, env=env(tmp, ""))
         lines = {"floor": len((tmp / "floor" / "dvc.lock").read_text().splitlines()),
-                 "before": build(tmp / "before", before, "params.effective.json", before_eff),
-                 "after": build(tmp / "after", yaml.safe_load(yaml.safe_dump(after)), "params_effective.json",
-                                after_eff),
-                 "split": build(tmp / "split", after, "params_effective.json", after_eff, split)}
+                 "before": build(tmp / "before", before, before_eff),
+                 "after": build(tmp / "after", yaml.safe_load(yaml.safe_dump(after)), after_eff),
+                 "split": build(tmp / "split", after, after_eff, split)}
         variants = {"floor": (tmp / "floor", "")}
         for lay in ("before", "after", "split"):
             variants[f"{lay}/pure-yaml"] = (tmp / lay, str(pure))

@@ -13,7 +13,7 @@ Prints p50/p99 latency per batch, examples/s, size and test quality per backend,
 Threads: one by default. On a machine shared beyond its cores, torch's OpenMP pool collapses with 2+ threads (its
 workers spin at barriers while preempted: a 4x256 forward went from 27 ms to 475 ms at 2 threads under load 16) and
 onnxruntime's pool much less, so multi-thread figures there measure the contention, not the backends.
-Targets (issue 11): int8 >= 2x torch fp32 examples/s at batch 32 with <= 1 point quality loss; student >= 2x teacher
+Targets: int8 >= 2x torch fp32 examples/s at batch 32 with <= 1 point quality loss; student >= 2x teacher
 at >= 95% of its primary metric.
 """
 

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from sweep_demo import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
+from common import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
 
 OUT = REPO / "bench" / "out"
 COMMON = ("tasks", "prepare", "base", "vocab")

@@ -1,4 +1,4 @@
-"""prepare, vocab and pretrain on generated corpora of growing size, through the CLI as a user runs them (issue 19).
+"""prepare, vocab and pretrain on generated corpora of growing size, through the CLI as a user runs them.
 
     python bench/bench_scale.py [--sizes 100 300 1000] [--workers 1 2] [--steps 20] [--dir DIR] [--no-datatrove]
 

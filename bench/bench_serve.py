@@ -120,7 +120,7 @@ def main() -> int:
     levels = [int(c) for c in a.concurrency.split(",")]
     payload = lambda i: {"text": TEXTS[i % len(TEXTS)]}  # noqa: E731
     rows = []
-    configs = [("bertpipe serve, batching on", a.batch), ("bertpipe serve, batching off", 1)]
+    configs = [("bertpipe models serve, batching on", a.batch), ("bertpipe models serve, batching off", 1)]
     for label, batch in configs:
         port = free_port()
         proc = start([str(BIN / "bertpipe"), "models", "serve", a.model, "--port", str(port), "--max-batch-size",

@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from common import run_cli, setup_project  # noqa: E402
+
 OUT = REPO / "bench" / "out"
 RECORDS = OUT / "sweep_demo.jsonl"
 
@@ -53,8 +55,8 @@ def ft(group: str, build: str, task: str, encoder: str, name: str = "", **sets) 
 
 
 T = "finetune.train."
-# ---- encoder builds: the old demo's (e0) and 2.5x the steps (e1)
-enc("enc", "e0")  # the old demo's 200 + 200 steps (its 120 s wall clock removed)
+# ---- encoder builds: 200 + 200 steps (e0) and 2.5x the steps (e1)
+enc("enc", "e0")  # base 200 steps, pretrain 200 steps, no wall-clock budget
 enc("enc1", "e1", base__max_steps=600, pretrain__max_steps=400)  # ~ the flow's budget for encoders
 # ---- finetune on e0: lr, data, epochs, precision per task (one finetune is one try). Overrides go to the task's
 # train_overrides, so a profile's own per-task overrides cannot silently win.
@@ -101,12 +103,6 @@ for task, caps in (("sentiment", (3000, 6000)), ("law_department", (6000, 12000)
                       {f"finetune.tasks.{task}.train_overrides.max_train_examples": n}))
 
 
-def _env(threads: int = 1) -> dict:
-    n = str(threads)
-    return dict(os.environ, OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, PYTHONPATH=str(REPO),
-                TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1")
-
-
 def reference_s() -> tuple[float, float]:
     """A fixed single-thread workload (a tiny transformer layer's forward+backward) timed here, so wall times taken
     under different load can be put on one scale."""
@@ -122,39 +118,20 @@ def reference_s() -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_cli(project: Path, args: list[str], sets: dict, log: Path, threads: int = 1) -> tuple[float, float, int]:
-    """Run `bertpipe ARGS --set k=v ...` in the project with `threads` intra-op threads; returns (wall s, CPU s of
-    this child alone, exit status). The child's own rusage (wait4), so runs in parallel threads do not mix."""
-    cmd = ["bertpipe", *args]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
-    t0 = time.perf_counter()
-    with open(log, "a") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, cwd=project, env=_env(threads), stdout=f, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, proc.returncode
-
-
-def setup_project(project: Path, raw: Path) -> None:
-    project.mkdir(parents=True, exist_ok=True)
-    text = (REPO / "params.yaml").read_text()
-    text = text.replace("raw: data/raw ", f"raw: {raw} ", 1)
-    (project / "params.yaml").write_text(text)
-    shutil.copy(REPO / "profiles.yaml", project / "profiles.yaml")
-
-
 def _work(project: Path, build: str) -> Path:
     return project / f"work_{build}"
+
+
+# an encoder build: the stages up to pretrain in graph order (prepare reads the task splits; vocab reads start's
+# decision), each alone
+STAGES = ("tasks", "prepare", "base", "start", "vocab", "pretrain")
 
 
 def build_encoder(project: Path, build: str, sets: dict, log: Path) -> dict:
     work = _work(project, build)
     sets = {"paths.work": str(work), **sets}
     rec: dict = {}
-    for stage in ("prepare", "base", "vocab", "pretrain"):
+    for stage in STAGES:
         wall, cpu, rc = run_cli(project, [stage], sets, log)
         if rc:
             raise SystemExit(f"{build}: bertpipe {stage} failed (see {log})")

@@ -354,14 +354,10 @@ def schedule_cmd(
         typer.echo("note: PREFECT_API_URL is not set; serving against a temporary local server. For a UI, run "
                    "`prefect server start --host 127.0.0.1` and export PREFECT_API_URL=http://127.0.0.1:4200/api",
                    err=True)
-    from bertpipe_prefect.flows.serve import serve
+    from bertpipe_prefect.flows.schedule import serve
 
     serve(params, profile, overrides, until, name)
 
-
-# `serve` was this command's name, which also meant the HTTP model server (`bertpipe models serve`): kept as an alias
-# for a release, hidden from the command list.
-app.command("serve", hidden=True, help="Alias of `bertpipe schedule` (deprecated: the name will go).")(schedule_cmd)
 
 
 @app.command("dvc-yaml", help="Write dvc.yaml (and stages/*/dvc.yaml, params_effective/) from the stage graph and "
@@ -423,11 +419,11 @@ def dvc_yaml_cmd(
     old = stale_root_locks(cfg.root, split)
     if old:  # the user's file: said, not edited. DVC reads a lock entry only for a stage of the dvc.yaml beside it,
         # and keeps entries it does not know when it rewrites the lock (dvc/dvcfile.py Lockfile.dump_stages)
-        typer.echo(f"note: dvc.lock still holds {', '.join(old)} from the one-file layout; DVC ignores it (and keeps "
-                   f"it): delete that entry from dvc.lock, or leave it")
+        typer.echo(f"note: dvc.lock still holds {', '.join(old)}, which has a dvc.yaml of its own under "
+                   f"{SPLIT_DIR}/; DVC ignores that entry (and keeps it): delete it from dvc.lock, or leave it")
     for name in OLD_EFFECTIVE:  # the user's tracked file: said, not deleted
         if (cfg.root / name).exists():
-            typer.echo(f"note: dvc.yaml no longer reads {name} (each stage depends on its file in {EFFECTIVE}/): "
+            typer.echo(f"note: dvc.yaml does not read {name} (each stage depends on its file in {EFFECTIVE}/): "
                        f"`git rm {name}`")
 
 

@@ -1,7 +1,7 @@
 """Device, precision and optimizer-group rules shared by every training stage (pretrain, base, finetune, distill,
 evaluate's and register's scoring), so they cannot drift apart.
 
-The precision policy (issue 20): native bf16 where the device has bf16 units (CUDA compute capability >= 8.0; a CPU
+The precision policy: native bf16 where the device has bf16 units (CUDA compute capability >= 8.0; a CPU
 with AVX512-BF16 or AMX), fp16 autocast + GradScaler on older GPUs (bf16 there is emulated:
 ``torch.cuda.is_bf16_supported()`` says yes on a T4 or V100, so it is not asked), fp32 elsewhere; TF32 matmuls on
 Ampere and later. ``choose_precision`` is a pure function of (request, capabilities) so the table is testable

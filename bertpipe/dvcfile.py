@@ -44,7 +44,7 @@ from bertpipe.pipeline import all_stages
 from bertpipe.stage import Stage
 
 EFFECTIVE = "params_effective"  # git-tracked folder: one <dvc stage>.json per stage (resolved params, code digest)
-OLD_EFFECTIVE = ("params_effective.json", "params.effective.json")  # its earlier forms, read as DVC params
+OLD_EFFECTIVE = ("params_effective.json", "params.effective.json")  # one-file forms dvc.yaml does not read: said
 CODE = "code"  # a stage file's key of its code digest
 DVCIGNORE = ("__pycache__/", "*.pyc")  # in .dvcignore when a code folder is a dep: bytecode is no code change
 SPLIT_DIR = "stages"  # the external stages' own dvc.yaml files: stages/<dvc stage name>/dvc.yaml
@@ -114,13 +114,19 @@ def _params_stage(cfg: Config) -> dict:
 
 
 def _dep(cfg: Config, p) -> str | None:
-    """An input as a dvc.yaml dep (relative to the project), or None for a hub id. Decided without looking at what
-    exists under work/: an input there is a stage's output, a dep whether or not it is built yet."""
+    """An input as a dvc.yaml dep, or None for a hub id. Decided without looking at what exists under work/: an input
+    there is a stage's output, a dep whether or not it is built yet. Relative to the project, except an input outside
+    it that params.yaml gives as an absolute path: that stays absolute, so dvc.yaml (and what DVC hashes) is the same
+    wherever the project is moved or copied to."""
     path, work = cfg.path(p).resolve(), cfg.work.resolve()
     if isinstance(p, str) and not (path == work or work in path.parents) and not Path(p).is_absolute() \
             and not path.exists():
         return None
-    return os.path.relpath(cfg.path(p), cfg.root)
+    rel = os.path.relpath(cfg.path(p), cfg.root)
+    spelled = Path(str(p).replace("{raw}", cfg.params.paths.raw)).expanduser()
+    if spelled.is_absolute() and rel.split(os.sep)[0] == os.pardir:
+        return str(cfg.path(p))
+    return rel
 
 
 def inputs_when_built(cfg: Config) -> dict[str, dict]:
@@ -215,8 +221,8 @@ def render_files(cfg: Config) -> dict[str, str]:
 
 
 def leftover_files(root: Path, generated: dict[str, str]) -> list[str]:
-    """Sub-files an earlier `bertpipe dvc-yaml` wrote (they start with its header) that the layout no longer has: a
-    stage that is no longer external would otherwise be defined twice."""
+    """Sub-files `bertpipe dvc-yaml` wrote (they start with its header) that the layout does not have: a stage that is
+    not external would otherwise be defined twice."""
     found = sorted((root / SPLIT_DIR).glob("*/dvc.yaml")) if (root / SPLIT_DIR).is_dir() else []
     rel = [p.relative_to(root).as_posix() for p in found]
     return [r for r in rel if r not in generated and (root / r).read_text(encoding="utf-8").startswith(HEADER)]
@@ -238,7 +244,8 @@ def refuse_foreign(root: Path, generated: dict[str, str]) -> None:
 
 
 def stale_root_locks(root: Path, names: list[str]) -> list[str]:
-    """Of ``names`` (stages now in a file of their own), those the root dvc.lock still holds (the one-file layout's)."""
+    """Of ``names`` (stages in a file of their own), those the root dvc.lock also holds (a dvc.yaml that held them
+    wrote them there)."""
     lock = root / "dvc.lock"
     if not lock.exists():
         return []

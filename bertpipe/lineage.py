@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-from bertpipe.start import KEY  # noqa: F401 (the model config key; imported from here by older callers)
+from bertpipe.start import KEY  # the model config key the lineage record is stored under
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from bertpipe import dvclock
 from bertpipe.config import Config, load_config
 from bertpipe.pipeline import all_stages, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from bertpipe_prefect.flows import artifacts
 from bertpipe_prefect.flows.knobs import Knobs
-# summary: flows.retrain and the CLI import it from here
-from bertpipe_prefect.flows.summary import stage_line, summary  # noqa: F401
+from bertpipe_prefect.flows.summary import stage_line, summary
 from bertpipe_prefect.tasks import cluster, parallel
 from bertpipe_prefect.tasks.env import prefect_env
 from bertpipe_prefect.tasks.stages import task_for, terminate_children
@@ -35,9 +35,6 @@ from bertpipe_prefect.tasks.stages import task_for, terminate_children
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
     return {name: upstream(name, cfg, stages) for name in stages}
-
-
-targets = until_targets  # one --until for every door (bertpipe.pipeline); the old name stays importable
 
 
 def _outcome(fut) -> tuple[str, dict | None]:
@@ -59,7 +56,7 @@ def domain_adaptation(
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)
     stages = all_stages(cfg)
-    graph = parallel.select(stage_graph(cfg, stages), targets(list(stages), until))
+    graph = parallel.select(stage_graph(cfg, stages), until_targets(list(stages), until))
     side_by_side = parallel.overlapping(graph, {n for n in graph if stages[n].light})
     workers, threads = parallel.plan(cfg.params.flow.max_parallel, max(1, len(side_by_side)))
     priority = parallel.remaining(graph)
@@ -107,6 +104,10 @@ def domain_adaptation(
         for n, (status, r) in outcomes.items():
             print(stage_line(n, status, stages[n].output(cfg)))
         futures[failed[0]].result()  # raises the first failure: the flow run fails with it
+    # in a DVC repo, dvc.lock records what the run built or found fresh, as `dvc commit` would (bertpipe.dvclock)
+    line = dvclock.record(cfg, [n for n, (status, _) in outcomes.items() if status in ("built", "cached")])
+    if line:
+        print(line)
     return results
 
 

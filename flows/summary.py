@@ -15,10 +15,8 @@ STATUSES = ("built", "cached", "skipped")
 
 
 def status_of(result: dict) -> str:
-    """A stage result's status; results from before statuses existed carry only ``skipped`` (= up to date)."""
-    if result.get("status") in STATUSES:
-        return result["status"]
-    return "cached" if result.get("skipped") else "built"
+    """A stage result's status: built, cached or skipped (a result that names none of them was built)."""
+    return result["status"] if result.get("status") in STATUSES else "built"
 
 
 def stage_line(name: str, status: str, out: Any) -> str:

@@ -24,8 +24,8 @@ python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" || python -m pip install -q "torch>=2.3,<3"
 # The rest with uv where it can be had: it downloads and unpacks in parallel (measured on 2 cores, a new venv, no
 # cache: 54 s against pip's 125 s). uv reads neither pip's config nor its torch cap, so the torch just installed is
-# pinned: a resolution that would replace it fails instead of downloading another build, and pip does the install
-# as before. A mirror set for pip (PIP_INDEX_URL or pip's global.index-url) is passed on.
+# pinned: a resolution that would replace it fails instead of downloading another build, and pip does the
+# install instead. A mirror set for pip (PIP_INDEX_URL or pip's global.index-url) is passed on.
 pin=$(mktemp)
 python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > "$pin"
 index=${UV_INDEX_URL:-${PIP_INDEX_URL:-$(python -m pip config get global.index-url 2>/dev/null || true)}}

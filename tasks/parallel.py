@@ -1,6 +1,6 @@
 """How the flow spends the machine's cores.
 
-Measured cause (issue 10): two finetunes in parallel child processes, each with torch's default intra-op threads
+Measured cause: two finetunes in parallel child processes, each with torch's default intra-op threads
 (= every core), plus the temporary Prefect server, ran ~6x slower on 2 cores than one finetune alone. So concurrent
 stages divide the cores: ``workers`` stages run at once, each with ``cores // workers`` threads, set before torch
 starts its pools (OMP_NUM_THREADS/MKL_NUM_THREADS in the child's environment). A stage the graph never lets overlap

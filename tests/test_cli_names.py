@@ -1,5 +1,5 @@
-"""Names that say one thing: `bertpipe schedule` is the cron deployment (`serve`, its old name, still works for a
-release); `bertpipe models serve` is the HTTP server. Quick: typer's runner, no Prefect started."""
+"""Names that say one thing: `bertpipe schedule` is the cron deployment, `bertpipe models serve` the HTTP server
+(no top-level `serve`). Quick: typer's runner, no Prefect started."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typer.testing import CliRunner
 from bertpipe.cli import app
 
 
-def test_schedule_is_the_cron_command_and_serve_its_alias():
+def test_schedule_is_the_cron_command_and_models_serve_the_http_server():
     runner = CliRunner()
     top = runner.invoke(app, ["--help"])
     assert top.exit_code == 0 and "schedule" in top.output
-    old = runner.invoke(app, ["serve", "--help"])
-    assert old.exit_code == 0 and "Alias of `bertpipe schedule`" in old.output and "--until" in old.output
+    sched = runner.invoke(app, ["schedule", "--help"])
+    assert sched.exit_code == 0 and "cron" in sched.output and "--until" in sched.output
+    assert runner.invoke(app, ["serve", "--help"]).exit_code != 0  # one name, one meaning
     http = runner.invoke(app, ["models", "serve", "--help"])
     assert http.exit_code == 0 and "HTTP" in http.output
 
@@ -24,8 +25,6 @@ def test_until_is_one_rule_for_every_door(tmp_path):
     res = CliRunner().invoke(app, ["schedule", "--params", str(tmp_path / "params.yaml"), "--until", "nosuch"])
     assert res.exit_code == 2 and "--until 'nosuch': not a stage of this pipeline" in res.output
     from bertpipe.pipeline import until_targets
-    from bertpipe_prefect.flows.domain_adaptation import targets
 
-    assert targets is until_targets
     assert until_targets(["prepare", "finetune/a/base", "finetune/a/adapted", "evaluate"], "finetune") == [
         "finetune/a/base", "finetune/a/adapted"]

@@ -1,4 +1,4 @@
-"""Issue 23.1: credentials in the tracking URI (``http://user:password@host``, in params.yaml or $MLFLOW_TRACKING_URI)
+"""Credentials in the tracking URI (``http://user:password@host``, in params.yaml or $MLFLOW_TRACKING_URI)
 reach no output: not stdout/stderr of `bertpipe run` / `register` / `config`, not the one error line when the server
 is down, not the files under the project (manifests, registry.json, reports, Prefect's database and logs), not the
 MLflow server's own store and artifacts. A real `mlflow server` on 127.0.0.1 (it ignores the basic-auth header, so

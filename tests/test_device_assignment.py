@@ -1,4 +1,4 @@
-"""Every GPU used (issue 20.1), tested without GPUs: the slot pool's device assignment as a pure function
+"""Every GPU used, tested without GPUs: the slot pool's device assignment as a pure function
 (N concurrent stages x M GPUs -> disjoint CUDA_VISIBLE_DEVICES), concurrent holders of a real pool getting disjoint
 sets, base/pretrain's process count, and `nproc` relaunching the stage under torchrun from the stage launcher."""
 

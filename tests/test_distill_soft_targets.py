@@ -1,7 +1,7 @@
-"""Distillation uses the teacher's soft targets for every task type (issue 20.6): through the finetune loop's
+"""Distillation uses the teacher's soft targets for every task type: through the finetune loop's
 backward step, the student's gradients differ between alpha 0 (hard labels only) and alpha 1 (teacher only), and at
-alpha 1 they are the gradients of the temperature-scaled KL to the teacher on the scored positions. Before the fix,
-the loop popped NER's labels and backpropagated its own hard-label loss: identical gradients at alpha 0 and 1."""
+alpha 1 they are the gradients of the temperature-scaled KL to the teacher on the scored positions (a loop that
+backpropagated its own hard-label loss, e.g. for NER, would give identical gradients at alpha 0 and 1)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
 - once the registry changes (a version and alias registered from outside), start asks MLflow again;
 - editing the active profile changes params_effective/prepare.json, and DVC reruns exactly the stages that read the
   changed key (prepare and what is below it, not tasks); the stage files hold resolved values, no profiles;
-- a `start` entry left in the root dvc.lock by the one-file layout: `bertpipe dvc-yaml` says so and leaves the file
-  alone, and DVC ignores the entry (`dvc status` and `dvc repro` see start's own lock only) and keeps it.
+- a `start` entry in the root dvc.lock (written by a dvc.yaml that held start): `bertpipe dvc-yaml` says so and
+  leaves the file alone, and DVC ignores the entry (`dvc status` and `dvc repro` see start's own lock only) and keeps it.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
 
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     lock["stages"]["start"] = yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]["start"]
-    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))  # as the one-file layout left it
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))  # a dvc.yaml that held start wrote this entry
     old = (root / "dvc.lock").read_bytes()
     assert "dvc.lock still holds start" in run(["bertpipe", "dvc-yaml"], root).stdout
     assert (root / "dvc.lock").read_bytes() == old

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from typer.testing import CliRunner
 
 from bertpipe.cli import app
@@ -118,7 +120,7 @@ def test_the_external_stages_have_files_of_their_own_and_check_compares_every_fi
 def test_a_start_entry_left_in_the_root_lock_is_said_and_kept(tmp_path, monkeypatch, sample_raw):
     params = write_project(tmp_path, sample_raw)
     lock = "schema: '2.0'\nstages:\n  params:\n    cmd: x\n  start:\n    cmd: bertpipe start\n"
-    (tmp_path / "dvc.lock").write_text(lock)  # as the one-file layout left it
+    (tmp_path / "dvc.lock").write_text(lock)  # a dvc.yaml that held start wrote this entry
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
     assert res.exit_code == 0 and "dvc.lock still holds start" in res.output, res.output
@@ -156,3 +158,26 @@ def test_the_committed_generated_files_are_what_this_install_generates(tmp_path,
     assert committed == {p for p in generated if p.startswith(f"{EFFECTIVE}/")}
     stale = [p for p, text in generated.items() if (REPO / p).read_text(encoding="utf-8") != text]
     assert not stale, f"{stale}: run `bertpipe dvc-yaml` (with the sample data in data/raw) and commit them"
+
+
+def test_a_run_records_dvc_lock_only_with_the_settings_dvc_yaml_describes(tmp_path, monkeypatch, sample_raw):
+    """What a run does with dvc.lock (bertpipe.dvclock; the run that records it: test_pipeline_e2e): nothing outside a
+    DVC repo; in one, a run whose --set moves a stage's resolved params leaves dvc.lock alone and says how to record
+    it, since dvc.yaml and params_effective/ describe the params file, not that run. An input outside the project
+    given as an absolute path stays absolute in dvc.yaml, so a moved project's dvc.yaml is current as it stands."""
+    import subprocess
+
+    from bertpipe import dvclock
+
+    cfg = load_config(write_project(tmp_path, sample_raw))
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(app, ["dvc-yaml"]).exit_code == 0
+    assert dvclock.record(cfg, ["tasks"]) is None  # no .dvc: not a DVC repo
+    subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, capture_output=True)
+    assert dvclock.out_of_date(cfg) == [] and dvclock.targets(cfg, ["tasks", "start"]) == [
+        "params", "tasks", "stages/start/dvc.yaml:start"]
+    line = dvclock.record(cfg.with_overrides(["prepare.dedup.threshold=0.8"]), ["tasks", "prepare"])
+    assert line.startswith("dvc.lock: left as it is: ") and "params_effective/prepare.json" in line, line
+    assert not (tmp_path / "dvc.lock").exists()
+    laws = str(sample_raw / "china_law" / "laws.db")  # params.yaml gives it absolute, outside the project
+    assert laws in yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]["tasks"]["deps"]

@@ -164,7 +164,7 @@ class Counting:
 
 @pytest.mark.slow
 def test_export_checks_score_each_backend_once(registered):
-    """Issue 20 (4): the export checks ran the whole test split twice per backend (raw outputs, then score)."""
+    """The export checks run the test split once per backend (raw outputs and scores from one pass)."""
     from types import SimpleNamespace
 
     from bertpipe.inference.backends import OrtModel, load_torch

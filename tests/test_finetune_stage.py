@@ -128,7 +128,7 @@ def test_documents_far_beyond_max_seq_len(project):
 
 def test_cmrc_format_fixture_trains_and_reports(tmp_path, zh_tokenizer_dir):
     enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
-    # Trained on synthetic SQuAD, scored on the CMRC fixture (training on the test file would now be dropped as leakage)
+    # Trained on synthetic SQuAD, scored on the CMRC fixture (training on the test file would be dropped as leakage)
     (tmp_path / "train.json").write_text(json.dumps(S.squad(16, seed=3), ensure_ascii=False), encoding="utf-8")
     (tmp_path / "params.yaml").write_text(
         f"""

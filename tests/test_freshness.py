@@ -57,7 +57,7 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
     after = expected(changed, stages)
     assert {n: f.state for n, f in after.items()} == {"a": "stale", "b": "stale", "c": "stale"}, after
     assert after["b"].reason == "upstream a stale" and after["c"].reason == "upstream b stale"
-    # Each on its own (the manifests on disk) b and c still look fresh: what `bertpipe stages` used to say.
+    # Each on its own (the manifests on disk) b and c look fresh: the upstream rule is what makes them stale.
     assert is_fresh(stages["b"], changed)[0] and is_fresh(stages["c"], changed)[0]
     # b's expected fingerprint is the one it gets once a is rebuilt.
     run_stage(stages["a"], changed, tracker_factory=NO_TRACKING)

@@ -220,7 +220,7 @@ def untagged_version(db: Path) -> str | None:
 
 @pytest.mark.slow
 def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_path, zh_tokenizer_dir):
-    """Issue 23.2: SIGKILL once the version row exists and before its fingerprint tag is set (found by polling the
+    """SIGKILL once the version row exists and before its fingerprint tag is set (found by polling the
     store, as the fault campaign did); the rerun finishes that version instead of registering the content again."""
     import sys
 
@@ -282,7 +282,7 @@ run_stage(register_stage(root / "ft" / "better"), load_config(root / "params.yam
 def test_register_killed_after_moving_the_champion_records_the_decision_it_made(tmp_path, zh_tokenizer_dir):
     """The fault campaign's case (a SIGTERM landed there in CI): killed once the champion alias moved to v2 and
     before the decision was written, the rerun saw "v2 is the champion already" and recorded that instead of v2's
-    promotion over v1, leaving v2 without its decision tags and card. The rerun now takes the verdict the killed
+    promotion over v1, leaving v2 without its decision tags and card. The rerun takes the verdict the killed
     attempt journaled."""
     from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
 

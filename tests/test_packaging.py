@@ -6,11 +6,14 @@ a user project's own flows/ and tasks/ packages (the cwd is first on sys.path) c
 - in a project that has its own flows/ and tasks/ (which leave a marker file when imported), the deployment
   `bertpipe schedule` serves has a module entrypoint that resolves to bertpipe's flow, and a real flow door
   (`python -m bertpipe_prefect.flows.domain_adaptation --until tasks`) runs bertpipe's flow; the project's packages are never imported.
+- installed from that wheel (not `-e`), a git+DVC project built by `dvc repro` and then moved keeps its stages
+  fresh for `bertpipe stages`, `dvc status`, `dvc repro` and the stage's own command.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e_project import REPO, copy_code, one_task, run, write_project
 
@@ -27,15 +31,22 @@ raise ImportError("the project's own {name}/ shadowed bertpipe's")
 """
 
 
-def test_wheel_installs_the_prefect_door_under_bertpipe_prefect(tmp_path):
-    src = tmp_path / "src"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """bertpipe's wheel, built from a copy of the repo."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     copy_code(src)
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / f, src / f)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
-                           "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+                           "-w", str(tmp / "dist")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("bertpipe-*.whl")
+    (built,) = (tmp / "dist").glob("bertpipe-*.whl")
+    return built
+
+
+def test_wheel_installs_the_prefect_door_under_bertpipe_prefect(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.startswith("bertpipe-")} == {"bertpipe", "bertpipe_prefect"}
     for f in ("bertpipe_prefect/flows/domain_adaptation.py", "bertpipe_prefect/tasks/stages.py",
@@ -54,7 +65,7 @@ def shadowing_project(root: Path, sample_raw: Path) -> Path:
 
 RESOLVE = """
 import inspect, json, os
-from bertpipe_prefect.flows.serve import deployment
+from bertpipe_prefect.flows.schedule import deployment
 from prefect.flows import load_flow_from_entrypoint
 dep = deployment("params.yaml", until="tasks")
 flow = load_flow_from_entrypoint(dep.entrypoint)
@@ -81,3 +92,46 @@ def test_a_project_s_own_flows_and_tasks_do_not_shadow_the_flow_door(tmp_path, s
                timeout=600)
     assert (root / "work" / "tasks" / "manifest.json").is_file(), proc.stdout[-2000:]
     assert not list(root.glob("imported-*")), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_project_moved_under_a_non_editable_install_keeps_its_stages_and_dvc_lock(wheel, tmp_path, sample_raw):
+    """bertpipe installed from its wheel (not `-e`: `pip install --target`, its `bertpipe` first on PATH and its
+    package first on PYTHONPATH), a git+DVC project that `dvc repro` built a stage of, then moved: in its new place
+    dvc.yaml is current, `bertpipe stages` calls the stage fresh, `dvc status` does not list it, `dvc repro` runs
+    nothing and the stage's command finds its output fresh. DVC tracks no code folder (the code is not the
+    project's); the stage's fingerprint carries the code's digest, the same as a checkout's."""
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    env = {**os.environ, "PATH": f"{site / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site),
+           "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(tmp_path / "dvc-site"),
+           "PREFECT_HOME": str(tmp_path / "prefect")}
+
+    def sh(cmd: list[str], root: Path) -> str:
+        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{cmd}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    root = write_project(tmp_path / "proj", sample_raw, {"finetune": one_task()}).parent
+    probe = "import bertpipe, bertpipe_prefect.flows as f; print(bertpipe.__file__, *f.__path__)"
+    assert sh([sys.executable, "-c", probe], root).split() == [
+        str(site / "bertpipe" / "__init__.py"), str(site / "bertpipe_prefect" / "flows")]
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["bertpipe", "dvc-yaml"], ["dvc", "repro", "tasks"]):
+        sh(cmd, root)
+    dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert dvc_yaml["params"]["deps"] == ["params.yaml"], dvc_yaml["params"]  # no code folder in the project
+    fp = json.loads((root / "work" / "tasks" / "manifest.json").read_text())["fingerprint"]
+
+    moved = tmp_path / "elsewhere" / "proj"
+    moved.parent.mkdir()
+    root.rename(moved)
+    assert "are current" in sh(["bertpipe", "dvc-yaml", "--check"], moved)
+    states = {ln.split()[0]: ln.split()[1] for ln in sh(["bertpipe", "stages"], moved).splitlines() if ln.strip()}
+    assert states["tasks"] == "fresh", states
+    status = json.loads(sh(["dvc", "status", "--json"], moved) or "{}")
+    assert "tasks" not in status and "params" not in status, status
+    assert "Running stage" not in sh(["dvc", "repro", "tasks"], moved)
+    assert "cached" in sh(["bertpipe", "tasks"], moved)
+    assert json.loads((moved / "work" / "tasks" / "manifest.json").read_text())["fingerprint"] == fp

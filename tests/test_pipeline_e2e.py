@@ -175,11 +175,16 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
 
 
-def test_dvc_yaml_is_the_same_after_a_run(project):
+def test_dvc_yaml_is_the_same_after_a_run_and_dvc_status_agrees_with_the_cli(project):
     """dvc.yaml is a function of the config, never of what work/ holds: byte-identical after the run, and --check
-    passes."""
+    passes. The run recorded dvc.lock as `dvc commit` does, so right after it `dvc status` reports nothing to do but
+    start (DVC's "always changed": it asks the registry every repro), where `bertpipe stages` says all fresh."""
     assert (project / "dvc.yaml").read_bytes() == (project / "dvc.yaml.before").read_bytes()
     assert "are current" in run(["bertpipe", "dvc-yaml", "--check"], project).stdout
+    assert set(stage_states(project).values()) == {"fresh"}, stage_states(project)
+    status = json.loads(run(["dvc", "status", "--json"], project).stdout)
+    assert status == {"stages/start/dvc.yaml:start": ["always changed"]}, status
+    assert any("dvc.lock: recorded" in (project / f"first-{i}.log").read_text() for i in range(2))
 
 
 LONG = {"fill-mask": "今天[MASK]气。" + "很好" * 300, "token-classification": "张三在北京大学工作。" * 44}
@@ -224,14 +229,13 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     dag = run(["dvc", "dag"], project).stdout
     for stage in ("prepare", "base", "vocab", "pretrain", "evaluate", "register"):
         assert stage in dag
-    first = run(["dvc", "repro"], project)
-    assert "Running stage 'prepare'" in first.stdout
-    # Every stage was already fresh by fingerprint, so the CLI skipped the work: each command says cached.
-    said = [ln.split()[:2] for ln in first.stdout.splitlines() if ln.split()[1:2] in (["built"], ["cached"])]
-    assert len(said) >= 6 and {s for _, s in said} == {"cached"}, first.stdout
+    # A stage DVC runs whose output is fresh by fingerprint: the command skips the work and says cached.
+    forced = run(["dvc", "repro", "--force", "--single-item", "prepare"], project)
+    said = [ln.split()[:2] for ln in forced.stdout.splitlines() if ln.split()[1:2] in (["built"], ["cached"])]
+    assert said == [["prepare", "cached"]], forced.stdout
     second = run(["dvc", "repro"], project)
-    # Only start runs again (always_changed: DVC asks the registry every repro, cheaply: bertpipe.start.stage); its
-    # answer and file did not change, so nothing below it runs.
+    # The runs recorded dvc.lock: only start runs (always_changed: DVC asks the registry every repro, cheaply:
+    # bertpipe.start.stage); its answer and file did not change, so nothing below it runs.
     # (start lives in its own file, stages/start/dvc.yaml, so DVC rewrites its small lock, not the root dvc.lock)
     assert re.findall(r"Running stage '([^']+)'", second.stdout) == ["stages/start/dvc.yaml:start"], second.stdout
     # The CLI agrees with DVC: every stage is fresh. A register param then stales register alone for both doors.

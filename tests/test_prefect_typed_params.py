@@ -22,7 +22,7 @@ from bertpipe.config import load_config
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import fingerprint, read_manifest
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
-from bertpipe_prefect.flows.serve import deployment
+from bertpipe_prefect.flows.schedule import deployment
 
 dep_id = deployment("params.yaml", until="tasks", name=sys.argv[1]).apply()
 state = domain_adaptation("params.yaml", None, [], "tasks", knobs={"finetune_max_train_examples": 100000},

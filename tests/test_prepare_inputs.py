@@ -136,7 +136,7 @@ def test_per_line_encoding_reads_each_line_right(tmp_path):
     docs = list(ing.documents([SourceParams(path=str(p), encoding="per-line")], "domain"))
     assert [d["text"] for d in docs] == GBK[:30] + UTF8 + GBK[30:]
     assert ing.counts["gb18030_lines"] == 40
-    # one encoding throughout still reads as before, in chunks as small as a line
+    # one encoding throughout reads the same in chunks as small as a line
     for enc, lines in (("gbk", GBK), ("utf-8", UTF8)):
         data = ("\r\n".join(lines) + "\r\n").encode(enc)
         assert list(text_lines(io.BytesIO(data), "y.txt", chunk_bytes=64)) == [*lines, ""]

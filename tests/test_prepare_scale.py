@@ -17,7 +17,7 @@ from tests.gen_prepare import generate
 ROOT = Path(__file__).resolve().parents[1]
 MB = 90
 # The in-memory path (main at abf3c0b) peaked at 417 MB on a 45 MB corpus in this harness, 959 MB at 154 MB
-# (growing ~5 MB per corpus MB; 2.84 GB at 116 MB of shorter documents, issue 19): ~640 MB at 90 MB. Streaming stays
+# (growing ~5 MB per corpus MB; 2.84 GB at 116 MB of shorter documents): ~640 MB at 90 MB. Streaming stays
 # near its fixed cost, which depends on the environment more than on the corpus: 288-293 MB at 45 MB in a long-lived
 # venv, 327-346 MB in CI's fresh clone (same package versions), 304 MB at 154 MB. At 45 MB a 340 MB bound sat between
 # the two with a few MB to spare and failed CI twice; at 90 MB the bound has ~130 MB above streaming's worst seen and

@@ -98,7 +98,7 @@ def test_headless_checkpoint_gets_fresh_head(tmp_path, minilm_dir):
     out = tmp_path / "work" / "pretrain"
     assert "fresh MLM head" in (out / "report.md").read_text()
     model, info = AutoModelForMaskedLM.from_pretrained(out / "model", output_loading_info=True)
-    assert not [k for k in info["missing_keys"] if "decoder.weight" not in k]  # the head is saved now
+    assert not [k for k in info["missing_keys"] if "decoder.weight" not in k]  # the head is saved
     encoder = AutoModelForMaskedLM.from_pretrained(minilm_dir)  # the body was trained, not replaced
     a = model.bert.encoder.layer[0].attention.self.query.weight
     b = encoder.bert.encoder.layer[0].attention.self.query.weight

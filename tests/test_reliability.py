@@ -1,4 +1,4 @@
-"""Faults a user meets on a real project (issue 23, "not yet tried"): the MLflow sqlite store held locked by another
+"""Faults a user meets on a real project: the MLflow sqlite store held locked by another
 process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes
 (each a fork of one warm interpreter: tests/forkcli.py), real signals, real sqlite locks, a real tmpfs. (Two
 `bertpipe run` at once in one project, each stage built by one of them: tests/test_pipeline_e2e.py, on the whole

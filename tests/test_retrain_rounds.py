@@ -3,7 +3,7 @@
 (`bertpipe schedule`). The added file lands in the drop dir versioned by DVC, every earlier registry version
 survives with its tags and each retrained model gets one more, token ids never move, round two adds new words, the
 scheduled run rebuilds and registers nothing, tasks the new data does not touch are not finetuned again, and every
-decision is recorded. (The one test of the retrain path: test_pipeline_e2e no longer retrains.)
+decision is recorded. (The one test of the retrain path.)
 
 Tiny settings throughout (one task, a 1-layer model, a few hundred articles): this is the most expensive test of
 the retrain path, so it is one test.

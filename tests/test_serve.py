@@ -334,9 +334,9 @@ def test_overload_and_a_killed_worker_get_503_and_sigterm_finishes_in_flight(reg
         refused = [a for a in answers if a[0] == 503]
         assert all(a[2].get("retry-after") or a[2].get("Retry-After") for a in refused)
         assert svc.get("/health")[1]["rejected"] >= len(refused)
-        # Issue 23 (6): SIGKILL the inference worker while it holds a request (waiting 3 s for company): that
+        # SIGKILL the inference worker while it holds a request (waiting 3 s for company): that
         # request gets 503 + Retry-After at once instead of hanging; so do new ones until the restarted worker is
-        # ready; then the service answers again (it used to log "Worker died; shutting down" and exit).
+        # ready; then the service answers again (it neither exits nor stays down).
         # (Hanging would mean serve.request_timeout_s, 60 s; the bound leaves room for a loaded machine.)
         with cf.ThreadPoolExecutor(1) as ex:
             held = ex.submit(svc.predict, "很好", 50)
@@ -401,7 +401,7 @@ def test_mlflow_models_serve_answers_the_champion(registry):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             out = json.loads(r.read())
-        # the second text is past the 64 positions: truncated by the flavor's model_config (issue 23 (11))
+        # the second text is past the 64 positions: truncated by the flavor's model_config
         assert r.status == 200 and [p["label"] in ("neg", "pos") for p in out["predictions"]] == [True, True], out
     finally:
         proc.terminate()
@@ -447,7 +447,7 @@ def test_no_request_can_break_another(registry):
         finally:
             for s in slow:
                 s.close()
-        # Issue 22 (5): a list of texts in one request, answered in order; typed schema; metrics; version in /info.
+        # A list of texts in one request, answered in order; typed schema; metrics; version in /info.
         served = svc.get("/health")[1]["version"]  # the champion (an earlier test of this module may promote v2)
         status, out, _ = svc.request("POST", "/predict", json.dumps({"text": ["很好很好", "太坏了"]}).encode())
         assert status == 200 and out["version"] == served and len(out["predictions"]) == 2, out
@@ -533,8 +533,8 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
 
 @pytest.mark.slow
 def test_champion_truncates_long_text_however_it_is_loaded(registry):
-    """Issue 23 (11): the README's pyfunc call on a text past the 64-position table used to raise a size mismatch.
-    Every way of loading the transformers-flavor champion now truncates it as `models predict` does (head)."""
+    """The README's pyfunc call on a text past the 64-position table: every way of loading the transformers-flavor
+    champion truncates it as `models predict` does (head), with no size mismatch."""
     from bertpipe.config import load_config
     from bertpipe.inference.predictor import Predictor
     from bertpipe.registry.files import local_version

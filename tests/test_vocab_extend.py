@@ -71,7 +71,7 @@ def test_longest_match_and_case(ext):
 
 @pytest.mark.parametrize("text", TRICKY)
 def test_everything_else_tokenises_as_before(base, ext, text):
-    # Characters that made a word [UNK] before now split into pieces; everything else must not move.
+    # Characters that made a word [UNK] in the base vocab split into pieces; everything else must not move.
     norm = base.backend_tokenizer.normalizer.normalize_str
     new_chars = {f.removeprefix("##") for f, _ in unk_forms(TRICKY, base, 1)}
     clean = "".join(c for c in text if not (set(norm(c).strip()) & new_chars))

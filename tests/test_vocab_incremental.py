@@ -84,7 +84,7 @@ def test_extension_removes_unknown_characters_and_reports_them_per_character(bas
 
 
 def test_per_token_unk_rate_rises_when_words_shrink_the_token_count(base):
-    # The retrain's "UNK went up" (1.31e-4 -> 1.83e-4): same unknown characters, fewer tokens. The stage now
+    # The retrain's "UNK went up" (1.31e-4 -> 1.83e-4): same unknown characters, fewer tokens. The stage
     # reports unknown characters per character, which cannot rise when the vocabulary only grows.
     texts = ["当事人向人民法院请求支付违约金，合同法另有规定的除外。㸃"] * 5
     ext = extend_tokenizer(base, ROUND1_WORDS)

@@ -6,7 +6,8 @@ import pytest
 
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab.extend import load_tokenizer
-from bertpipe.vocab.mining import GlossaryTerm, is_cjk_word, mine, read_glossary, unk_forms
+from bertpipe.vocab.count import is_cjk_word
+from bertpipe.vocab.mining import GlossaryTerm, mine, read_glossary, unk_forms
 from bertpipe.vocab.params import VocabParams
 from tests.test_vocab_helpers import legal_texts
 

@@ -86,7 +86,7 @@ def assign_split_codes(
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     # A component is named by its smallest group string, so its position does not depend on document order. Every
     # per-component quantity below is a numpy array, not a dict or list of Python objects: at a million components
-    # those held ~450 MB in prepare's parent (docs/scale.md, stop 29).
+    # those held ~450 MB in prepare's parent (docs/scale.md).
     ncomp = int(labels.max()) + 1
     first_rank = np.full(ncomp, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_rank, labels, group_rank[group_codes])

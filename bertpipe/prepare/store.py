@@ -79,7 +79,7 @@ class Store:
             del a
         # Written row by row through a file, not filled through a map of the whole: every page of a map that is
         # touched counts in this process's RSS until it is unmapped, which at 1 GB put the LSH band keys twice
-        # (parts and whole, ~270 MB) into prepare's parent (docs/scale.md, stop 29).
+        # (parts and whole, ~270 MB) into prepare's parent (docs/scale.md).
         header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (*lead, sum(widths))}
         with open(joined, "wb") as fh:
             np.lib.format.write_array_header_1_0(fh, header)

@@ -31,7 +31,7 @@ from bertpipe.scoring.fair_mlm import has_mlm_head
 from bertpipe.stage import StageContext, read_manifest, write_json
 
 VERSION = "2"
-# Kept importable under their old names (h7 and tests use them).
+# the model card's pipeline task and input example, for the registered model
 pipeline_task, input_example = C.pipeline_task, C.input_example
 
 
@@ -197,7 +197,7 @@ def _register(ctx: StageContext, mlflow, client, c: Candidate) -> None:
 
 def _training_run(client, c: Candidate) -> str | None:
     """The MLflow run of the stage that trained ``c`` (its output's manifest), if it is in this store: the version
-    is logged from it, so the registry leads to the training params, curves and data (issue 22.3)."""
+    is logged from it, so the registry leads to the training params, curves and data."""
     run_id = (read_manifest(c.ft_dir if c.ft_dir is not None else c.model_dir.parent) or {}).get("mlflow_run_id")
     if not run_id:
         return None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.stage import write_json
-from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split  # noqa: F401 (task_params: old home)
+from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split
 from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
 from bertpipe.training import taskfiles as D
 from bertpipe.training.params import TaskParams, TrainParams

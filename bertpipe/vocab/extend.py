@@ -32,7 +32,7 @@ from tokenizers import AddedToken
 
 from bertpipe import families
 from bertpipe.errors import BertpipeError
-from bertpipe.vocab.mining import is_cjk_word
+from bertpipe.vocab.count import is_cjk_word
 
 
 def load_tokenizer(src: Path | str):

@@ -13,7 +13,6 @@ from typing import Iterable, Sequence
 from bertpipe import families
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import count
-from bertpipe.vocab.count import is_cjk_char, is_cjk_word  # noqa: F401 (their home before count.py)
 
 # Multi-character function words that are frequent everywhere and carry no domain meaning.
 STOPWORDS_ZH = frozenset(

@@ -1,4 +1,4 @@
-"""`bertpipe serve`: a Prefect deployment of domain_adaptation on a cron schedule from params (``flow.cron`` in
+"""`bertpipe schedule`: a Prefect deployment of domain_adaptation on a cron schedule from params (``flow.cron`` in
 ``flow.timezone``), served by this long-running process, and also triggered when new files land in ``flow.drop_dir``.
 
 New data: a watcher thread in this process polls the drop dir and, for files it has not seen (by name, size and
