@@ -88,8 +88,8 @@ class Stacked:
 
 def task_splits(project: Path, params_sets: dict, task: str):
     """The capped train and test splits exactly as the `tasks` stage materialises them for finetune."""
-    from bertpipe.config import load_config
-    from bertpipe.taskdata.stage import materialise
+    from bertpipe.pipeline import load_config
+    from bertpipe.splits.stage import materialise
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in params_sets.items()])
     fp = cfg.params.finetune
@@ -195,10 +195,10 @@ def summarise_task(task: str, ttype: str, encoders: list[str], seeds: list[int],
 def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
     """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
     reports), with a paired bootstrap interval over windows, and register's gate score for each."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.evaluate.encoder_gate import encoder_gate_score
     from bertpipe.evaluate.fair_mlm import compare_encoders, test_texts
-    from bertpipe.pipeline import adapted_model, base_model, corpus_dir
+    from bertpipe.layout import adapted_model, base_model, corpus_dir
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
     e = cfg.params.evaluate
@@ -292,7 +292,7 @@ def main() -> None:
     times: dict = {}
     t_start = time.perf_counter()
     # tasks first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/tasks
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
 
     cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
     encoders = list(cfg.params.finetune.encoders)

@@ -72,7 +72,7 @@ for f in sys.argv[2:]:
 
 def split_names(raw: Path) -> list[str]:
     """The stages `bertpipe dvc-yaml` puts in a file of their own (stages/<name>/dvc.yaml)."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.dvcfile import dvc_files, split_stages
 
     return split_stages(dvc_files(load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])))
@@ -82,7 +82,7 @@ def layouts(raw: Path) -> tuple[dict, dict, str, str]:
     """(after dvc.yaml, before dvc.yaml, after params file text, before params file text), commands not replaced."""
     import json
 
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.dvcfile import CODE, EFFECTIVE, LEGACY_EFFECTIVE, dvc_stage_name, dvc_yaml, render_effective
     from bertpipe.pipeline import all_stages
 

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.config import load_config  # noqa: E402
+from bertpipe.pipeline import load_config  # noqa: E402
 from bertpipe.evaluate import baselines as BL  # noqa: E402
 from bertpipe.evaluate import bootstrap as B  # noqa: E402
 from bertpipe.evaluate import fair_mlm as F  # noqa: E402
@@ -159,9 +159,9 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.pipeline import evaluate_stage
+    from bertpipe.evaluate.declare import evaluate_stage
     from bertpipe.stage import run_stage, write_json
-    from bertpipe.taskdata import SPLITS_JSON, write_split
+    from bertpipe.tasklib import SPLITS_JSON, write_split
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -34,7 +34,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.config import load_config  # noqa: E402
+from bertpipe.pipeline import load_config  # noqa: E402
 from bertpipe.export.onnx import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
 from bertpipe.export.speed import batched, dir_size, time_calls  # noqa: E402
 from bertpipe.finetune import synthetic as S  # noqa: E402
@@ -107,13 +107,13 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
     from bertpipe.finetune import heads as H
 
     teacher_dir = root / "work" / "finetune" / task / "adapted" / "model"
     student_dir = root / "work" / "distill" / task / "model"
     exp_t, exp_s = root / "work" / "export" / task, root / "work" / "export" / f"{task}-student"
-    p, tp = task_params(cfg, task)
+    p, tp = task_settings(cfg, task)
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
     exs = task_examples(cfg, task)["test"]
     labels = model_labels(teacher_dir)

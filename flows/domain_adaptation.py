@@ -20,7 +20,9 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from bertpipe.config import Config, load_config
+from bertpipe.config import Config
+
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run

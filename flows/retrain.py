@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from bertpipe.config import load_config
 from bertpipe.incoming import add_files, drop_dir
+from bertpipe.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.summary import summary
 from bertpipe_prefect.tasks.env import prefect_env
@@ -45,9 +45,10 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
     results = domain_adaptation(params, profile, overrides)
     from bertpipe.layout import base_model
-    from bertpipe.start import describe, read_start, start_file
+    from bertpipe.start import describe
 
     # What the start stage decided in this run (it asked the registry; this door asks nothing itself).
+    from bertpipe.layout import read_start, start_file
     cfg = load_config(params, profile, overrides)
     rec = read_start(start_file(cfg))
     if rec is not None:

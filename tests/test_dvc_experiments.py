@@ -58,7 +58,7 @@ STAGES = ("tasks", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluat
 PROBE = "bertpipe/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
 KEYS = """
 import json
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.freshness import expected
 from bertpipe.pipeline import all_stages
 from bertpipe_prefect.tasks.stages import cache_key
@@ -132,7 +132,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
 
 
 def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(project):
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
 
     before = fingerprints(project)
     scores0 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
@@ -260,7 +260,7 @@ def test_a_code_change_stales_its_stage_and_dependants_only(project):
       `dvc repro params` it reports vocab and no other stage (DVC reruns what is below at `dvc repro` time, once
       vocab's output changes). A comment edit (the digest is of the syntax tree) leaves every stage but `params`
       unchanged."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import all_stages, upstream
 
     root = project

@@ -15,7 +15,7 @@ import json
 from typer.testing import CliRunner
 
 from bertpipe.cli import app
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, OLD_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
                               effective_file, effective_files, render_effective, render_files)
 from bertpipe.pipeline import all_stages

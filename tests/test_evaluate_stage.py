@@ -12,13 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.evaluate.stage import compare, interval, verdict
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage, tasks_stage
+from bertpipe.evaluate.declare import evaluate_stage
+from bertpipe.layout import finetune_pairs
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage, write_json
-from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS_JSON, read_task
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -159,7 +163,7 @@ def test_report_base_vs_adapted(project):
     cfg = load_config(project / "params.yaml")
     with pytest.raises(BertpipeError, match="finetune"):  # nothing finetuned yet
         run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and the baselines read
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and the baselines read
     for t, e in finetune_pairs(cfg):
         run_stage(finetune_stage(t, e), cfg, tracker_factory=NO_TRACKING)
     res = run_stage(evaluate_stage(), cfg)  # the real MLflow store under state/

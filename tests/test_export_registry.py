@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import run_stage

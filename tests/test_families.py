@@ -240,7 +240,7 @@ def chain_root(tmp_path_factory, sample_raw):
 
 
 def _run_chain(root: Path, family: str, family_dir: Path) -> dict:
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import all_stages
     from bertpipe.stage import run_stage
 

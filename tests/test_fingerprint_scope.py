@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bertpipe import codeid
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.freshness import expected
 from bertpipe.pipeline import all_stages, upstream
 

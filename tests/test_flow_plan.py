@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages, upstream
 from bertpipe_prefect.tasks import parallel
 from tests.e2e_project import write_project

@@ -163,7 +163,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     assert leftovers(killed) == [], log
     assert not list((killed / ".bertpipe" / "open-runs").glob("*.json"))
 
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client, experiment_id
 
     cfg = load_config(killed / "params.yaml")
@@ -177,7 +177,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
 REGISTER_CHILD = """
 import sys
 from pathlib import Path
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage
 root = Path(sys.argv[1])
@@ -262,7 +262,7 @@ KILLED_AFTER_CROWNING = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register (a fork's sys.path is the server's)
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.register import stage as register
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage

@@ -23,7 +23,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, \
     FlowRunFilterId, LogFilter, LogFilterFlowRunId
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages
 from bertpipe_prefect.flows import artifacts
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = r"""
 import json, sys
 from prefect.client.orchestration import get_client
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import fingerprint, read_manifest
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation

@@ -12,12 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import read_task, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import read_task
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 

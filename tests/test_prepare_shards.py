@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import prepare_stage
+from bertpipe.prepare.declare import prepare_stage
 from bertpipe.prepare.corpus import prepare_corpus
 from bertpipe.prepare.dedup import normal_form
 from bertpipe.prepare.exclude import EvalTexts

@@ -136,7 +136,7 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
 
     # MLflow: the stage's run says it restarted and where it resumed; the killed attempt's run is closed as KILLED
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client
 
     c = client(load_config(str(two / "params.yaml")))

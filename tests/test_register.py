@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune.data import Example
 from bertpipe.register import stage as register
 from bertpipe.stage import Stage, run_stage, write_json
-from bertpipe.taskdata import write_split
+from bertpipe.tasklib import write_split
 
 LABELS = ["neg", "pos"]
 POS = ["这个产品很好", "质量很好", "服务好", "好用", "非常好", "很好很满意", "真好", "好极了"]
@@ -80,7 +80,7 @@ def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[d
 
     from bertpipe.finetune import heads as H
     from bertpipe.finetune.params import TaskParams, TrainParams
-    from bertpipe.taskdata import read_split
+    from bertpipe.tasklib import read_split
 
     tp, trp = TaskParams.model_validate(task_params()), TrainParams()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -127,7 +127,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
     """The register stage over hand-made finetune outputs: the graph's finetune stages, output dirs replaced."""
     from dataclasses import replace
 
-    from bertpipe.pipeline import finetune_stage
+    from bertpipe.finetune.declare import finetune_stage
 
     def sources(c):
         return {f"finetune/{t}": replace(finetune_stage(t, "adapted"), output=lambda _c, ft=ft: ft)
@@ -144,7 +144,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
 def write_baselines(root: Path, task: str = "sentiment") -> float:
     """work/evaluate/metrics.json with the majority-class baseline computed on the task's test split."""
     from bertpipe.evaluate.metrics import classification_metrics
-    from bertpipe.taskdata import read_split
+    from bertpipe.tasklib import read_split
 
     gold = [e.label for e in read_split(root / "work" / "tasks" / task / "test.jsonl")]
     majority = Counter(gold).most_common(1)[0][0]

@@ -49,7 +49,7 @@ def register_project(root: Path, tok: Path) -> None:
 def test_register_waits_for_an_mlflow_store_another_process_holds_locked(tmp_path, zh_tokenizer_dir):
     """Before: pysqlite gave up after 5 s and register died with an `OperationalError: database is locked`
     traceback. Now it says it is waiting, waits, and registers once the lock is gone."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client
 
     root = tmp_path / "proj"
@@ -119,7 +119,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def no_running_runs(root: Path) -> list[str]:
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client, experiment_id
 
     cfg = load_config(root / "params.yaml")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages
 from bertpipe.samples import SAMPLES, _download, fetch_samples
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import SPLITS, read_task, split_info, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS, read_task, split_info
 from tests.e2e_project import REPO
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

@@ -535,7 +535,7 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
 def test_champion_truncates_long_text_however_it_is_loaded(registry):
     """Issue 23 (11): the README's pyfunc call on a text past the 64-position table used to raise a size mismatch.
     Every way of loading the transformers-flavor champion now truncates it as `models predict` does (head)."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.export.infer import Predictor
     from bertpipe.register.artifacts import local_version
     from bertpipe.tracking import fluent_mlflow

@@ -20,12 +20,12 @@ import sys
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.freshness import expected
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import read_manifest, run_stage
-from bertpipe.start import read_start, start_dir, start_file
+from bertpipe.layout import read_start, start_dir, start_file
 from tests.test_fingerprint_scope import REPO, finish
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

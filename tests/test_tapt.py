@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages, export_stage, tapt_stage
+from bertpipe.pipeline import all_stages
+from bertpipe.export.declare import export_stage
+from bertpipe.pretrain.tapt.declare import tapt_stage
 from bertpipe.pretrain.tapt.corpus import tapt_corpus
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import Example, read_split, write_split
+from bertpipe.tasklib import Example, read_split, write_split
 
 torch.set_num_threads(1)
 NO_TRACKING = {"tracker_factory": lambda *a: contextlib.nullcontext()}

@@ -54,7 +54,7 @@ def build(ctx, task: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
     from bertpipe.evaluate.metrics import PRIMARY
@@ -66,7 +66,7 @@ def build(ctx, task: str) -> dict:
     from bertpipe.stage import write_json
 
     dp = ctx.params
-    p, tp = task_params(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
+    p, tp = task_settings(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
     stp = with_overrides(tp, dp.train_overrides)
     if stp.num_threads:
         torch.set_num_threads(stp.num_threads)
@@ -75,7 +75,7 @@ def build(ctx, task: str) -> dict:
     if not (teacher_dir / "config.json").is_file():
         raise BertpipeError(f"distill/{task}: no finetuned teacher at {ctx.inputs['teacher']}/model")
     counts: Counter = Counter()
-    data = task_examples(ctx.cfg, task, counts)
+    data = task_examples(ctx.cfg, task)
     labels = model_labels(teacher_dir)
     label2id = {lab: i for i, lab in enumerate(labels)}
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))

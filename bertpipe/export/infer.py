@@ -25,21 +25,21 @@ META_KEYS = ("truncation", "head_tokens", "stride", "window_aggregate", "label_a
 
 def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
     """What inference needs besides the weights: task type, labels and the task's long-text handling."""
-    from bertpipe.distill.data import model_labels
+    from bertpipe.tasklib import model_labels
     from bertpipe.export.onnx import model_kind
 
     if task is None:
         return {"type": model_kind(model_dir), "labels": [], "max_seq_len": 128}
-    from bertpipe.distill.data import task_params
+    from bertpipe.tasklib import task_settings
 
-    p, tp = task_params(cfg, task, model_dir)
+    p, tp = task_settings(cfg, task, model_dir)
     return {"task": task, "type": p.type, "labels": model_labels(model_dir), "max_seq_len": tp.max_seq_len,
             **{k: getattr(p, k) for k in META_KEYS}}
 
 
 def meta_from_config(model_dir: Path) -> dict:
     """A task.json for a model exported without one: type and labels from its config, default long-text handling."""
-    from bertpipe.distill.data import model_labels
+    from bertpipe.tasklib import model_labels
     from bertpipe.export.onnx import model_kind
 
     conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))

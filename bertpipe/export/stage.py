@@ -34,13 +34,13 @@ def _max_diff(a: list, b: list) -> float:
 def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from transformers import AutoTokenizer
 
-    from bertpipe.distill.data import model_labels, task_examples, task_params
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
     from bertpipe.evaluate.metrics import PRIMARY
     from bertpipe.finetune import data as D
     from bertpipe.finetune import heads as H
 
     ep = ctx.params
-    p, tp = task_params(ctx.cfg, task, model_dir, ctx.log)
+    p, tp = task_settings(ctx.cfg, task, model_dir, ctx.log)
     exs = task_examples(ctx.cfg, task)["test"]
     exs = D.cap(exs, ep.max_examples, p.split_seed) if ep.max_examples else exs
     if not exs:

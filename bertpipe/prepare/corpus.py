@@ -316,7 +316,7 @@ VERIFY_PAIRS = 4096  # candidate pairs checked at a time against the true Jaccar
 def _verified(texts: list[str], pairs: np.ndarray, ngram: int) -> np.ndarray:
     """``pair_jaccard`` of ``pairs``, ``VERIFY_PAIRS`` at a time: the n-gram hashes and sets (~16 bytes a character)
     then stay bounded however many candidates a corpus has, instead of growing with its duplicates (docs/scale.md,
-    stop 29). Chunked here, not in ``dedup``: the tasks stage uses that module too, and its code digest stays put."""
+    stop 29). Chunked here, not in ``dedup``: the splits stage uses that module too, and its code digest stays put."""
     out = np.zeros(len(pairs))
     for lo in range(0, len(pairs), VERIFY_PAIRS):
         out[lo : lo + VERIFY_PAIRS] = pair_jaccard(texts, pairs[lo : lo + VERIFY_PAIRS], ngram)

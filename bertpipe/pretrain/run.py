@@ -110,8 +110,7 @@ def run(stage, cfg, force: bool = False, tracker_factory=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bertpipe.config import load_config
-    from bertpipe.pipeline import base_stage, pretrain_stage
+    from bertpipe.pipeline import family_stages, load_config
 
     ap = argparse.ArgumentParser(prog="python -m bertpipe.pretrain.run", description=__doc__.split("\n")[0])
     ap.add_argument("--stage", choices=("base", "pretrain"), default="pretrain")
@@ -124,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         explicit = args.params if (args.params != "params.yaml" or Path(args.params).exists()) else None
         cfg = load_config(explicit, args.profile, args.overrides)
-        stage = base_stage() if args.stage == "base" else pretrain_stage()
+        stage = family_stages(cfg, args.stage).get(args.stage)
+        if stage is None:
+            raise BertpipeError(f"--stage {args.stage}: not a stage of this pipeline (base needs model.base: scratch)")
         quiet = (lambda *a: contextlib.nullcontext()) if args.no_tracking else None
         res = run(stage, cfg, force=args.force, tracker_factory=quiet)
     except BertpipeError as e:

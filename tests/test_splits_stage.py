@@ -11,12 +11,13 @@ from pathlib import Path
 
 import yaml
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
 from bertpipe.pipeline import all_stages
 from bertpipe.stage import fingerprint, run_stage
-from bertpipe.taskdata import SPLITS, read_task, split_info, task_dir
-from bertpipe.taskdata.leaks import leak_text, near_pairs
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS, read_task, split_info
+from bertpipe.splits.leaks import leak_text, near_pairs
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
