@@ -29,7 +29,7 @@ from bertpipe.finetune import data as D  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:
-    """Each demo task's train/test examples after the demo caps, as finetune (and the tasks stage) use them."""
+    """Each demo task's train/test examples after the demo caps, as finetune (and the splits stage) use them."""
     cfg = load_config(REPO / "params.yaml", overrides=["profile=demo", f"paths.raw={raw}"])
     ft = cfg.params.finetune
     out = {}
@@ -171,7 +171,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
         (work / "prepare" / "domain").mkdir(parents=True)
         pq.write_table(pa.table({"text": texts}), work / "prepare" / "domain" / "test.parquet")
         for name, (ttype, splits) in tasks.items():
-            tdir = work / "tasks" / name
+            tdir = work / "splits" / name
             tdir.mkdir(parents=True)
             info = {s: write_split(tdir / f"{s}.jsonl", splits.get(s, [])) for s in ("train", "dev", "test")}
             write_json(tdir / SPLITS_JSON, {"splits": info})

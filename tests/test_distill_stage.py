@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.distill.declare import distill_stage
 from bertpipe.export.declare import export_stage
 from bertpipe.finetune.declare import finetune_stage

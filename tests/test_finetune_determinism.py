@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage

@@ -144,11 +144,11 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     for root in (whole, killed):
         fake_finetune(root, zh_tokenizer_dir)
 
-    # tasks (the splits prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
+    # splits (what prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
     # The uninterrupted reference: the same stage commands, one after another in one new process (one start-up; not
     # a fork like the runs it is compared with: its own string-hash seed).
-    run(CLI_STAGES + ["tasks", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
-    run(["bertpipe", "tasks"], killed)
+    run(CLI_STAGES + ["splits", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
+    run(["bertpipe", "splits"], killed)
 
     rng = random.Random(SEED)
     log = []
@@ -177,7 +177,6 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
 REGISTER_CHILD = """
 import sys
 from pathlib import Path
-from bertpipe.pipeline import load_config
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage
 root = Path(sys.argv[1])

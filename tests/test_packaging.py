@@ -5,7 +5,7 @@ a user project's own flows/ and tasks/ packages (the cwd is first on sys.path) c
   namespace package a plain find would skip);
 - in a project that has its own flows/ and tasks/ (which leave a marker file when imported), the deployment
   `bertpipe schedule` serves has a module entrypoint that resolves to bertpipe's flow, and a real flow door
-  (`python -m bertpipe_prefect.flows.domain_adaptation --until tasks`) runs bertpipe's flow; the project's packages are never imported.
+  (`python -m bertpipe_prefect.flows.domain_adaptation --until splits`) runs bertpipe's flow; the project's packages are never imported.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ RESOLVE = """
 import inspect, json, os
 from bertpipe_prefect.flows.serve import deployment
 from prefect.flows import load_flow_from_entrypoint
-dep = deployment("params.yaml", until="tasks")
+dep = deployment("params.yaml", until="splits")
 flow = load_flow_from_entrypoint(dep.entrypoint)
 print("OUT=" + json.dumps({"entrypoint": dep.entrypoint, "flow": flow.name,
                            "file": os.path.realpath(inspect.getfile(flow.fn))}))
@@ -77,7 +77,7 @@ def test_a_project_s_own_flows_and_tasks_do_not_shadow_the_deployment_entrypoint
 def test_a_project_s_own_flows_and_tasks_do_not_shadow_the_flow_door(tmp_path, sample_raw):
     # `python -m`, like Prefect's runner process for a deployment run, puts the cwd first on sys.path
     root = shadowing_project(tmp_path / "proj", sample_raw)
-    proc = run([sys.executable, "-m", "bertpipe_prefect.flows.domain_adaptation", "--until", "tasks"], root,
+    proc = run([sys.executable, "-m", "bertpipe_prefect.flows.domain_adaptation", "--until", "splits"], root,
                timeout=600)
-    assert (root / "work" / "tasks" / "manifest.json").is_file(), proc.stdout[-2000:]
+    assert (root / "work" / "splits" / "manifest.json").is_file(), proc.stdout[-2000:]
     assert not list(root.glob("imported-*")), proc.stdout[-2000:] + proc.stderr[-2000:]

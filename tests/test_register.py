@@ -34,7 +34,7 @@ def examples(prefix: str, n: int, offset: int = 0) -> list[Example]:
 
 
 def write_task(root: Path, task: str, test: list[Example]) -> None:
-    tdir = root / "work" / "tasks" / task
+    tdir = root / "work" / "splits" / task
     tdir.mkdir(parents=True, exist_ok=True)
     info = write_split(tdir / "test.jsonl", test)
     write_json(tdir / "splits.json", {"splits": {"test": info}, "labels": LABELS})
@@ -85,7 +85,7 @@ def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[d
     tp, trp = TaskParams.model_validate(task_params()), TrainParams()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
-    exs = read_split(root / "work" / "tasks" / task / "test.jsonl")
+    exs = read_split(root / "work" / "splits" / task / "test.jsonl")
     split = H.featurize(tok, exs, tp, trp, {lab: i for i, lab in enumerate(LABELS)}, Counter(), "test")
     flat, _, recs = H.score(model, split, tp, LABELS, tok.pad_token_id, 64, False)
     return flat["macro_f1"], recs
@@ -146,7 +146,7 @@ def write_baselines(root: Path, task: str = "sentiment") -> float:
     from bertpipe.evaluate.metrics import classification_metrics
     from bertpipe.tasklib import read_split
 
-    gold = [e.label for e in read_split(root / "work" / "tasks" / task / "test.jsonl")]
+    gold = [e.label for e in read_split(root / "work" / "splits" / task / "test.jsonl")]
     majority = Counter(gold).most_common(1)[0][0]
     flat, _ = classification_metrics(gold, [majority] * len(gold), LABELS)
     path = root / "work" / "evaluate" / "metrics.json"
@@ -380,8 +380,8 @@ def test_test_set_identity_is_data_and_eval_settings_not_training_params(tmp_pat
     assert identity({"lr": 3e-5}, {"train_overrides": {"lr": 1e-2}}) == base
     write_task(tmp_path, "sentiment", examples("other", 24))
     assert identity({"lr": 3e-5}) != base
-    # Without work/tasks (before that stage existed): the finetune data inputs stand for the test data.
-    (tmp_path / "work" / "tasks" / "sentiment" / "splits.json").unlink()
+    # Without the split's splits.json: the finetune data inputs stand for the test data.
+    (tmp_path / "work" / "splits" / "sentiment" / "splits.json").unlink()
     fallback = identity({"lr": 3e-5})
     assert identity({"lr": 1e-3}) == fallback and identity({"lr": 3e-5}, {"split_seed": 1}) != fallback
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe import lineage
-from bertpipe.pipeline import load_config
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.register.registry import cache_dir
 from tests.e2e_project import write_project
 

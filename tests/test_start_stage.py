@@ -21,9 +21,8 @@ import pytest
 import yaml
 
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
 from bertpipe.freshness import expected
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import read_manifest, run_stage
 from bertpipe.layout import read_start, start_dir, start_file
 from tests.test_fingerprint_scope import REPO, finish
