@@ -22,8 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from bertpipe.config import Config
 
-from bertpipe.pipeline import load_config
-from bertpipe.pipeline import all_stages, until_targets, upstream
+from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from bertpipe_prefect.flows import artifacts

@@ -82,7 +82,7 @@ def test_a_killed_creation_leaves_no_store(tmp_path):
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     cfg = project(tmp_path / "p")
-    code = ("from bertpipe.config import load_config; from bertpipe.tracking import client; "
+    code = ("from bertpipe.pipeline import load_config; from bertpipe.tracking import client; "
             f"client(load_config({str(tmp_path / 'p' / 'params.yaml')!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
