@@ -53,8 +53,21 @@ FAMILIES: tuple[Family, ...] = (SPLITS, PREPARE, BASE, START, VOCAB, PRETRAIN, T
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {f.name: (f.help, f.selectors) for f in FAMILIES}
 # The model service reads params.yaml too (`bertpipe models serve`); it is a door, not a stage.
 SERVICE_PARAMS = {"serve": ServeParams}
+
+
+def _sections() -> dict:
+    """Each family's own params sections, then the service's; a section has one owner."""
+    out: dict = {}
+    for owner, sections in [*((f.name, f.params) for f in FAMILIES), ("serve", SERVICE_PARAMS)]:
+        for name, model in sections.items():
+            if name in out:
+                raise ValueError(f"params section {name!r} is declared twice (again by {owner})")
+            out[name] = model
+    return out
+
+
 # params.yaml's model: the shared sections, each family's own, the service's.
-Params = compose_params({**{k: v for f in FAMILIES for k, v in f.params.items()}, **SERVICE_PARAMS})
+Params = compose_params(_sections())
 
 
 def load_config(path: str | Path | None = None, profile: str | None = None,

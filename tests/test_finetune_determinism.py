@@ -14,6 +14,7 @@ import pytest
 
 from bertpipe.finetune import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
+from bertpipe.pipeline import load_config
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
 from tests.e2e_project import env_for

@@ -177,6 +177,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
 REGISTER_CHILD = """
 import sys
 from pathlib import Path
+from bertpipe.pipeline import load_config
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage
 root = Path(sys.argv[1])
