@@ -159,7 +159,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.evaluate.declare import evaluate_stage
+    from bertpipe.pipeline import family_stages
     from bertpipe.stage import run_stage, write_json
     from bertpipe.tasklib import SPLITS_JSON, write_split
 
@@ -189,7 +189,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
                                           "evaluate: {mlm_max_texts: 300, mlm_max_seq_len: 128}\n")
         cfg = load_config(root / "params.yaml")
         t = time.perf_counter()
-        res = run_stage(evaluate_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+        res = run_stage(family_stages(cfg, "evaluate")["evaluate"], cfg, tracker_factory=lambda *a: contextlib.nullcontext())
         print(f"evaluate stage on demo-sized inputs: {time.perf_counter() - t:.1f}s "
               f"(load average {os.getloadavg()[0]:.1f})")
         print((res.out / "report.md").read_text().split("## Verdicts")[1].split("Seeds per task")[0].strip())

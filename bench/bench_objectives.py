@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from sweep_demo import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
 
 OUT = REPO / "bench" / "out"
-COMMON = ("tasks", "prepare", "base", "vocab")
+COMMON = ("splits", "prepare", "base", "vocab")
 # The finetune recipe: the demo's (lr 3e-4, 3 epochs, batch 32) on 64 tokens and fewer examples, so 2 objectives x
 # 2 tasks x 3 seeds fit ~35 min of a shared 2-core machine (docs/demo-budget.md: at 128 tokens sentiment 3,000 ->
 # 0.71, law_department 6,000 -> 0.22 on one seed). Test sets capped at 300 examples as in the demo.
