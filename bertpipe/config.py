@@ -106,13 +106,14 @@ class CoreParams(Section):
     flow: FlowParams = Field(default_factory=FlowParams)
 
 
-def compose_params(sections: dict[str, type[BaseModel]]) -> type[CoreParams]:
-    """The params model of a pipeline: the shared sections plus ``sections`` ({name: model}, each defaulted)."""
+def compose_params(sections: dict[str, type[BaseModel]], module: str) -> type[CoreParams]:
+    """The params model of a pipeline: the shared sections plus ``sections`` ({name: model}, each defaulted). The
+    caller binds it to the name ``Params`` in ``module``, where pickle (a Dask worker, a child process) finds it."""
     clash = sorted(set(sections) & set(CoreParams.model_fields))
     if clash:
         raise ValueError(f"params sections {clash} are shared sections; a stage cannot declare them")
     fields: dict[str, Any] = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
-    return create_model("Params", __base__=CoreParams, **fields)
+    return create_model("Params", __base__=CoreParams, __module__=module, **fields)
 
 
 class Config:

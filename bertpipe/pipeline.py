@@ -67,7 +67,7 @@ def _sections() -> dict:
 
 
 # params.yaml's model: the shared sections, each family's own, the service's.
-Params = compose_params(_sections())
+Params = compose_params(_sections(), __name__)
 
 
 def load_config(path: str | Path | None = None, profile: str | None = None,

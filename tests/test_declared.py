@@ -127,3 +127,15 @@ def test_splits_built_under_the_former_stage_name_get_one_line(tmp_path):
     # a work/tasks that is not the former stage's output (no such manifest) is left alone
     (old / "manifest.json").unlink()
     assert "splits" in all_stages(load_config(params))
+
+
+def test_the_composed_params_travel_to_another_process(tmp_path):
+    """A loaded config's params pickle (a Dask worker or child process receives them) as the graph's model."""
+    import pickle
+
+    from bertpipe.pipeline import Params
+
+    params = tmp_path / "params.yaml"
+    params.write_text("paths: {work: w}\nfinetune: {tasks: {}}\nevaluate: {split: dev}\n", encoding="utf-8")
+    back = pickle.loads(pickle.dumps(load_config(params).params))
+    assert type(back) is Params and back.evaluate.split == "dev" and back.paths.work == "w"
