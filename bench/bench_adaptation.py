@@ -6,7 +6,7 @@
     python bench/bench_adaptation.py --params examples/evidence_climate/params.yaml --tasks is_climate --raw data/raw \
         --project /tmp/evidence-climate              # another domain, its own profiles (docs/evidence.md)
 
-Runs every stage alone through the CLI in a throwaway project over the real sample data (tasks, prepare, base, vocab,
+Runs every stage alone through the CLI in a throwaway project over the real sample data (splits, prepare, base, vocab,
 pretrain on every core, `--threads`; tapt/<task> when `finetune.encoders` names tapt; then each task x encoder as its
 own `bertpipe finetune`, as the pipeline runs it: its search chooses the hyperparameters on dev, every seed trains
 with them and keeps its test predictions; `--workers` at once with the cores divided among them), then per task:
@@ -87,9 +87,9 @@ class Stacked:
 
 
 def task_splits(project: Path, params_sets: dict, task: str):
-    """The capped train and test splits exactly as the `tasks` stage materialises them for finetune."""
-    from bertpipe.config import load_config
-    from bertpipe.taskdata.stage import materialise
+    """The capped train and test splits exactly as the `splits` stage materialises them for finetune."""
+    from bertpipe.pipeline import load_config
+    from bertpipe.splits.stage import materialise
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in params_sets.items()])
     fp = cfg.params.finetune
@@ -195,7 +195,7 @@ def summarise_task(task: str, ttype: str, encoders: list[str], seeds: list[int],
 def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
     """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
     reports), with a paired bootstrap interval over windows, and register's gate score for each."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import adapted_model, base_model, corpus_dir
     from bertpipe.scoring.encoder_gate import encoder_gate_score
     from bertpipe.scoring.fair_mlm import compare_encoders
@@ -292,14 +292,14 @@ def main() -> None:
     built = json.loads(times_file.read_text()) if times_file.exists() else {}
     times: dict = {}
     t_start = time.perf_counter()
-    # tasks first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/tasks
-    from bertpipe.config import load_config
+    # splits first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/splits
+    from bertpipe.pipeline import load_config
 
     cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
     encoders = list(cfg.params.finetune.encoders)
     if encoders[0] != "base":
         raise SystemExit(f"finetune.encoders {encoders}: the evidence compares every encoder with base, listed first")
-    stages = [[s] for s in ("tasks", "prepare", "base", "start", "vocab", "pretrain")]
+    stages = [[s] for s in ("splits", "prepare", "base", "start", "vocab", "pretrain")]
     stages += [["tapt", "--task", t] for t in args.tasks] if "tapt" in encoders else []
     for cmd in stages:
         stage = "/".join(c for c in cmd if not c.startswith("--"))

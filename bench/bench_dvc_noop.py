@@ -55,7 +55,7 @@ for f in sys.argv[2:]:
 
 def split_names(raw: Path) -> list[str]:
     """The stages `bertpipe dvc-yaml` puts in a file of their own (stages/<name>/dvc.yaml)."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.dvcfile import dvc_files, split_stages
 
     return split_stages(dvc_files(load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])))

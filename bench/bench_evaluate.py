@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.config import load_config  # noqa: E402
+from bertpipe.pipeline import load_config  # noqa: E402
 from bertpipe.evaluate.params import EvaluateParams  # noqa: E402
 from bertpipe.training import taskfiles as D  # noqa: E402
 from bertpipe.scoring import baselines as BL  # noqa: E402
@@ -30,7 +30,7 @@ from bertpipe.scoring import windows as W  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:
-    """Each demo task's train/test examples after the demo caps, as finetune (and the tasks stage) use them."""
+    """Each demo task's train/test examples after the demo caps, as finetune (and the splits stage) use them."""
     cfg = load_config(REPO / "params.yaml", overrides=["profile=demo", f"paths.raw={raw}"])
     ft = cfg.params.finetune
     out = {}
@@ -160,9 +160,9 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.pipeline import evaluate_stage
+    from bertpipe.pipeline import family_stages
     from bertpipe.stage import run_stage, write_json
-    from bertpipe.taskdata import SPLITS_JSON, write_split
+    from bertpipe.tasklib import SPLITS_JSON, write_split
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -172,7 +172,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
         (work / "prepare" / "domain").mkdir(parents=True)
         pq.write_table(pa.table({"text": texts}), work / "prepare" / "domain" / "test.parquet")
         for name, (ttype, splits) in tasks.items():
-            tdir = work / "tasks" / name
+            tdir = work / "splits" / name
             tdir.mkdir(parents=True)
             info = {s: write_split(tdir / f"{s}.jsonl", splits.get(s, [])) for s in ("train", "dev", "test")}
             write_json(tdir / SPLITS_JSON, {"splits": info})
@@ -190,7 +190,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
                                           "evaluate: {mlm_max_texts: 300, mlm_max_seq_len: 128}\n")
         cfg = load_config(root / "params.yaml")
         t = time.perf_counter()
-        res = run_stage(evaluate_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+        res = run_stage(family_stages(cfg, "evaluate")["evaluate"], cfg, tracker_factory=lambda *a: contextlib.nullcontext())
         print(f"evaluate stage on demo-sized inputs: {time.perf_counter() - t:.1f}s "
               f"(load average {os.getloadavg()[0]:.1f})")
         print((res.out / "report.md").read_text().split("## Verdicts")[1].split("Seeds per task")[0].strip())

@@ -34,7 +34,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.config import load_config  # noqa: E402
+from bertpipe.pipeline import load_config  # noqa: E402
 from bertpipe.finetune import synthetic as S  # noqa: E402
 from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
 from bertpipe.inference.speed import batched, dir_size, time_calls  # noqa: E402
@@ -109,7 +109,7 @@ def main() -> None:
 
     from bertpipe.training.features import featurize
     from bertpipe.training.predict import run_model
-    from bertpipe.training.task import model_labels, task_examples, task_settings
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
 
     teacher_dir = root / "work" / "finetune" / task / "adapted" / "model"
     student_dir = root / "work" / "distill" / task / "model"

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_pretrain import SIZES, matmul_peak  # noqa: E402
 
 from bertpipe.finetune.synthetic import FILLER, KEYS  # noqa: E402
-from bertpipe.taskdata import Example  # noqa: E402
+from bertpipe.tasklib import Example  # noqa: E402
 from bertpipe.training import features as F  # noqa: E402
 from bertpipe.training import heads as H  # noqa: E402
 from bertpipe.training import loop as TR  # noqa: E402

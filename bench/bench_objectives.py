@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
 
 OUT = REPO / "bench" / "out"
-COMMON = ("tasks", "prepare", "base", "vocab")
+COMMON = ("splits", "prepare", "base", "vocab")
 # The finetune recipe: the demo's (lr 3e-4, 3 epochs, batch 32) on 64 tokens and fewer examples, so 2 objectives x
 # 2 tasks x 3 seeds fit ~35 min of a shared 2-core machine (docs/demo-budget.md: at 128 tokens sentiment 3,000 ->
 # 0.71, law_department 6,000 -> 0.22 on one seed). Test sets capped at 300 examples as in the demo.
@@ -57,7 +57,7 @@ NO_TRACKER = lambda *a: contextlib.nullcontext()  # noqa: E731
 
 
 def load(project: Path, sets: dict):
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
 
     return load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
 
@@ -70,7 +70,7 @@ def step_costs(cfg, repeats: int = 3) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bertpipe.pipeline import pretrain_stage
+    from bertpipe.pretrain.declare import pretrain_stage
     from bertpipe.pretrain import data, model
     from bertpipe.pretrain.data import collate
     from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
@@ -139,7 +139,7 @@ def finetune_seed(project: Path, sets: dict, task: str, seed: int, cache: Path) 
     """{id: prediction record} of one seed's finetune on the encoder of ``sets`` (cached under ``cache``)."""
     if cache.is_file():
         return json.loads(cache.read_text())
-    from bertpipe.pipeline import finetune_stage
+    from bertpipe.finetune.declare import finetune_stage
     from bertpipe.stage import run_stage
 
     # A work dir per (encoder, task, seed): parallel jobs would otherwise wait on one finetune output's lock.
@@ -168,7 +168,8 @@ class MeanOverSeeds:
 def summarise(task: str, arms: list[str], seeds: list[int], preds: dict, cfg, n_boot: int) -> dict:
     from bertpipe.scoring.baselines import tfidf_predictions
     from bertpipe.scoring.bootstrap import macro_f1, paired_bootstrap
-    from bertpipe.taskdata import read_task, task_dir
+    from bertpipe.tasklib import read_task
+    from bertpipe.layout import task_dir
 
     splits = read_task(task_dir(cfg, task))
     ids = sorted(preds[(arms[0], seeds[0])])

@@ -75,8 +75,8 @@ def child_prepare(db: str, work: str) -> dict:
 
     import yaml
 
-    from bertpipe.config import load_config
-    from bertpipe.pipeline import prepare_stage
+    from bertpipe.pipeline import load_config
+    from bertpipe.prepare.declare import prepare_stage
     from bertpipe.prepare.params import LAWS_QUERY
     from bertpipe.stage import run_stage
 

@@ -38,8 +38,8 @@ def project(tmp: Path, raw: Path) -> Path:
 def run_once(params: Path, shards: int, executor=None, workers: int = 1) -> tuple[float, dict, str]:
     import shutil
 
-    from bertpipe.config import load_config
-    from bertpipe.pipeline import prepare_stage
+    from bertpipe.pipeline import load_config
+    from bertpipe.prepare.declare import prepare_stage
     from bertpipe.prepare.shard import use_executor
     from bertpipe.stage import run_stage
 

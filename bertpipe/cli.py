@@ -119,7 +119,7 @@ def os_error_line(e: OSError) -> str:
 
 
 def load(params: str, profile: Optional[str], overrides: Optional[List[str]]):
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
 
     explicit = params if (params != "params.yaml" or Path(params).exists()) else None
     return load_config(explicit, profile, overrides or [])

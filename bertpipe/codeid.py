@@ -33,12 +33,18 @@ ORIGIN = PACKAGE.parent  # code paths are relative to this
 # package and never followed either.
 INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
     "__init__",  # the package version: recorded in each manifest's "versions", not a computation
-    "cli", "codeid", "config", "dvcfile", "errors", "freshness", "incoming", "orphans", "outputs",
+    "cli", "codeid", "config", "declared", "dvcfile", "errors", "freshness", "incoming", "orphans", "outputs",
     "pipeline", "samples", "stage", "tracking", "versioning",
-    "layout",  # where the base model and corpora live: paths, which are fingerprinted as inputs
+    "layout",  # where the base model, corpora and stage outputs live: paths, which are fingerprinted as inputs
     "pretrain/run",  # the torchrun launcher: which rank calls run_stage; pretrain/train.py does the training
 ))
+# A stage package's declaration (its inputs, output, params sections: all in the fingerprint) is graph wiring too.
+DECLARATION = "declare.py"
 MODEL_LIBS = ("torch", "transformers", "tokenizers")
+
+
+def infrastructure(rel: str) -> bool:
+    return rel in INFRASTRUCTURE or rel.rpartition("/")[2] == DECLARATION
 
 
 def _rel(p: Path) -> str:
@@ -84,7 +90,7 @@ def _closure(todo: list[Path]) -> tuple[str, ...]:
     seen: set[str] = set()
     while todo:
         rel = _rel(todo.pop())
-        if rel in seen or rel in INFRASTRUCTURE:
+        if rel in seen or infrastructure(rel):
             continue
         seen.add(rel)
         for mod in _parsed(rel)[1]:

@@ -7,6 +7,10 @@ profile (as Hydra's primary config wins over its defaults list), and ``dvc exp r
 file's top level, changes the effective value; a key that differs between scales lives in the profiles only.
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an out-of-range value
 is a one-line error naming the key path.
+
+This module holds the machinery and the shared sections (paths, model, tracking, flow); each stage package declares
+its own sections (``<stage>/declare.py``), and the graph composes them into one model (``compose_params``) and
+loads params.yaml with it (``bertpipe.pipeline.load_config``), so nothing here imports a stage.
 """
 
 from __future__ import annotations
@@ -16,22 +20,12 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from bertpipe.errors import BertpipeError, utf8_error
-from bertpipe.distill.params import DistillParams
-from bertpipe.evaluate.params import EvaluateParams
-from bertpipe.export.params import ExportParams
-from bertpipe.finetune.params import FinetuneParams
-from bertpipe.prepare.params import PrepareParams
-from bertpipe.pretrain.params import PretrainParams
-from bertpipe.pretrain.tapt.params import TaptParams
-from bertpipe.register.params import RegisterParams
-from bertpipe.serve.params import ServeParams
-from bertpipe.vocab.params import VocabParams
+from bertpipe.errors import BertpipeError
 
 DEFAULT_PARAMS = "params.yaml"
 PROFILES_FILE = "profiles.yaml"  # optional, beside the params file: more entries of `profiles:`
@@ -101,32 +95,31 @@ class FlowParams(Section):
 warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
 
 
-class Params(Section):
+class CoreParams(Section):
+    """The sections every pipeline has; ``compose_params`` adds the stages' own."""
+
     profile: str = ""
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     paths: PathsParams = Field(default_factory=PathsParams)
     model: ModelParams = Field(default_factory=ModelParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
     flow: FlowParams = Field(default_factory=FlowParams)
-    prepare: PrepareParams = Field(default_factory=PrepareParams)
-    vocab: VocabParams = Field(default_factory=VocabParams)
-    # `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.
-    base: PretrainParams = Field(default_factory=PretrainParams)
-    pretrain: PretrainParams = Field(default_factory=PretrainParams)
-    # `tapt/<task>`: continued MLM on each task's train texts (when finetune.encoders names tapt)
-    tapt: TaptParams = Field(default_factory=TaptParams)
-    finetune: FinetuneParams = Field(default_factory=FinetuneParams)
-    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
-    distill: DistillParams = Field(default_factory=DistillParams)
-    export: ExportParams = Field(default_factory=ExportParams)
-    register: RegisterParams = Field(default_factory=RegisterParams)
-    serve: ServeParams = Field(default_factory=ServeParams)
+
+
+def compose_params(sections: dict[str, type[BaseModel]], module: str) -> type[CoreParams]:
+    """The params model of a pipeline: the shared sections plus ``sections`` ({name: model}, each defaulted). The
+    caller binds it to the name ``Params`` in ``module``, where pickle (a Dask worker, a child process) finds it."""
+    clash = sorted(set(sections) & set(CoreParams.model_fields))
+    if clash:
+        raise ValueError(f"params sections {clash} are shared sections; a stage cannot declare them")
+    fields: dict[str, Any] = {name: (model, Field(default_factory=model)) for name, model in sections.items()}
+    return create_model("Params", __base__=CoreParams, __module__=module, **fields)
 
 
 class Config:
     """Validated params plus where they came from; paths resolve against the params file's directory."""
 
-    def __init__(self, params: Params, root: Path, source: Path | None = None):
+    def __init__(self, params: CoreParams, root: Path, source: Path | None = None):
         self.params = params
         self.root = root
         self.source = source
@@ -179,7 +172,7 @@ class Config:
         data = self.params.model_dump(mode="json")
         for item in overrides:
             _apply_override(data, item)
-        return Config(_validate(data, str(self.source or "params")), self.root, self.source)
+        return Config(validated(type(self.params), data, str(self.source or "params")), self.root, self.source)
 
 
 def dvc_exp_project(root: Path) -> Path:
@@ -258,7 +251,7 @@ def _under(profile: dict, data: dict) -> dict:
     return out
 
 
-def _format_validation(err: ValidationError, source: str) -> str:
+def format_validation(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) if len(str(p)) <= 80 else str(p)[:60] + "..." for p in first["loc"]) or "(top level)"
     msg = first["msg"]
@@ -276,17 +269,14 @@ def validated(model: type[BaseModel], data: Any, source: str):
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise BertpipeError(_format_validation(e, source)) from None
+        raise BertpipeError(format_validation(e, source)) from None
 
 
-def _validate(data: dict, source: str) -> Params:
-    return validated(Params, data, source)
-
-
-def load_config(
-    path: str | Path | None = None, profile: str | None = None, overrides: list[str] | None = None
-) -> Config:
-    """Read params.yaml (or use the embedded defaults when ``path`` is None and no params.yaml exists)."""
+def read_config(model: type[CoreParams], path: str | Path | None = None, profile: str | None = None,
+                overrides: list[str] | None = None,
+                after: tuple[Callable[[Any, Path, str], Any], ...] = ()) -> Config:
+    """Read params.yaml into ``model`` (or use the embedded defaults when ``path`` is None and no params.yaml
+    exists); ``after``: adjustments of the validated params, in order (see ``bertpipe.declared.Family.on_load``)."""
     src = Path(path) if path is not None else Path(DEFAULT_PARAMS)
     if src.exists():
         from bertpipe.yamlio import load_yaml_mapping  # duplicate keys, non-mappings, alias bombs, deep nesting
@@ -326,27 +316,10 @@ def load_config(
         data["profile"] = chosen
     for item in overrides or []:
         _apply_override(data, item)
-    params = _with_incoming(_validate(data, str(src)), root, str(src))
+    params = validated(model, data, str(src))
+    for adjust in after:
+        params = adjust(params, root, str(src))
     cfg = Config(params, root, src.resolve() if src.exists() else None)
     # how to load it again in another process (bertpipe.pretrain.run relaunches base/pretrain under torchrun)
     cfg.launch_args = (str(src.resolve()) if src.exists() else None, profile, list(overrides or []))
     return cfg
-
-
-def _with_incoming(params: Params, root: Path, source: str) -> Params:
-    """Append the drop dir as a domain source when it holds new files (see FlowParams.drop_dir)."""
-    from bertpipe.prepare.params import SourceParams
-
-    drop = Path(params.flow.drop_dir)
-    drop = drop if drop.is_absolute() else root / drop
-    tmpl = dict(params.flow.incoming_source)
-    if not drop.is_dir() or not any(f.is_file() and not f.name.startswith(".") for f in drop.glob(tmpl.get("glob", "*"))):
-        return params
-    try:
-        src = SourceParams.model_validate({**tmpl, "path": str(drop)})
-    except ValidationError as e:
-        raise BertpipeError(_format_validation(e, f"{source}: flow.incoming_source")) from None
-    if any(Path(s.path) == Path(src.path) or s.path == params.flow.drop_dir for s in params.prepare.domain.sources):
-        return params
-    params.prepare.domain.sources.append(src)
-    return params

@@ -10,7 +10,7 @@ JSON object of splits:
 
 From them, as jsonl ``{"id", "text", "label"}`` / ``{"id", "text"}``:
 
-- ``is_climate_train.jsonl``: the package's train split (the tasks stage splits dev off it);
+- ``is_climate_train.jsonl``: the package's train split (the splits stage splits dev off it);
 - ``is_climate_test.jsonl``: the package's valid split, the task's test set;
 - ``corpus.jsonl``: the domain corpus, every distinct text of both files except the task's test texts, so the
   domain text holds no test example even with ``prepare.exclude.tasks`` off (prepare also drops the dev texts and

@@ -99,8 +99,10 @@ class Stage:
     task: str | None = None
     encoder: str | None = None
     model: str | None = None
-    # For stages that read fanned-out outputs: {input key: the upstream Stage} (see StageContext.sources).
+    # For stages that read fanned-out outputs: {input key: the upstream Stage} (see StageContext.sources). A stage
+    # declares the families it reads that way (``sources_from``); the graph fills ``sources`` from its inputs.
     sources: Callable[[Config], dict[str, "Stage"]] | None = None
+    sources_from: tuple[str, ...] = ()
     # What the output also depends on that no file holds (the start stage: the registry's champion). Asked by
     # run_stage on every run, never by the graph (inputs/output stay functions of config and files); a fresh
     # output whose recorded answer (manifest "external") differs is rebuilt. Doors never cache such a stage.

@@ -2,7 +2,7 @@
 
 1. validate each new file as prepare will read it, then copy it into ``flow.drop_dir`` (the originals are never
    touched; a bad file changes nothing) and `dvc add` it in a DVC repo; a non-empty drop dir joins the domain corpus
-   for every front door (see ``bertpipe.config._with_incoming``);
+   for every front door (see ``bertpipe.prepare.declare.with_incoming``);
 2. run domain_adaptation: prepare sees new content, so everything downstream re-runs. Where pretraining starts is
    the graph's decision (``bertpipe.lineage``), the same for every front door: with ``flow.retrain_from: champion``
    the vocab stage extends the champion encoder's tokenizer with the new words and pretraining continues from it;
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from bertpipe.config import load_config
 from bertpipe.incoming import add_files, drop_dir
+from bertpipe.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.summary import summary
 from bertpipe_prefect.tasks.env import prefect_env
@@ -44,8 +44,8 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
             if dvc_yaml.read_text(encoding="utf-8").startswith(HEADER):
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
     results = domain_adaptation(params, profile, overrides)
-    from bertpipe.layout import base_model
-    from bertpipe.start import describe, read_start, start_file
+    from bertpipe.layout import base_model, read_start, start_file
+    from bertpipe.start import describe
 
     # What the start stage decided in this run (it asked the registry; this door asks nothing itself).
     cfg = load_config(params, profile, overrides)

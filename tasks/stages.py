@@ -15,8 +15,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import CachePolicy
 
-from bertpipe.config import Config, load_config
+from bertpipe.config import Config
+
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.freshness import FLOW_STAGE_ENV
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 from bertpipe.prepare.shard import use_executor

@@ -17,7 +17,7 @@ def law_texts(raw: Path, n: int, offset: int = 0) -> list[str]:
 
 
 def tiny_sentiment_rows() -> list[tuple[str, str]]:
-    """Sixteen short reviews, eight a label, all distinct: the tasks stage's stratified dev and test splits get
+    """Sixteen short reviews, eight a label, all distinct: the splits stage's stratified dev and test splits get
     examples of each label (it refuses a split it would leave empty)."""
     pos = ["很好", "不错", "满意", "喜欢", "推荐", "完美", "优秀", "超值"]
     neg = ["太差", "糟糕", "失望", "垃圾", "退货", "难用", "坑人", "后悔"]

@@ -36,7 +36,7 @@ FEW_LAWS = "law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 8)"
 
 def one_task() -> dict:
     """``finetune.tasks`` holding the default sentiment task alone, for projects whose tests stop at the tasks or
-    prepare stage: the three default tasks cost the tasks stage ~26 CPU-s (all of MSRA's and laws.db's examples,
+    prepare stage: the three default tasks cost the splits stage ~26 CPU-s (all of MSRA's and laws.db's examples,
     uncapped), sentiment alone ~7 (measured)."""
     from bertpipe.finetune.params import default_tasks
 

@@ -40,7 +40,7 @@ def tiny_model(path: Path, tokenizer_dir: Path, kind: str, seed: int, steps: int
 def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str = "cls",
                    name: str = "bertpipe-sentiment", hidden: int = 32, layers: int = 1) -> tuple[Path, list[str]]:
     """A project dir (params.yaml + state) whose registry holds ``versions`` versions of ``name``; v1 is champion."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.register.stage import _log_and_register
     from bertpipe.registry.champion import promote
     from bertpipe.tracking import client, experiment_id, fluent_mlflow

@@ -77,7 +77,7 @@ def task(name: str, **spec) -> dict:
 CLS = {"type": "classification", "format": "jsonl", "train": "t.jsonl"}
 NER = {"type": "ner", "format": "conll", "train": "t.txt", "tag_scheme": "BIO"}
 CONLL = "中 B-LOC\n国 I-LOC\n人 O\n\n北 B-LOC\n京 I-LOC\n\n".encode()
-FT = ["tasks"]  # task data is read (and refused) where it is materialised, before any finetune
+FT = ["splits"]  # task data is read (and refused) where it is materialised, before any finetune
 
 
 def immutable(d: Path) -> None:

@@ -43,7 +43,7 @@ def test_stages_json_matches_the_table_and_check_fails_while_stale(tmp_path):
     assert res.exit_code == 1, res.output  # nothing is built yet
     rows = json.loads(res.output)
     assert [r["stage"] for r in rows] == [ln.split()[0] for ln in table.output.splitlines()]
-    assert rows[0] == {"stage": "tasks", "state": "stale", "fingerprint": rows[0]["fingerprint"],
+    assert rows[0] == {"stage": "splits", "state": "stale", "fingerprint": rows[0]["fingerprint"],
                        "reason": "no output"}
     assert rows[0]["fingerprint"][:12] in table.output.splitlines()[0]
 

@@ -1,7 +1,7 @@
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 
 
 def write(tmp_path, text):

@@ -108,7 +108,7 @@ def test_credentials_in_the_tracking_uri_are_never_written(tmp_path, mlflow_serv
     shown = []
 
     # $MLFLOW_TRACKING_URI: the flow (Prefect server, its logs, the run summary) and the register stage
-    r = bertpipe(root, "run", "--until", "tasks", env_uri=uri)
+    r = bertpipe(root, "run", "--until", "splits", env_uri=uri)
     assert r.returncode == 0, r.stderr[-3000:]
     browse = [ln for ln in r.stdout.splitlines() if ln.startswith("browse:")]
     assert browse and f"http://127.0.0.1:{port}" in browse[0], r.stdout[-2000:]

@@ -102,7 +102,7 @@ def test_nproc_relaunches_under_torchrun(tmp_path, sample_raw, zh_tokenizer_dir)
     from tests.test_pretrain_resume import ENV, REPO, _setup
 
     params = _setup(tmp_path, sample_raw, zh_tokenizer_dir, max_steps=4, eval_every=2, save_every=2, log_every=2)
-    cmd = [sys.executable, "-m", "bertpipe.pretrain.run", "--stage", "base", "--no-tracking", "--params",
+    cmd = [sys.executable, "-m", "bertpipe.torchrun", "--stage", "base", "--no-tracking", "--params",
            str(params), "--set", "base.nproc=2"]
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

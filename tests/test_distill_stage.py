@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages, distill_stage, export_stage, finetune_stage, tasks_stage
+from bertpipe.pipeline import all_stages, load_config
+from bertpipe.distill.declare import distill_stage
+from bertpipe.export.declare import export_stage
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
 
 torch.set_num_threads(1)
@@ -49,7 +52,7 @@ def built(tmp_path_factory, zh_tokenizer_dir):
     root = write_project(tmp_path_factory.mktemp("distill"), zh_tokenizer_dir)
     cfg = load_config(root / "params.yaml")
     out = {}
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and distill read
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and distill read
     for task in ("cls", "ner"):
         run_stage(finetune_stage(task, "base"), cfg, tracker_factory=NO_TRACKING)
         out[task] = run_stage(distill_stage(task), cfg, tracker_factory=NO_TRACKING)

@@ -52,15 +52,14 @@ PROFILES = """tiny:
   finetune:
     train: {epochs: 3, lr: 5.0e-2}   # lr loses to the top-level key; epochs applies
 """
-STAGES = ("tasks", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
+STAGES = ("splits", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
 
 
 PROBE = "bertpipe/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
 KEYS = """
 import json
-from bertpipe.config import load_config
 from bertpipe.freshness import expected
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe_prefect.tasks.stages import cache_key
 cfg = load_config("params.yaml")
 stages = all_stages(cfg)
@@ -132,7 +131,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
 
 
 def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(project):
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
 
     before = fingerprints(project)
     scores0 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
@@ -260,12 +259,12 @@ def test_a_code_change_stales_its_stage_and_dependants_only(project):
       `dvc repro params` it reports vocab and no other stage (DVC reruns what is below at `dvc repro` time, once
       vocab's output changes). A comment edit (the digest is of the syntax tree) leaves every stage but `params`
       unchanged."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import all_stages, upstream
 
     root = project
     FORKS.pop(root).close()  # from here on, new processes: the forks' interpreter imported the code before the edit
-    built = {"tasks", "prepare", "start", "vocab", "pretrain", "finetune/cls/base", "evaluate"}
+    built = {"splits", "prepare", "start", "vocab", "pretrain", "finetune/cls/base", "evaluate"}
     states0, keys0, dvc0 = look(root)
     assert {n for n, s in states0.items() if s == "fresh"} == built, states0
     # (start is always_changed: DVC reports it changed every time, as it asks the registry every repro)

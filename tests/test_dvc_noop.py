@@ -1,6 +1,6 @@
 """A `dvc repro` with nothing to do runs no heavy command, and DVC tracks the effective params only.
 
-Real `dvc` in a temp git repo over the sample data (tasks, prepare, start):
+Real `dvc` in a temp git repo over the sample data (splits, prepare, start):
 - a second `dvc repro` of start (its own file, stages/start/dvc.yaml) runs only start (``always_changed``: the
   registry is its external input) and leaves the root dvc.lock untouched (DVC rewrites start's small lock only);
   start's command says cached without importing MLflow, torch or Prefect (its registry digest is unchanged);
@@ -59,7 +59,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     assert "params" not in dvc["prepare"] and "params_effective/prepare.json" in dvc["prepare"]["deps"], dvc["prepare"]
 
     first = run(["dvc", "repro", START], root)
-    assert {"params", "tasks", "prepare", START} <= set(ran(first)), first.stdout
+    assert {"params", "splits", "prepare", START} <= set(ran(first)), first.stdout
     lock = root / "dvc.lock"
     before = (lock.read_bytes(), lock.stat().st_mtime_ns)
     assert "start" not in yaml.safe_load(lock.read_text())["stages"]  # start's lock is its own file's
@@ -67,7 +67,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     assert ran(second) == [START] and "cached" in second.stdout, second.stdout
     assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before, "the root dvc.lock was rewritten"
     assert "start" in yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]
-    for stage in ("params", "tasks", "prepare"):
+    for stage in ("params", "splits", "prepare"):
         assert f"Stage '{stage}' didn't change, skipping" in second.stdout, second.stdout
     assert start_cmd(root) == (set(), "cached")  # the decision stands without asking MLflow
 
@@ -83,7 +83,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     params["profiles"]["p"]["prepare"]["split"]["valid"] = 0.1  # a profile edit, not a top-level key
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
     third = run(["dvc", "repro", START], root)
-    assert ran(third)[:2] == ["params", "prepare"] and "tasks" not in ran(third), third.stdout
+    assert ran(third)[:2] == ["params", "prepare"] and "splits" not in ran(third), third.stdout
     assert json.loads((root / "params_effective" / "prepare.json").read_text())["params"]["prepare"]["split"][
         "valid"] == 0.1
 

@@ -17,10 +17,9 @@ import yaml
 from typer.testing import CliRunner
 
 from bertpipe.cli import app
-from bertpipe.config import load_config
 from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, OLD_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
                               effective_file, effective_files, render_effective, render_files)
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from tests.e2e_project import REPO, write_project
 
 
@@ -50,11 +49,11 @@ def test_an_installed_package_tracks_no_code_folder_and_dvc_yaml_ignores_work(tm
     assert all(CODE in d for d in effective_files(cfg).values())  # the digest of the code that runs, wherever
     before = render_files(cfg)
     for t in cfg.params.finetune.tasks:  # outputs appearing under work/ (a run) change nothing in dvc.yaml
-        (cfg.work / "tasks" / t).mkdir(parents=True)
+        (cfg.work / "splits" / t).mkdir(parents=True)
     (cfg.work / "vocab").mkdir(parents=True)
     assert render_files(cfg) == before
     register = dvc["register"]["deps"]
-    assert {f"work/tasks/{t}" for t in cfg.params.finetune.tasks} <= set(register), register
+    assert {f"work/splits/{t}" for t in cfg.params.finetune.tasks} <= set(register), register
 
 
 def test_the_old_params_file_is_said_and_kept(tmp_path, monkeypatch, sample_raw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bertpipe.finetune import synthetic as S
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 from bertpipe.scoring import baselines as BL
 
 

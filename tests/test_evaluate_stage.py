@@ -12,16 +12,24 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import family_stages, load_config
 from bertpipe.evaluate.stage import compare, interval, verdict
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import evaluate_stage, finetune_pairs, finetune_stage, tasks_stage
+from bertpipe.layout import finetune_pairs
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage, write_json
-from bertpipe.taskdata import SPLITS_JSON, read_task, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS_JSON, read_task
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
+def evaluate(cfg):
+    """The graph's evaluate stage: the finetune stages behind its inputs come with it (``Stage.sources_from``)."""
+    return family_stages(cfg, "evaluate")["evaluate"]
+
+
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
 
@@ -158,11 +166,11 @@ evaluate: {{mlm_max_texts: 20, mlm_max_seq_len: 256, bootstrap_samples: 300}}
 def test_report_base_vs_adapted(project):
     cfg = load_config(project / "params.yaml")
     with pytest.raises(BertpipeError, match="finetune"):  # nothing finetuned yet
-        run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING)
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and the baselines read
+        run_stage(evaluate(cfg), cfg, tracker_factory=NO_TRACKING)
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the splits finetune and the baselines read
     for t, e in finetune_pairs(cfg):
         run_stage(finetune_stage(t, e), cfg, tracker_factory=NO_TRACKING)
-    res = run_stage(evaluate_stage(), cfg)  # the real MLflow store under state/
+    res = run_stage(evaluate(cfg), cfg)  # the real MLflow store under state/
     out = res.out
     m = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     assert set(m["tasks"]) == {"cls", "ner"} and m["encoders"] == ["base", "adapted"] and m["split"] == "test"
@@ -213,17 +221,17 @@ def test_report_base_vs_adapted(project):
     assert "figures/primary.png" in pictures and "figures/confusion_cls_adapted.png" in pictures
     assert all((out / p).stat().st_size > 1000 for p in pictures)
     # unchanged inputs: the stage is skipped; a changed evaluate param reruns it
-    assert run_stage(evaluate_stage(), cfg, tracker_factory=NO_TRACKING).skipped
+    assert run_stage(evaluate(cfg), cfg, tracker_factory=NO_TRACKING).skipped
     cfg2 = load_config(project / "params.yaml", overrides=["evaluate.encoder_comparison=false",
                                                            "evaluate.baselines=false"])
-    res2 = run_stage(evaluate_stage(), cfg2, tracker_factory=NO_TRACKING)
+    res2 = run_stage(evaluate(cfg2), cfg2, tracker_factory=NO_TRACKING)
     m2 = json.loads((res2.out / "metrics.json").read_text())
     assert not res2.skipped and m2["encoder_comparison"] == {} and m2["tasks"]["cls"]["baselines"] == {}
     assert m2["tasks"]["cls"]["delta"] == m["tasks"]["cls"]["delta"]  # the interval is fixed by its seed
     # a domain corpus without test text: the encoder comparison says why it is missing, the task results stay
     pq.write_table(pa.table({"text": [""]}), cfg.work / "prepare" / "domain" / "test.parquet")
     cfg3 = load_config(project / "params.yaml", overrides=["evaluate.baselines=false"])
-    res3 = run_stage(evaluate_stage(), cfg3, tracker_factory=NO_TRACKING)
+    res3 = run_stage(evaluate(cfg3), cfg3, tracker_factory=NO_TRACKING)
     m3 = json.loads((res3.out / "metrics.json").read_text())
     assert "no text" in m3["encoder_comparison"]["skipped"]
     assert m3["tasks"]["cls"]["delta"] == m2["tasks"]["cls"]["delta"]

@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import run_stage
 
 torch.set_num_threads(1)
@@ -44,7 +43,7 @@ register: {register_encoder: false}
     )
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
-    for name in ("tasks", "finetune/ner/adapted", "finetune/qa/adapted", "finetune/cls/adapted", "export/ner",
+    for name in ("splits", "finetune/ner/adapted", "finetune/qa/adapted", "finetune/cls/adapted", "export/ner",
                  "export/qa", "export/cls", "register"):
         run_stage(stages[name], cfg)
     return root, cfg

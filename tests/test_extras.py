@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from tests.e2e_project import env_for
 
 CLI = "import sys; sys.modules[sys.argv[1]] = None; sys.argv = ['bertpipe', *sys.argv[2:]]; " \

@@ -1,5 +1,5 @@
 """Every encoder family as the base: vocab extension and whole-word masking per tokenizer kind, and the tiny chain
-(tasks -> prepare -> vocab -> pretrain -> finetune -> distill/export -> evaluate -> register) on each.
+(splits -> prepare -> vocab -> pretrain -> finetune -> distill/export -> evaluate -> register) on each.
 
 The checkpoints are tiny random models of each family with a real tokenizer of its kind (tests/families.py), built
 once per session.
@@ -220,7 +220,7 @@ CHAIN = {
 
 @pytest.fixture(scope="module")
 def chain_root(tmp_path_factory, sample_raw):
-    """One project whose tasks and prepare outputs every family's chain starts from (they do not depend on the base)."""
+    """One project whose splits and prepare outputs every family's chain starts from (they do not depend on the base)."""
     import yaml
 
     from tests.e2e_project import FEW_LAWS, laws_source
@@ -240,7 +240,7 @@ def chain_root(tmp_path_factory, sample_raw):
 
 
 def _run_chain(root: Path, family: str, family_dir: Path) -> dict:
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import all_stages
     from bertpipe.stage import run_stage
 
@@ -263,7 +263,7 @@ def _run_chain(root: Path, family: str, family_dir: Path) -> dict:
         results[name] = run_stage(stage, cfg, tracker_factory=lambda *a: contextlib.nullcontext())
         if name == "prepare" and not (root / "shared-work").exists():
             (root / "shared-work").mkdir()
-            for part in ("tasks", "prepare"):
+            for part in ("splits", "prepare"):
                 shutil.copytree(proj / "work" / part, root / "shared-work" / part)
     return results
 
@@ -275,7 +275,7 @@ def test_tiny_chain_runs_on_every_family(family, family_dirs, chain_root):
     results = _run_chain(chain_root, family, family_dirs[family])
     work = chain_root / family / "work"
     if shared:
-        assert results["prepare"].skipped and results["tasks"].skipped  # shared, fresh by fingerprint
+        assert results["prepare"].skipped and results["splits"].skipped  # shared, fresh by fingerprint
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     adapted = AutoModelForMaskedLM.from_pretrained(work / "pretrain" / "model")

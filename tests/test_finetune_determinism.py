@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import finetune_stage, tasks_stage
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.pipeline import load_config
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
 from tests.e2e_project import env_for
 
@@ -27,8 +28,8 @@ torch.set_num_threads(1)
 burn = int(sys.argv[1])  # use the global RNGs differently before the stage, as a flow's earlier tasks would
 random.random(); [random.random() for _ in range(burn)]
 np.random.rand(burn + 1); torch.rand(burn + 1)
-from bertpipe.config import load_config
-from bertpipe.pipeline import finetune_stage
+from bertpipe.pipeline import load_config
+from bertpipe.finetune.declare import finetune_stage
 from bertpipe.stage import run_stage
 cfg = load_config("params.yaml")
 res = run_stage(finetune_stage(sys.argv[2], "base"), cfg, force=True, tracker_factory=lambda *a: contextlib.nullcontext())
@@ -66,7 +67,7 @@ finetune:
         encoding="utf-8",
     )
     cfg = load_config(root / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)
     return cfg
 
 

@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import finetune_stage, tasks_stage
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.register.gate import Floor, degenerate_reason, judge
 from bertpipe.scoring import metrics as M
 from bertpipe.stage import fingerprint, run_stage
@@ -98,7 +99,7 @@ finetune:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
 """, encoding="utf-8")
     cfg = load_config(root / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)
     return cfg
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import finetune_stage, tasks_stage
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
 
 torch.set_num_threads(1)
@@ -63,7 +64,7 @@ finetune:
 
 def _run(project: Path, task: str):
     cfg = load_config(project / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the split files finetune reads
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)  # the split files finetune reads
     res = run_stage(finetune_stage(task, "base"), cfg, tracker_factory=NO_TRACKING)
     return res, json.loads((res.out / "metrics.json").read_text(encoding="utf-8"))
 
@@ -159,6 +160,6 @@ def test_unknown_task_and_missing_data_are_one_line_errors(tmp_path):
     with pytest.raises(BertpipeError, match=r"does not exist \(run the stage that makes it first\)"):
         run_stage(finetune_stage("t", "base"), cfg, tracker_factory=NO_TRACKING)
     with pytest.raises(BertpipeError, match="nowhere.jsonl does not exist"):
-        run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKING)
+        run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKING)
     with pytest.raises(BertpipeError, match="tasks.t.train_overrides"):
         load_config(tmp_path / "params.yaml", overrides=["finetune.tasks.t.train_overrides={lrr: 1}"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 from bertpipe.training import batches as B
 from bertpipe.training import loop as TR
 from bertpipe.training import windows as W

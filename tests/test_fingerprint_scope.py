@@ -15,9 +15,8 @@ import pytest
 import yaml
 
 from bertpipe import codeid
-from bertpipe.config import load_config
 from bertpipe.freshness import expected
-from bertpipe.pipeline import all_stages, upstream
+from bertpipe.pipeline import all_stages, load_config, upstream
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "\n\ndef _probe_added_by_a_test():\n    return 1\n"
@@ -112,7 +111,7 @@ def test_infrastructure_edits_move_no_stage_fingerprint(checkout, demo):
     f = checkout / "bertpipe/corpusio.py"
     f.write_text(f.read_text() + PROBE)
     moved = {n for n, d in digests(stages).items() if d != before[n]}
-    assert "vocab" in moved and "pretrain" in moved and "tasks" not in moved, moved
+    assert "vocab" in moved and "pretrain" in moved and "splits" not in moved, moved
 
 
 def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, demo):
@@ -125,7 +124,7 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
     states = expected(cfg, stages)
     stale = {n for n, s in states.items() if not s.fresh}
     assert stale == below({"base", "pretrain"}, cfg, stages), stale
-    assert {"tasks", "prepare"}.isdisjoint(stale)
+    assert {"splits", "prepare"}.isdisjoint(stale)
     assert states["base"].reason == "code changed", states["base"]  # the others: "upstream ... stale"
     assert any(n.startswith("finetune/") and n.endswith("/base") for n in stale)  # below base: its finetunes
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bertpipe.config import load_config
-from bertpipe.pipeline import all_stages, upstream
+from bertpipe.pipeline import all_stages, load_config, upstream
 from bertpipe_prefect.tasks import parallel
 from tests.e2e_project import write_project
 
@@ -20,26 +19,26 @@ def demo_graph(tmp_path, sample_raw, extra: dict | None = None) -> parallel.Grap
 
 def test_edges_come_from_the_stages_inputs(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw)
-    assert g["tasks"] == []
-    assert g["prepare"] == ["tasks"]  # the dev/test texts it keeps out of the pretraining corpora
+    assert g["splits"] == []
+    assert g["prepare"] == ["splits"]  # the dev/test texts it keeps out of the pretraining corpora
     assert g["base"] == ["prepare"]
     assert g["start"] == ["prepare"]  # the start decision: the corpus identity, nothing else on disk
     assert g["vocab"] == ["prepare", "base", "start"]
     assert g["pretrain"] == ["prepare", "vocab"]
-    assert sorted(g["finetune/sentiment/base"]) == ["base", "tasks"]
-    assert sorted(g["finetune/sentiment/adapted"]) == ["pretrain", "tasks"]
+    assert sorted(g["finetune/sentiment/base"]) == ["base", "splits"]
+    assert sorted(g["finetune/sentiment/adapted"]) == ["pretrain", "splits"]
     assert set(g["register"]) >= {"evaluate", "pretrain", "finetune/sentiment/adapted"}
     # A base given as a directory is no stage: its finetunes need nothing upstream.
     enc = tmp_path / "enc"
     enc.mkdir()
     g2 = demo_graph(tmp_path / "p2", sample_raw, {"model": {"base": str(enc)}})
-    assert "base" not in g2 and g2["finetune/sentiment/base"] == ["tasks"]
+    assert "base" not in g2 and g2["finetune/sentiment/base"] == ["splits"]
 
 
 def test_tapt_sits_between_pretrain_and_its_finetune(tmp_path, sample_raw):
     g = demo_graph(tmp_path, sample_raw, {"finetune": {"encoders": ["base", "adapted", "tapt"]}})
-    assert sorted(g["tapt/sentiment"]) == ["pretrain", "tasks"]
-    assert sorted(g["finetune/sentiment/tapt"]) == ["tapt/sentiment", "tasks"]
+    assert sorted(g["tapt/sentiment"]) == ["pretrain", "splits"]
+    assert sorted(g["finetune/sentiment/tapt"]) == ["splits", "tapt/sentiment"]
     # the task's export (and register) weigh every encoder's finetune of it
     assert {f"finetune/sentiment/{e}" for e in ("base", "adapted", "tapt")} <= set(g["export/sentiment"])
     assert {f"finetune/sentiment/{e}" for e in ("base", "adapted", "tapt")} <= set(g["register"])
@@ -51,16 +50,16 @@ def test_what_may_overlap_and_until(tmp_path, sample_raw):
     light = {n for n, st in all_stages(load_config(tmp_path / "params.yaml")).items() if st.light}
     assert light == {"start"}
     side = parallel.overlapping(g, light)
-    # tasks, prepare and register are each before or after every other stage: they run alone; so does base, whose
+    # splits, prepare and register are each before or after every other stage: they run alone; so does base, whose
     # only neighbour is the (light) start decision; start itself runs beside base. (evaluate may run beside the
     # distill/export stages, which also hang off the finetunes.)
-    assert not side & {"tasks", "prepare", "register", "base"}
+    assert not side & {"splits", "prepare", "register", "base"}
     assert "start" in side
     assert {"vocab", "pretrain", "finetune/sentiment/base", "finetune/msra_ner/adapted", "evaluate",
             "distill/sentiment"} <= side
     assert parallel.overlapping(g) == side | {"base"}  # counting start as work, base would share the cores
     upto = parallel.select(g, ["pretrain"])
-    assert list(upto) == ["tasks", "prepare", "base", "start", "vocab", "pretrain"]
+    assert list(upto) == ["splits", "prepare", "base", "start", "vocab", "pretrain"]
     assert parallel.overlapping(upto, light) == {"start"}  # the start decision needs only prepare
     assert parallel.plan(2, 1, n_cores=2) == (1, 2)  # one stage that can share: one slot, every core
     prio = parallel.remaining(g)
@@ -118,8 +117,8 @@ def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
         "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
     cfg = load_config(params)
     with pytest.raises(BertpipeError, match="missing.csv"):
-        _isolated("tasks", str(params), None, [], 1, cfg)  # task data is read where it is materialised
-    log = (cfg.state / "logs" / "tasks.log").read_text()
+        _isolated("splits", str(params), None, [], 1, cfg)  # task data is read where it is materialised
+    log = (cfg.state / "logs" / "splits.log").read_text()
     assert log.startswith("=== ") and "error: " in log and "Traceback" not in log
 
 
@@ -148,10 +147,10 @@ def test_base_encoder_only_registers_the_encoder_and_stages_says_why_a_stage_wai
     cfg = load_config(tmp_path / "params.yaml")
     assert expected(cfg)["register"].state == "stale"
 
-    # a task whose data file is missing: the tasks stage waits on it, everything below waits on tasks; each says so
+    # a task whose data file is missing: the splits stage waits on it, everything below waits on splits; each says so
     params = write_project(tmp_path / "p2", sample_raw, {"finetune": {"tasks": {"mine": {
         "type": "classification", "format": "csv", "train": str(tmp_path / "missing.csv")}}}})
     res = CliRunner().invoke(app, ["stages", "--params", str(params)])
     rows = {line.split()[0]: line for line in res.stdout.splitlines()}
-    assert "waiting for inputs" in rows["tasks"] and "missing.csv" in rows["tasks"], res.stdout
-    assert "waiting for inputs" in rows["prepare"] and "(waits for tasks)" in rows["prepare"], res.stdout
+    assert "waiting for inputs" in rows["splits"] and "missing.csv" in rows["splits"], res.stdout
+    assert "waiting for inputs" in rows["prepare"] and "(waits for splits)" in rows["prepare"], res.stdout

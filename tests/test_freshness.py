@@ -6,7 +6,7 @@ import contextlib
 from pathlib import Path
 
 from bertpipe.codeid import code_files, code_identity
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.freshness import expected
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 

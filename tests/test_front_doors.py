@@ -56,15 +56,15 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     import sys
 
     write_project(tmp_path, sample_raw, {"finetune": one_task()})
-    # One run; then, after deleting prepare's output, a second (both in one process): the untouched tasks stage
+    # One run; then, after deleting prepare's output, a second (both in one process): the untouched splits stage
     # reads Cached there, so an identical run in between would prove nothing more (the whole chain's cached rerun:
     # test_pipeline_e2e).
     proc = run([sys.executable, "-c", FLOW_TWICE], tmp_path)
     said = {ln.split("=", 1)[0]: json.loads(ln.split("=", 1)[1]) for ln in proc.stdout.splitlines()
             if ln.startswith(("STATES=", "MANIFESTS="))}
     (first, second), (manifest, rebuilt) = said["STATES"], said["MANIFESTS"]
-    # prepare needs the tasks stage's dev/test splits (to keep them out of pretraining), so it runs first
-    assert first == {"tasks": "Completed", "prepare": "Completed"}, first
+    # prepare needs the splits stage's dev/test splits (to keep them out of pretraining), so it runs first
+    assert first == {"splits": "Completed", "prepare": "Completed"}, first
     # The flow's parent run and the stage run are in the embedded MLflow store, nested.
     from mlflow.tracking import MlflowClient
 
@@ -75,18 +75,18 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     assert stage_run.data.metrics and stage_run.data.tags["bertpipe.fingerprint"] == manifest["fingerprint"]
     # Deleting the output makes the stage stale for every door: the next flow run rebuilt it instead of trusting
     # Prefect's cache record, to the same fingerprint, in a run of its own.
-    assert second == {"tasks": "Cached", "prepare": "Completed"}, second
+    assert second == {"splits": "Cached", "prepare": "Completed"}, second
     assert rebuilt["fingerprint"] == manifest["fingerprint"] and rebuilt["mlflow_run_id"] != manifest["mlflow_run_id"]
     assert (tmp_path / "work" / "prepare" / "manifest.json").exists()
-    # A one-stage command builds on fresh inputs only: with a --set that stales tasks (its near-duplicate settings),
-    # `bertpipe prepare` says to run tasks first, as `bertpipe stages` calls tasks stale, and keeps its output.
+    # A one-stage command builds on fresh inputs only: with a --set that stales splits (its near-duplicate settings),
+    # `bertpipe prepare` says to run splits first, as `bertpipe stages` calls splits stale, and keeps its output.
     over = ["--set", "prepare.dedup.threshold=0.8"]
     states = {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages", *over], tmp_path).stdout.splitlines()}
-    assert (states["tasks"], states["prepare"]) == ("stale", "stale"), states
+    assert (states["splits"], states["prepare"]) == ("stale", "stale"), states
     refused = run(["bertpipe", "prepare", *over], tmp_path, check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1].startswith(
-        "error: prepare: stage tasks is stale with these options (inputs or params changed); run `bertpipe tasks` "
+        "error: prepare: stage splits is stale with these options (inputs or params changed); run `bertpipe splits` "
         "with the same --set/--profile first"), refused.stderr
     assert json.loads((tmp_path / "work" / "prepare" / "manifest.json").read_text()) == rebuilt
     # A Prefect home with no records of these outputs (its result storage removed: what a new PREFECT_HOME has): the
@@ -94,4 +94,4 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     shutil.rmtree(tmp_path / ".bertpipe" / "prefect" / "storage")
     proc = run([sys.executable, "-c", FLOW_ONCE], tmp_path)
     again = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1][len("STATES="):])
-    assert again == {"tasks": "Cached", "prepare": "Cached"}, again
+    assert again == {"splits": "Cached", "prepare": "Cached"}, again

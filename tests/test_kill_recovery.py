@@ -144,11 +144,11 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     for root in (whole, killed):
         fake_finetune(root, zh_tokenizer_dir)
 
-    # tasks (the splits prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
+    # splits (what prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
     # The uninterrupted reference: the same stage commands, one after another in one new process (one start-up; not
     # a fork like the runs it is compared with: its own string-hash seed).
-    run(CLI_STAGES + ["tasks", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
-    run(["bertpipe", "tasks"], killed)
+    run(CLI_STAGES + ["splits", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
+    run(["bertpipe", "splits"], killed)
 
     rng = random.Random(SEED)
     log = []
@@ -163,7 +163,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     assert leftovers(killed) == [], log
     assert not list((killed / ".bertpipe" / "open-runs").glob("*.json"))
 
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client, experiment_id
 
     cfg = load_config(killed / "params.yaml")
@@ -177,7 +177,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
 REGISTER_CHILD = """
 import sys
 from pathlib import Path
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage
 root = Path(sys.argv[1])
@@ -262,7 +262,7 @@ KILLED_AFTER_CROWNING = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register (a fork's sys.path is the server's)
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.register import stage as register
 from bertpipe.stage import run_stage
 from tests.test_register import register_stage

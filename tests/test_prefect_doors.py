@@ -23,14 +23,13 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, \
     FlowRunFilterId, LogFilter, LogFilterFlowRunId
-from bertpipe.config import load_config
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe_prefect.flows import artifacts
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.tasks.stages import task_for
 
 out = {}
-state = domain_adaptation("params.yaml", None, [], "tasks", return_state=True)
+state = domain_adaptation("params.yaml", None, [], "splits", return_state=True)
 run_id = state.state_details.flow_run_id
 
 report = Path("fake-evaluate")
@@ -111,7 +110,7 @@ def test_artifacts_child_logs_retries(project):
     by_key = {a["key"]: a for a in out["flow"]}
     table = json.loads(by_key["stages"]["data"]) if isinstance(by_key["stages"]["data"], str) else \
         by_key["stages"]["data"]
-    assert {r["stage"]: r["status"] for r in table}["tasks"] == "built"
+    assert {r["stage"]: r["status"] for r in table}["splits"] == "built"
     assert {r["status"] for r in table} <= {"built", "skipped"} and len(table) > 3  # the rest are below --until
     assert by_key["stage-progress"]["type"] == "progress" and float(by_key["stage-progress"]["data"]) == 100.0
     md = [a for a in out["publish"] if a["key"] == "evaluation-report"]

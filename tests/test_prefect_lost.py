@@ -37,5 +37,5 @@ def test_a_run_whose_stages_all_finish_succeeds_when_the_prefect_server_dies(tmp
         both[-4000:]
     assert "warning: the Prefect server was lost during the run" in out.stderr, out.stderr[-3000:]
     lines = {ln.split()[0]: ln.split()[1] for ln in out.stdout.splitlines() if ln[:1].isalpha() and len(ln.split()) > 2}
-    assert lines.get("tasks") == "built" and lines.get("prepare") == "built", out.stdout
+    assert lines.get("splits") == "built" and lines.get("prepare") == "built", out.stdout
     assert (root / "work" / "prepare" / "manifest.json").is_file()

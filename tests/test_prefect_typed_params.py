@@ -18,21 +18,20 @@ pytestmark = pytest.mark.slow
 SCRIPT = r"""
 import json, sys
 from prefect.client.orchestration import get_client
-from bertpipe.config import load_config
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import fingerprint, read_manifest
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.schedule import deployment
 
-dep_id = deployment("params.yaml", until="tasks", name=sys.argv[1]).apply()
-state = domain_adaptation("params.yaml", None, [], "tasks", knobs={"finetune_max_train_examples": 100000},
+dep_id = deployment("params.yaml", until="splits", name=sys.argv[1]).apply()
+state = domain_adaptation("params.yaml", None, [], "splits", knobs={"finetune_max_train_examples": 100000},
                           return_state=True)
 assert state.is_completed(), state
 with get_client(sync_client=True) as c:
     schema = c.read_deployment(dep_id).parameter_openapi_schema
     run_params = c.read_flow_run(state.state_details.flow_run_id).parameters
 cfg = load_config("params.yaml")
-st = all_stages(cfg)["tasks"]
+st = all_stages(cfg)["splits"]
 fps = {"plain": fingerprint(st, cfg)[0],
        "override": fingerprint(st, load_config("params.yaml", None,
                                                ["finetune.train.max_train_examples=100000"]))[0],
@@ -45,7 +44,7 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
     from bertpipe.pipeline import COMMANDS
 
     root = tmp_path / "proj"
-    # One small default task: the knob reaches the tasks stage whatever it holds (MSRA's 2.2M lines only add time).
+    # One small default task: the knob reaches the splits stage whatever it holds (MSRA's 2.2M lines only add time).
     write_project(root, sample_raw, extra={"profile": "small", "profiles": {"small": {"pretrain": {"max_steps": 3}},
                                                                             "big": {"pretrain": {"max_steps": 9}}},
                                            "finetune": one_task()})

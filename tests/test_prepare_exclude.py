@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import read_task, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import read_task
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -48,7 +48,7 @@ def built(tmp_path_factory):
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
-    run_stage(stages["tasks"], cfg, tracker_factory=NO_TRACKING)
+    run_stage(stages["splits"], cfg, tracker_factory=NO_TRACKING)
     data = read_task(task_dir(cfg, "t"))
     test, dev, train = data["test"][0].text, data["dev"][0].text, data["train"][0].text
     planted = {
@@ -87,12 +87,12 @@ def test_planted_dev_and_test_texts_are_removed_and_train_texts_stay(built):
     assert "removed 4 documents matching finetune tasks' dev/test texts (t: exact 2, contains 1, near 1)" in report
 
 
-def test_prepare_reruns_when_a_test_split_changes_and_needs_the_tasks_stage(built, tmp_path):
+def test_prepare_reruns_when_a_test_split_changes_and_needs_the_splits_stage(built, tmp_path):
     cfg, _, _ = built
     stage = all_stages(cfg)["prepare"]
-    assert {k for k in stage.inputs(cfg) if k.startswith("tasks/")} == {"tasks/t/dev", "tasks/t/test"}
+    assert {k for k in stage.inputs(cfg) if k.startswith("splits/")} == {"splits/t/dev", "splits/t/test"}
     off = load_config(cfg.source, overrides=["prepare.exclude.tasks=false"])
-    assert not [k for k in all_stages(off)["prepare"].inputs(off) if k.startswith("tasks/")]
+    assert not [k for k in all_stages(off)["prepare"].inputs(off) if k.startswith("splits/")]
     fresh = load_config(cfg.source, overrides=[f"paths.work={tmp_path / 'w'}"])
-    with pytest.raises(BertpipeError, match=r"tasks/t/dev.*run the stage that makes it first"):
+    with pytest.raises(BertpipeError, match=r"splits/t/dev.*run the stage that makes it first"):
         run_stage(all_stages(fresh)["prepare"], fresh, tracker_factory=NO_TRACKING)

@@ -17,7 +17,7 @@ import pytest
 from bertpipe.cleaning.dedup import normal_form
 from bertpipe.cleaning.exclude import EvalTexts
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import prepare_stage
+from bertpipe.prepare.declare import prepare_stage
 from bertpipe.prepare.corpus import prepare_corpus
 from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams
 from bertpipe.prepare.shard import use_executor

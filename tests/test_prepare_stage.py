@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import prepare_stage
+from bertpipe.pipeline import load_config
+from bertpipe.prepare.declare import prepare_stage
 from bertpipe.prepare.params import LAWS_QUERY
 from bertpipe.stage import run_stage
 

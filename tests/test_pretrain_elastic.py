@@ -83,7 +83,7 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
     two = _project(tmp_path / "two", sample_raw, zh_tokenizer_dir).parent
     # The reference: one process, the same effective batch (8 x 2 accumulation x 1 = 8 x 1 x 2 processes). It runs
     # beside the two agents.
-    ref = subprocess.Popen([sys.executable, "-m", "bertpipe.pretrain.run", "--stage", "pretrain", "--no-tracking",
+    ref = subprocess.Popen([sys.executable, "-m", "bertpipe.torchrun", "--stage", "pretrain", "--no-tracking",
                             "--params", "params.yaml"], cwd=one, env=ENV, stdout=subprocess.DEVNULL,
                            stderr=open(tmp_path / "one.log", "w"), start_new_session=True)
     command = documented_command()
@@ -136,7 +136,7 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
 
     # MLflow: the stage's run says it restarted and where it resumed; the killed attempt's run is closed as KILLED
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client
 
     c = client(load_config(str(two / "params.yaml")))

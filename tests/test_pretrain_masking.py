@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.pretrain.data import build_examples, collate
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, normal_token_ids, seeded
 from bertpipe.pretrain.params import PretrainParams

@@ -20,7 +20,7 @@ from tests.forkcli import shared_cli
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE, ARGS = "bertpipe.pretrain.run", ["--stage", "base", "--no-tracking", "--params"]
+MODULE, ARGS = "bertpipe.torchrun", ["--stage", "base", "--no-tracking", "--params"]
 RUN = [sys.executable, "-m", MODULE, *ARGS]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -88,7 +88,7 @@ def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir):
                     grad_accum=2)
     trace = tmp_path / "trace"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "bertpipe.pretrain.run", "--stage", "base", "--no-tracking", "--params", str(params)]
+           "-m", "bertpipe.torchrun", "--stage", "base", "--no-tracking", "--params", str(params)]
     r = subprocess.run(cmd, cwd=REPO, env={**ENV, "BERTPIPE_PRETRAIN_TRACE": str(trace)}, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import base_stage
+from bertpipe.pipeline import load_config
+from bertpipe.pretrain.declare import base_stage
 from bertpipe.pretrain import data
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.stage import objective_model
@@ -84,7 +84,8 @@ def test_discriminator_learns_and_encoder_is_saved_headless(rtd_base):
 
 def test_rtd_encoder_finetunes_in_the_finetune_stage(rtd_base, tmp_path):
     from bertpipe.finetune import synthetic as S
-    from bertpipe.pipeline import finetune_stage, tasks_stage
+    from bertpipe.finetune.declare import finetune_stage
+    from bertpipe.splits.declare import splits_stage
 
     root, _, _ = rtd_base
     enc = tmp_path / "enc"
@@ -102,7 +103,7 @@ finetune:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
 """, encoding="utf-8")
     cfg = load_config(tmp_path / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg, tracker_factory=NO_TRACKER["tracker_factory"])
+    run_stage(splits_stage(cfg), cfg, tracker_factory=NO_TRACKER["tracker_factory"])
     res = run_stage(finetune_stage("cls", "base"), cfg, tracker_factory=NO_TRACKER["tracker_factory"])
     m = json.loads((res.out / "metrics.json").read_text(encoding="utf-8"))
     test_f1 = m["per_seed"]["7"]["test"]["macro_f1"]

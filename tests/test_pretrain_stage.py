@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import base_stage, pretrain_stage
+from bertpipe.pipeline import load_config
+from bertpipe.pretrain.declare import base_stage, pretrain_stage
 from bertpipe.stage import run_stage
 from tests.test_pretrain_support import TINY_ARCH, english_texts, law_texts, write_corpus, write_params
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 
 
 def write(root, params: dict, profiles) -> None:

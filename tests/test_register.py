@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.register import stage as register
 from bertpipe.stage import Stage, run_stage, write_json
-from bertpipe.taskdata import Example, write_split
+from bertpipe.tasklib import Example, write_split
 
 LABELS = ["neg", "pos"]
 POS = ["这个产品很好", "质量很好", "服务好", "好用", "非常好", "很好很满意", "真好", "好极了"]
@@ -33,7 +33,7 @@ def examples(prefix: str, n: int, offset: int = 0) -> list[Example]:
 
 
 def write_task(root: Path, task: str, test: list[Example]) -> None:
-    tdir = root / "work" / "tasks" / task
+    tdir = root / "work" / "splits" / task
     tdir.mkdir(parents=True, exist_ok=True)
     info = write_split(tdir / "test.jsonl", test)
     write_json(tdir / "splits.json", {"splits": {"test": info}, "labels": LABELS})
@@ -77,7 +77,7 @@ def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[d
     """The model's macro-F1 and predictions on the task's test split, with the training library's scoring code."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from bertpipe.taskdata import read_split
+    from bertpipe.tasklib import read_split
     from bertpipe.training.features import featurize
     from bertpipe.training.params import TaskParams, TrainParams
     from bertpipe.training.predict import score
@@ -127,7 +127,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
     """The register stage over hand-made finetune outputs: the graph's finetune stages, output dirs replaced."""
     from dataclasses import replace
 
-    from bertpipe.pipeline import finetune_stage
+    from bertpipe.finetune.declare import finetune_stage
 
     def sources(c):
         return {f"finetune/{t}": replace(finetune_stage(t, "adapted"), output=lambda _c, ft=ft: ft)
@@ -144,9 +144,9 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
 def write_baselines(root: Path, task: str = "sentiment") -> float:
     """work/evaluate/metrics.json with the majority-class baseline computed on the task's test split."""
     from bertpipe.scoring.metrics import classification_metrics
-    from bertpipe.taskdata import read_split
+    from bertpipe.tasklib import read_split
 
-    gold = [e.label for e in read_split(root / "work" / "tasks" / task / "test.jsonl")]
+    gold = [e.label for e in read_split(root / "work" / "splits" / task / "test.jsonl")]
     majority = Counter(gold).most_common(1)[0][0]
     flat, _ = classification_metrics(gold, [majority] * len(gold), LABELS)
     path = root / "work" / "evaluate" / "metrics.json"
@@ -380,8 +380,8 @@ def test_test_set_identity_is_data_and_eval_settings_not_training_params(tmp_pat
     assert identity({"lr": 3e-5}, {"train_overrides": {"lr": 1e-2}}) == base
     write_task(tmp_path, "sentiment", examples("other", 24))
     assert identity({"lr": 3e-5}) != base
-    # Without work/tasks (before that stage existed): the finetune data inputs stand for the test data.
-    (tmp_path / "work" / "tasks" / "sentiment" / "splits.json").unlink()
+    # Without the split's splits.json: the finetune data inputs stand for the test data.
+    (tmp_path / "work" / "splits" / "sentiment" / "splits.json").unlink()
     fallback = identity({"lr": 3e-5})
     assert identity({"lr": 1e-3}) == fallback and identity({"lr": 3e-5}, {"split_seed": 1}) != fallback
 

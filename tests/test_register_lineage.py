@@ -8,11 +8,13 @@ import json
 
 import pytest
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import finetune_stage, tasks_stage
+from bertpipe.finetune.declare import finetune_stage
+from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import split_info, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import split_info
 from tests.test_register import examples, register_stage, write_baselines
 
 pytestmark = pytest.mark.slow
@@ -29,7 +31,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
         "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl}}\n"
         "register: {floor: none, register_encoder: false}\n", encoding="utf-8")
     cfg = load_config(tmp_path / "params.yaml")
-    run_stage(tasks_stage(cfg), cfg)
+    run_stage(splits_stage(cfg), cfg)
     ft = run_stage(finetune_stage("sentiment", "base"), cfg)
     for d in ("evaluate", "pretrain"):
         (tmp_path / "work" / d).mkdir(parents=True)

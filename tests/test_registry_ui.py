@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.stage import run_stage
 from tests.test_register import finetune_output, register_stage
 

@@ -49,7 +49,7 @@ def register_project(root: Path, tok: Path) -> None:
 def test_register_waits_for_an_mlflow_store_another_process_holds_locked(tmp_path, zh_tokenizer_dir):
     """Before: pysqlite gave up after 5 s and register died with an `OperationalError: database is locked`
     traceback. Now it says it is waiting, waits, and registers once the lock is gone."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client
 
     root = tmp_path / "proj"
@@ -119,7 +119,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def no_running_runs(root: Path) -> list[str]:
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.tracking import client, experiment_id
 
     cfg = load_config(root / "params.yaml")
@@ -130,13 +130,13 @@ def no_running_runs(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, zh_tokenizer_dir):
-    """An uninterrupted `bertpipe tasks` + `bertpipe finetune`."""
+    """An uninterrupted `bertpipe splits` + `bertpipe finetune`."""
     from bertpipe.finetune.synthetic import tiny_encoder
 
     base = tmp_path_factory.mktemp("reliability")
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
     root = finetune_project(base / "whole", zh_tokenizer_dir, enc)
-    assert bertpipe(root, "tasks").returncode == 0
+    assert bertpipe(root, "splits").returncode == 0
     r = bertpipe(root, "finetune", "--task", "long", fork=False)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[{FT}] done in" in r.stderr, r.stderr[-3000:]
@@ -145,7 +145,7 @@ def reference(tmp_path_factory, zh_tokenizer_dir):
 
 def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, zh_tokenizer_dir):
     root = finetune_project(reference["base"] / "killed", zh_tokenizer_dir, reference["enc"])
-    assert bertpipe(root, "tasks").returncode == 0
+    assert bertpipe(root, "splits").returncode == 0
     # Half-way, by progress rather than by the clock: the first of the two seeds is trained, scored and saved, the
     # second is training (a sleep of half the reference's build time missed when this run was faster than it).
     proc, lines, half_way, t = watch(["bertpipe", "finetune", "--task", "long"], root, "long/base seed 1: dev")
@@ -164,7 +164,7 @@ def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, 
 
 def test_work_dir_filling_up_mid_finetune_is_one_line_then_a_rerun_completes(reference, zh_tokenizer_dir):
     """work/ on a tmpfs with room for the task splits and training, not for the saved model: ENOSPC mid-stage is
-    one error line, the temp dir is gone, work/tasks is untouched; with room again the rerun equals a clean run."""
+    one error line, the temp dir is gone, work/splits is untouched; with room again the rerun equals a clean run."""
     import hashlib
 
     root = finetune_project(reference["base"] / "full", zh_tokenizer_dir, reference["enc"])
@@ -174,15 +174,15 @@ def test_work_dir_filling_up_mid_finetune_is_one_line_then_a_rerun_completes(ref
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        assert bertpipe(root, "tasks").returncode == 0
-        tasks = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "tasks").rglob("*")
+        assert bertpipe(root, "splits").returncode == 0
+        tasks = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "splits").rglob("*")
                  if p.is_file()}
         r = bertpipe(root, "finetune", "--task", "long")
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-4000:]
         assert "no space left on device" in errors[0].lower(), errors
         assert leftovers(root) == [] and not (work / "finetune" / "long" / "base").exists()
-        assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "tasks").rglob("*")
+        assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "splits").rglob("*")
                 if p.is_file()} == tasks
         subprocess.run(["mount", "-o", "remount,size=64m", str(work)], check=True)
         r = bertpipe(root, "finetune", "--task", "long")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bertpipe import lineage
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe.pipeline import all_stages
 from bertpipe.registry.versions import cache_dir
 from tests.e2e_project import write_project
@@ -52,7 +52,7 @@ def _register(cfg, lineage_rec: dict | None) -> str:
 
 def corpus_id(cfg) -> str:
     """The prepare stage's fingerprint, as the start stage reads it from prepare's manifest once prepare ran."""
-    from bertpipe.pipeline import prepare_stage
+    from bertpipe.prepare.declare import prepare_stage
     from bertpipe.stage import fingerprint
 
     return fingerprint(prepare_stage(), cfg)[0]
@@ -64,7 +64,7 @@ def resolve(cfg):
 
 def _decided(cfg):
     """The start stage's decision written where the graph reads it (its build, without a stage run)."""
-    from bertpipe.start import start_file
+    from bertpipe.layout import start_file
     from bertpipe.start.stage import decide
 
     start_file(cfg).parent.mkdir(parents=True, exist_ok=True)

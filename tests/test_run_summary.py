@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bertpipe.config import load_config
+from bertpipe.pipeline import load_config
 from bertpipe_prefect.flows.summary import summary
 
 
@@ -25,9 +25,9 @@ def test_the_summary_says_what_register_decided(tmp_path):
     assert "registered: bp-ner version 2 aliases [champion] - new champion: f1 +0.03" in text
     assert "not registered: bp-qa (no test examples)" in text
     assert "register                                 built" in text
-    # a run that stopped before register (`--until tasks`) names no version an earlier run registered
+    # a run that stopped before register (`--until splits`) names no version an earlier run registered
     (cfg.work / "evaluate").mkdir()
     (cfg.work / "evaluate" / "report.md").write_text("# report\n")
-    text = summary({"tasks": {"status": "cached", "out": str(cfg.work / "tasks")},
+    text = summary({"splits": {"status": "cached", "out": str(cfg.work / "splits")},
                     "register": {"status": "skipped", "out": str(reg.parent)}}, cfg)
     assert "registered" not in text and "report:" not in text, text

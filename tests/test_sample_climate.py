@@ -1,5 +1,5 @@
 """The optional envtext sample and examples/evidence_climate: the package's labelled sets unpack into a task whose
-test texts stay out of the domain corpus, the example's tasks stage splits it, and the archive is held to its pin."""
+test texts stay out of the domain corpus, the example's splits stage splits it, and the archive is held to its pin."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.samples import SAMPLES, _download, fetch_samples
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import SPLITS, read_task, split_info, task_dir
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS, read_task, split_info
 from tests.e2e_project import REPO
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -46,14 +46,14 @@ def test_envtext_unpacks_the_task_and_a_corpus_without_its_test_texts(climate_ra
     assert set(corpus) >= {t.strip() for t in intensity["train"]["text"]} - test_texts  # the second set's texts too
 
 
-def test_example_tasks_stage_splits_the_task(tmp_path, climate_raw):
-    """examples/evidence_climate/params.yaml as shipped (smoke caps): the tasks stage reads the sample's files and
+def test_example_splits_stage_splits_the_task(tmp_path, climate_raw):
+    """examples/evidence_climate/params.yaml as shipped (smoke caps): the splits stage reads the sample's files and
     makes non-empty train/dev/test splits with both labels; test comes from the package's valid split only."""
     cfg = load_config(REPO / "examples" / "evidence_climate" / "params.yaml", "smoke",
                       [f"paths.raw={climate_raw}", f"paths.work={tmp_path / 'work'}", f"paths.state={tmp_path / 's'}"])
     assert cfg.params.finetune.encoders == ["base", "adapted", "tapt"]
     assert [s.path for s in cfg.params.prepare.domain.sources] == ["{raw}/envtext/corpus.jsonl"]
-    run_stage(all_stages(cfg)["tasks"], cfg, tracker_factory=NO_TRACKING)
+    run_stage(all_stages(cfg)["splits"], cfg, tracker_factory=NO_TRACKING)
     data = read_task(task_dir(cfg, "is_climate"))
     for split in SPLITS:
         assert {ex.label for ex in data[split]} == {"climate", "other"}, split

@@ -535,7 +535,7 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
 def test_champion_truncates_long_text_however_it_is_loaded(registry):
     """The README's pyfunc call on a text past the 64-position table: every way of loading the transformers-flavor
     champion truncates it as `models predict` does (head), with no size mismatch."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.inference.predictor import Predictor
     from bertpipe.registry.files import local_version
     from bertpipe.tracking import fluent_mlflow

@@ -19,7 +19,7 @@ NAME = "bertpipe-sentiment"
 def _register_broken(root: Path, tokenizer_dir: Path) -> str:
     """A version registered like any other whose weights in the artifact store are then damaged (a disk error, a
     half-copied store): its files fail to load."""
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.register.stage import _log_and_register
     from bertpipe.tracking import experiment_id, fluent_mlflow
 
@@ -49,7 +49,7 @@ def _until(check, timeout: float = 60.0, what: str = ""):
 
 @pytest.mark.slow
 def test_a_version_that_fails_to_load_does_not_stop_alias_following(tmp_path, zh_tokenizer_dir):
-    from bertpipe.config import load_config
+    from bertpipe.pipeline import load_config
     from bertpipe.registry.champion import promote
     from bertpipe.serve.app import RegistryModelAPI
     from bertpipe.serve.params import ServeParams

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

@@ -20,12 +20,11 @@ import sys
 import pytest
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
 from bertpipe.freshness import expected
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import read_manifest, run_stage
-from bertpipe.start import read_start, start_dir, start_file
+from bertpipe.layout import read_start, start_dir, start_file
 from tests.test_fingerprint_scope import REPO, finish
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -65,7 +64,7 @@ def test_an_unreachable_registry_is_an_error_not_the_base(tmp_path, sample_raw, 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     _, cfg = project(tmp_path, sample_raw, DEAD)
     stages = all_stages(cfg)
-    finish(cfg, {n: stages[n] for n in ("tasks", "prepare")})
+    finish(cfg, {n: stages[n] for n in ("splits", "prepare")})
     with pytest.raises(BertpipeError, match="registry cannot be read") as e:
         run_stage(stages["start"], cfg, tracker_factory=NO_TRACKING)
     assert "\n" not in str(e.value) and "127.0.0.1:9" in str(e.value)
@@ -82,7 +81,7 @@ def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
 
     _, cfg = project(tmp_path, sample_raw)
     stages = all_stages(cfg)
-    finish(cfg, {n: stages[n] for n in ("tasks", "prepare", "base")})
+    finish(cfg, {n: stages[n] for n in ("splits", "prepare", "base")})
     first = run_stage(stages["start"], cfg, tracker_factory=NO_TRACKING)
     rec = read_start(start_file(cfg))
     assert not first.skipped and rec["kind"] == "base" and rec["model"] is None
@@ -118,5 +117,5 @@ def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
     states = expected(cfg, stages)
     stale = {n for n, f in states.items() if not f.fresh}
     assert "vocab" in stale and "pretrain" in stale
-    assert {"tasks", "prepare", "base", "start"}.isdisjoint(stale), stale
+    assert {"splits", "prepare", "base", "start"}.isdisjoint(stale), stale
     assert json.loads(start_file(cfg).read_text())["start"] == {"kind": "champion", "name": NAME, "version": v}

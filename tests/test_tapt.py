@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages, export_stage, tapt_stage
+from bertpipe.pipeline import all_stages, load_config
+from bertpipe.export.declare import export_stage
+from bertpipe.pretrain.tapt.declare import tapt_stage
 from bertpipe.pretrain.tapt.corpus import tapt_corpus
 from bertpipe.stage import run_stage
-from bertpipe.taskdata import Example, read_split, write_split
+from bertpipe.tasklib import Example, read_split, write_split
 
 torch.set_num_threads(1)
 NO_TRACKING = {"tracker_factory": lambda *a: contextlib.nullcontext()}
@@ -56,8 +57,8 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     (root / "params.yaml").write_text(PARAMS, encoding="utf-8")
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
-    run_stage(stages["tasks"], cfg, **NO_TRACKING)
-    tdir = root / "work" / "tasks" / "cls"
+    run_stage(stages["splits"], cfg, **NO_TRACKING)
+    tdir = root / "work" / "splits" / "cls"
     test = read_split(tdir / "test.jsonl")
     test.append(Example(id="leak-test", text=LEAK, label="pos"))
     write_split(tdir / "test.jsonl", test)
@@ -72,7 +73,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
 
 def test_tapt_corpus_holds_no_dev_or_test_text(project):
     root, cfg, _ = project
-    tdir = root / "work" / "tasks" / "cls"
+    tdir = root / "work" / "splits" / "cls"
     corpus = tapt_corpus("cls", tdir, cfg.params.prepare, holdout=0.1, seed=0)
     texts = corpus.train + corpus.held_out
     kept_out = {e.text for s in ("dev", "test") for e in read_split(tdir / f"{s}.jsonl")}

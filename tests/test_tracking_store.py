@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import load_config
 from bertpipe.stage import is_fresh, run_stage
 from tests.e2e_project import free_port
 from tests.test_register import finetune_dir, make_project, record, register_stage, write_baselines
@@ -82,7 +82,7 @@ def test_a_killed_creation_leaves_no_store(tmp_path):
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     cfg = project(tmp_path / "p")
-    code = ("from bertpipe.config import load_config; from bertpipe.tracking import client; "
+    code = ("from bertpipe.pipeline import load_config; from bertpipe.tracking import client; "
             f"client(load_config({str(tmp_path / 'p' / 'params.yaml')!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
@@ -118,7 +118,7 @@ def registered(tmp_path_factory, zh_tokenizer_dir):
 
 def the_register_stage(ft: Path):
     """tests/test_register.py's register stage over ``ft``, with the pipeline's own rule for a lost registry."""
-    from bertpipe.pipeline import register_stage as pipeline_register
+    from bertpipe.register.declare import register_stage as pipeline_register
 
     return replace(register_stage(ft), lost=pipeline_register().lost)
 

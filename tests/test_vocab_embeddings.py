@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.config import load_config
-from bertpipe.pipeline import vocab_stage
+from bertpipe.pipeline import load_config
+from bertpipe.vocab.declare import vocab_stage
 from bertpipe.stage import run_stage
 from bertpipe.vocab.embeddings import extend_model, load_mlm, mlm_loss, output_bias, piece_ids
 from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer

@@ -54,7 +54,7 @@ def decided(cfg):
     """``cfg`` after the start stage wrote where pretraining starts (the vocab stage's ``start`` input)."""
     import contextlib
 
-    from bertpipe.pipeline import start_stage
+    from bertpipe.start.declare import start_stage
     from bertpipe.stage import run_stage
 
     run_stage(start_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.config import load_config
-from bertpipe.pipeline import vocab_stage
+from bertpipe.pipeline import load_config
+from bertpipe.vocab.declare import vocab_stage
 from bertpipe.stage import run_stage
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer, moved_ids, tokenizer_stats, unk_counts

@@ -11,9 +11,9 @@ import torch
 from tests.test_vocab_helpers import decided, legal_texts, tiny_zh_model, write_corpus
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.config import load_config
 from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import vocab_stage
+from bertpipe.pipeline import load_config
+from bertpipe.vocab.declare import vocab_stage
 from bertpipe.stage import run_stage
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

@@ -40,14 +40,14 @@ class EvalTexts:
 
     @classmethod
     def from_inputs(cls, inputs: dict[str, Path | str], p: PrepareParams) -> "EvalTexts":
-        """From stage inputs keyed ``tasks/<task>/<split>`` (split files of the ``tasks`` stage)."""
-        from bertpipe.taskdata import read_split
+        """From stage inputs keyed ``splits/<task>/<split>`` (split files of the ``splits`` stage)."""
+        from bertpipe.tasklib import read_split
 
         norm = Cleaner(p.clean).normalise
         where: dict[str, int] = {}
         out = cls()
         for key, path in sorted(inputs.items()):
-            if not key.startswith("tasks/"):
+            if not key.startswith("splits/"):
                 continue
             task = key.split("/")[1]
             if task not in out.tasks:

@@ -65,7 +65,7 @@ def build(ctx, task: str) -> dict:
     from bertpipe.training.heads import auto_class, pipeline_task
     from bertpipe.training.loop import train
     from bertpipe.training.params import with_overrides
-    from bertpipe.training.task import model_labels, task_examples, task_settings
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
 
     dp = ctx.params
     p, tp = task_settings(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)

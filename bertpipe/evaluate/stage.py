@@ -210,10 +210,10 @@ def encoder_verdict(ec: dict) -> str:
 def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
     """Baselines, test-set identity, intervals and verdicts, task by task."""
     from bertpipe.scoring.baselines import task_baselines
-    from bertpipe.taskdata import read_task, split_info
+    from bertpipe.tasklib import read_task, split_info
 
     for task, t in result["tasks"].items():
-        tdir = ctx.inputs.get(f"tasks/{task}")
+        tdir = ctx.inputs.get(f"splits/{task}")
         info = split_info(tdir) if tdir else {}
         t["test_sha256"] = info.get("splits", {}).get("test", {}).get("sha256")
         t["baselines"] = {}
@@ -292,7 +292,7 @@ def build(ctx) -> dict:
         torch.set_num_threads(p.num_threads)
     results = {}
     dirs = {}
-    for key, src in ctx.sources.items():  # the finetune stages behind the inputs (bertpipe.pipeline.evaluate_stage)
+    for key, src in ctx.sources.items():  # the finetune stages behind the inputs (bertpipe.evaluate.declare)
         if src.family == "finetune":
             path = Path(ctx.inputs[key])
             results[(src.task, src.encoder)] = _load_finetune(path, key)

@@ -38,7 +38,7 @@ def _task_checks(ctx, task: str, model_dir: Path, backends: dict) -> dict:
     from bertpipe.scoring.metrics import PRIMARY
     from bertpipe.training.features import featurize
     from bertpipe.training.predict import run_model, score
-    from bertpipe.training.task import model_labels, task_examples, task_settings
+    from bertpipe.tasklib import model_labels, task_examples, task_settings
     from bertpipe.training.taskfiles import cap
 
     ep = ctx.params

@@ -22,13 +22,13 @@ from bertpipe.finetune import search as S
 from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.modelinfo import clamp_seq_len
-from bertpipe.taskdata import SPLITS, SPLITS_JSON, read_task, split_info
+from bertpipe.tasklib import SPLITS, SPLITS_JSON, read_task, split_info
 from bertpipe.training import degenerate as D
 from bertpipe.training.features import describe, featurize
 from bertpipe.training.heads import pipeline_task
 from bertpipe.training.predict import score
 
-VERSION = "2"  # 2: reads the tasks stage's splits; seeded before the model is built
+VERSION = "2"  # 2: reads the splits stage's splits; seeded before the model is built
 
 
 def _plot(path: Path, runs: dict, primary: str, title: str) -> None:
@@ -88,12 +88,12 @@ def build(ctx, task: str, encoder: str) -> dict:
         torch.set_num_threads(tp.num_threads)
     device = pick_device(tp.device)
     tdir = Path(ctx.inputs["task"])
-    data = read_task(tdir)  # the tasks stage's splits: cleaned, leak-checked, capped, labels mapped
+    data = read_task(tdir)  # the splits stage's output: cleaned, leak-checked, capped, labels mapped
     info = split_info(tdir)
     counts: Counter = Counter({k: v for k, v in info.get("counts", {}).items() if isinstance(v, int)})
     labels = list(info.get("labels") or [])
     if p.type != "qa" and not labels:
-        raise BertpipeError(f"{tdir / SPLITS_JSON}: no label list (rerun the `tasks` stage)")
+        raise BertpipeError(f"{tdir / SPLITS_JSON}: no label list (rerun `bertpipe splits`)")
     label2id = {lab: i for i, lab in enumerate(labels)}
     src = ctx.inputs["encoder"]
     try:

@@ -26,11 +26,11 @@ META_KEYS = ("truncation", "head_tokens", "stride", "window_aggregate", "label_a
 def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
     """What inference needs besides the weights: task type, labels and the task's long-text handling."""
     from bertpipe.inference.backends import model_kind
-    from bertpipe.training.task import model_labels
+    from bertpipe.tasklib import model_labels
 
     if task is None:
         return {"type": model_kind(model_dir), "labels": [], "max_seq_len": 128}
-    from bertpipe.training.task import task_settings
+    from bertpipe.tasklib import task_settings
 
     p, tp = task_settings(cfg, task, model_dir)
     return {"task": task, "type": p.type, "labels": model_labels(model_dir), "max_seq_len": tp.max_seq_len,
@@ -40,7 +40,7 @@ def task_meta(cfg, task: str | None, model_dir: Path) -> dict:
 def meta_from_config(model_dir: Path) -> dict:
     """A task.json for a model exported without one: type and labels from its config, default long-text handling."""
     from bertpipe.inference.backends import model_kind
-    from bertpipe.training.task import model_labels
+    from bertpipe.tasklib import model_labels
 
     conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     return {"type": model_kind(model_dir), "labels": model_labels(model_dir),
@@ -99,7 +99,7 @@ class Predictor:
         return cls(model_dir, meta, backend, files_dir, batch_size, device)
 
     def examples(self, records: Sequence[dict]):
-        from bertpipe.taskdata import Example
+        from bertpipe.tasklib import Example
 
         dummy = self.labels[0] if self.labels else None
         out = []

@@ -116,7 +116,7 @@ class SplitParams(_Model):
 
 
 class ExcludeParams(_Model):
-    """Keeping finetune tasks' dev/test texts out of every pretraining corpus (the `tasks` stage's split files).
+    """Keeping finetune tasks' dev/test texts out of every pretraining corpus (the `splits` stage's split files).
 
     A document goes when it equals a dev/test text (whitespace and case aside), is a near-duplicate of one
     (prepare.dedup's MinHash settings), or contains one of at least ``contain_min_chars`` characters verbatim."""

@@ -1,6 +1,9 @@
 """Run the `base` or `pretrain` stage in every process of a torchrun job.
 
-    torchrun --nproc_per_node=2 -m bertpipe.pretrain.run --stage pretrain [--params params.yaml] [--set k=v ...]
+    torchrun --nproc_per_node=2 -m bertpipe.torchrun --stage pretrain [--params params.yaml] [--set k=v ...]
+
+(``bertpipe.torchrun`` is that command's entry point: it loads the params and looks the stage up in the graph, then
+calls ``run`` here.)
 
 Several nodes (a c10d rendezvous) and elastic restarts (``--max-restarts``: the group restarts after a rank dies and
 resumes from the last checkpoint): docs/distributed.md, whose command tests/test_pretrain_elastic.py runs.
@@ -18,7 +21,6 @@ nothing changes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -51,7 +53,7 @@ def torchrun_command(stage_name: str, n: int, launch_args: tuple, force: bool, t
     """The torchrun command line that runs ``stage_name`` in ``n`` processes with the same params."""
     params, profile, overrides = launch_args
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "-m", "bertpipe.pretrain.run", "--stage", stage_name]
+           "-m", "bertpipe.torchrun", "--stage", stage_name]
     if params is not None:
         cmd += ["--params", params]
     if profile is not None:
@@ -107,33 +109,3 @@ def run(stage, cfg, force: bool = False, tracker_factory=None):
                            fp, None)
         stage.build(ctx)
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bertpipe.config import load_config
-    from bertpipe.pipeline import base_stage, pretrain_stage
-
-    ap = argparse.ArgumentParser(prog="python -m bertpipe.pretrain.run", description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", choices=("base", "pretrain"), default="pretrain")
-    ap.add_argument("--params", "-p", default="params.yaml")
-    ap.add_argument("--profile", default=None)
-    ap.add_argument("--set", "-s", dest="overrides", action="append", default=[])
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow (quick local runs, tests)")
-    args = ap.parse_args(argv)
-    try:
-        explicit = args.params if (args.params != "params.yaml" or Path(args.params).exists()) else None
-        cfg = load_config(explicit, args.profile, args.overrides)
-        stage = base_stage() if args.stage == "base" else pretrain_stage()
-        quiet = (lambda *a: contextlib.nullcontext()) if args.no_tracking else None
-        res = run(stage, cfg, force=args.force, tracker_factory=quiet)
-    except BertpipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if res is not None:
-        print(f"{res.name}: {'up to date' if res.skipped else 'built'} -> {res.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

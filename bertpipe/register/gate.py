@@ -61,9 +61,10 @@ def task_settings(cfg, ft_dir: Path, task: str):
 
 def test_identity(cfg, ft_dir: Path, task: str) -> tuple[str, dict]:
     """(identity hash, what it is made of) of the test set a task model was scored on: the test split's sha256
-    from work/tasks/<task>/splits.json (or, before that stage existed, the finetune data inputs and the task's
+    from work/splits/<task>/splits.json (or, where there is none, the finetune data inputs and the task's
     data params) plus the evaluation settings that change the score."""
-    from bertpipe.taskdata import split_info, task_dir
+    from bertpipe.layout import task_dir
+    from bertpipe.tasklib import split_info
 
     tp, trp = task_settings(cfg, ft_dir, task)
     test = (split_info(task_dir(cfg, task)).get("splits") or {}).get("test") or {}

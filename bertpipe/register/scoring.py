@@ -22,16 +22,10 @@ class _AnyLabel(dict):
 
 
 def test_examples(cfg, ft_dir: Path, task: str) -> list:
-    """Today's test examples of ``task``: the materialised split, else the finetune stage's own reading of it."""
-    from bertpipe.taskdata import read_split, task_dir
+    """Today's test examples of ``task``: the splits stage's materialised test split (``bertpipe.tasklib``)."""
+    from bertpipe.tasklib import task_examples
 
-    path = task_dir(cfg, task) / "test.jsonl"
-    if path.is_file():
-        return read_split(path)
-    from bertpipe.training import taskfiles as D
-
-    tp, trp = task_settings(cfg, ft_dir, task)
-    return D.cap(D.load_task(tp, cfg.path, Counter())["test"], trp.max_eval_examples, tp.split_seed)
+    return task_examples(cfg, task, ("test",))["test"]
 
 
 def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[float | None, list[dict]]:

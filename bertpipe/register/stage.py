@@ -102,7 +102,7 @@ def _task_models(ctx: StageContext) -> list[tuple[str, str, Path, object]]:
 
     finetunes: dict[str, dict[str, Path]] = {}
     out = []
-    for key, src in ctx.sources.items():  # the stages behind the inputs (bertpipe.pipeline.register_stage)
+    for key, src in ctx.sources.items():  # the stages behind the inputs (bertpipe.register.declare)
         if src.family == "finetune":
             finetunes.setdefault(src.task, {})[src.encoder] = Path(ctx.inputs[key])
         elif src.family == "distill":
@@ -216,7 +216,8 @@ def _log_inputs(ctx: StageContext, mlflow, c: Candidate) -> None:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    from bertpipe.taskdata import split_info, task_dir
+    from bertpipe.layout import task_dir
+    from bertpipe.tasklib import split_info
 
     def local_source(path: str):  # MLflow's "local" source (registered twice: silence its which-one warning)
         with warnings.catch_warnings():
@@ -317,7 +318,7 @@ def _test_set_words(c: Candidate) -> str:
     if c.ft_dir is None:
         return f"domain corpus of prepare {str(c.identity_parts.get('prepare'))[:12]} (identity {c.identity[:12]})"
     what = (f"{data.get('examples')} examples, sha256 {data['test_sha256'][:12]}" if data.get("test_sha256")
-            else "the finetune data inputs (no work/tasks split)")
+            else "the finetune data inputs (no work/splits split)")
     keys = ", ".join(f"{k} {v}" for k, v in settings.items() if k in ("max_seq_len", "max_eval_examples",
                                                                    "truncation", "head_tokens"))
     return f"{what}; {keys} (identity {c.identity[:12]})"

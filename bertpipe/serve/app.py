@@ -53,7 +53,7 @@ class RegistryModelAPI(ls.LitAPI):
 
     # ------------------------------------------------------------ worker process
     def setup(self, device) -> None:
-        from bertpipe.config import load_config
+        from bertpipe.pipeline import load_config
         from bertpipe.tracking import client
 
         if self.sp.num_threads:

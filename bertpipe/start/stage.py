@@ -22,7 +22,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from bertpipe.start import START_JSON, describe, start_dir
+from bertpipe.layout import START_JSON, start_dir
+from bertpipe.lineage import describe
 
 VERSION = "1"
 # What the rule reads from params (bertpipe.lineage.resolve); the registry's answer is the external input.

@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 from bertpipe.training import qa as Q
 from bertpipe.training import tagging as T
 from bertpipe.training import windows as W

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 
 
 def _cap_question(tokenizer, question: str, max_query_len: int) -> str:

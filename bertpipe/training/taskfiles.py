@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.sqlite_io import reading
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 from bertpipe.training import tagging
 from bertpipe.training.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
 from bertpipe.training.params import TaskParams
@@ -357,7 +357,7 @@ def split_missing(
 def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
     """Read, clean and split a task's data by its own groups: {train, dev, test} (dev/test may be empty).
 
-    The ``tasks`` stage (bertpipe.taskdata.stage) adds near-duplicate handling and the caps on top."""
+    The ``splits`` stage (bertpipe.splits.stage) adds near-duplicate handling and the caps on top."""
     return split_missing(read_files(p, resolve, counts), p, counts)
 
 

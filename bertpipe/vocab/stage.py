@@ -35,13 +35,14 @@ def _glossaries(ctx) -> list[mining.GlossaryTerm]:
 
 
 def build(ctx) -> dict:
-    from bertpipe import start as S
+    from bertpipe import lineage as S
+    from bertpipe.layout import read_start
     from bertpipe.modelinfo import clamp_seq_len
 
     p = ctx.params
     language = ctx.cfg.params.model.language
     torch.manual_seed(p.seed)
-    start = S.read_start(ctx.inputs["start"])  # the start stage's decision (the model/tokenizer inputs follow it)
+    start = read_start(ctx.inputs["start"])  # the start stage's decision (the model/tokenizer inputs follow it)
     if start is None:
         raise BertpipeError(f"{ctx.inputs['start']}: not a start decision (run `bertpipe start` first)")
     described = S.describe(start, ctx.inputs["model"])

@@ -3,9 +3,9 @@
 The task's train texts (the text, a pair's second text, a QA question; each distinct text once) are checked against
 the task's own dev and test texts with prepare's leakage exclusion (``bertpipe.cleaning.exclude``: exact, contains,
 near-duplicate, after prepare's normalisation and with ``prepare``'s clean/dedup/exclude params), so "leak" means
-what it means for the pretraining corpora. The tasks stage already drops train examples that near-duplicate dev or
+what it means for the pretraining corpora. The splits stage already drops train examples that near-duplicate dev or
 test; this check also catches a train text that contains a dev/test text verbatim, and a task directory not made by
-the tasks stage.
+the splits stage.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from bertpipe.cleaning.clean import Cleaner
 from bertpipe.cleaning.exclude import EvalTexts, exclude
-from bertpipe.taskdata import read_split
+from bertpipe.tasklib import read_split
 
 
 @dataclass
@@ -42,7 +42,7 @@ def leak_checked(task: str, task_dir: Path, prepare_params) -> tuple[list[str], 
     """(the task's train texts that leak none of its dev/test texts, counts of what was dropped and why)."""
     owners = task_texts(read_split(Path(task_dir) / "train.jsonl"))
     texts = list(owners)
-    ev = EvalTexts.from_inputs({f"tasks/{task}/{s}": Path(task_dir) / f"{s}.jsonl" for s in ("dev", "test")},
+    ev = EvalTexts.from_inputs({f"splits/{task}/{s}": Path(task_dir) / f"{s}.jsonl" for s in ("dev", "test")},
                                prepare_params)
     norm = Cleaner(prepare_params.clean).normalise
     docs = [{"id": str(i), "text": norm(t)} for i, t in enumerate(texts)]

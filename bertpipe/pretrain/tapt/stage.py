@@ -1,6 +1,6 @@
 """The ``tapt/<task>`` stage: continued MLM on one task's own train texts, from the domain-adapted encoder.
 
-Inputs: ``model`` (the pretrain stage's model/, the DAPT encoder) and ``task`` (the tasks stage's dir of this task).
+Inputs: ``model`` (the pretrain stage's model/, the DAPT encoder) and ``task`` (the splits stage's dir of this task).
 The texts are the task's train split minus any that leak its dev/test texts (``corpus``); they are packed, masked
 and trained on with pretrain's own code (``data.build_examples`` in memory: a task's texts are small, so no token
 store), for ``tapt.epochs`` passes at most ``tapt.max_steps``. Output: ``model/`` (save_pretrained model and

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from bertpipe.cleaning.dedup import components, near_duplicates
-from bertpipe.taskdata import Example
+from bertpipe.tasklib import Example
 from bertpipe.training.taskfiles import own_group
 
 # Two groups merge when at least this share of each one's examples has a near-duplicate in the other.

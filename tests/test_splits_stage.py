@@ -1,4 +1,4 @@
-"""The `tasks` stage: split files that finetune, prepare, evaluate and register all read; near-duplicates never
+"""The `splits` stage: split files that finetune, prepare, evaluate and register all read; near-duplicates never
 straddle a task's splits; caps and label mapping applied once; fingerprint follows the data, not the learning rate."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from bertpipe.config import load_config
 from bertpipe.finetune import synthetic as S
-from bertpipe.pipeline import all_stages
+from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import fingerprint, run_stage
-from bertpipe.taskdata import SPLITS, read_task, split_info, task_dir
-from bertpipe.taskdata.leaks import leak_text, near_pairs
+from bertpipe.layout import task_dir
+from bertpipe.tasklib import SPLITS, read_task, split_info
+from bertpipe.splits.leaks import leak_text, near_pairs
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -57,7 +57,7 @@ def test_versions_of_one_law_share_a_split_and_nothing_near_duplicate_crosses(tm
     _laws(tmp_path)
     cfg = load_config(_project(tmp_path, {"laws": {"type": "classification", "format": "jsonl", "train": "laws.jsonl",
                                                    "group_field": "law_id", "dev_ratio": 0.2, "test_ratio": 0.2}}))
-    run_stage(all_stages(cfg)["tasks"], cfg, tracker_factory=NO_TRACKING)
+    run_stage(all_stages(cfg)["splits"], cfg, tracker_factory=NO_TRACKING)
     data = read_task(task_dir(cfg, "laws"))
     where = {ex.group: s for s in SPLITS for ex in data[s] if ex.text[:4] != "本法自公"}
     for k in range(20):
@@ -82,7 +82,7 @@ def test_a_given_test_file_is_kept_and_its_near_duplicates_leave_train(tmp_path)
     S.write_jsonl(tmp_path / "test.jsonl", test)
     cfg = load_config(_project(tmp_path, {"t": {"type": "classification", "format": "jsonl", "train": "train.jsonl",
                                                 "test": "test.jsonl", "dev_ratio": 0.1}}))
-    run_stage(all_stages(cfg)["tasks"], cfg, tracker_factory=NO_TRACKING)
+    run_stage(all_stages(cfg)["splits"], cfg, tracker_factory=NO_TRACKING)
     data = read_task(task_dir(cfg, "t"))
     assert [ex.text for ex in data["test"]] == [r["text"] for r in test]
     kept = {ex.id for s in ("train", "dev") for ex in data[s]}
@@ -103,7 +103,7 @@ def test_caps_labels_hashes_and_a_fingerprint_of_the_data_only(tmp_path):
     }
     params = _project(tmp_path, tasks, {"max_eval_examples": 20})
     cfg = load_config(params)
-    stage = all_stages(cfg)["tasks"]
+    stage = all_stages(cfg)["splits"]
     run_stage(stage, cfg, tracker_factory=NO_TRACKING)
     info = split_info(task_dir(cfg, "cls"))
     data = read_task(task_dir(cfg, "cls"))
@@ -120,8 +120,8 @@ def test_caps_labels_hashes_and_a_fingerprint_of_the_data_only(tmp_path):
 
     fp = fingerprint(stage, cfg)[0]
     same = load_config(params, overrides=["finetune.train.lr=0.5", "finetune.train.epochs=9"])
-    assert fingerprint(all_stages(same)["tasks"], same)[0] == fp
+    assert fingerprint(all_stages(same)["splits"], same)[0] == fp
     for change in ("finetune.train.max_eval_examples=30", "finetune.tasks.cls.split_seed=5",
                    "prepare.dedup.threshold=0.8"):
         other = load_config(params, overrides=[change])
-        assert fingerprint(all_stages(other)["tasks"], other)[0] != fp, change
+        assert fingerprint(all_stages(other)["splits"], other)[0] != fp, change

@@ -1,15 +1,16 @@
-"""Materialised task splits — the one place every stage reads a finetune task's data from.
+"""Reading a finetune task: its params, its materialised split files, the label map of a model trained on it.
 
-Layout (written by the ``tasks`` stage)::
+A library below the stages: every stage that reads a task's data reads it through here. Layout (written by the
+``splits`` stage, under ``bertpipe.layout.task_dir``)::
 
-    work/tasks/<task>/train.jsonl   one Example per line (dataclasses.asdict; spans/units/answers as lists)
-    work/tasks/<task>/dev.jsonl
-    work/tasks/<task>/test.jsonl
-    work/tasks/<task>/splits.json   {"splits": {split: {"examples": n, "sha256": hex}}, "labels": [...], ...}
+    work/splits/<task>/train.jsonl   one Example per line (dataclasses.asdict; spans/units/answers as lists)
+    work/splits/<task>/dev.jsonl
+    work/splits/<task>/test.jsonl
+    work/splits/<task>/splits.json   {"splits": {split: {"examples": n, "sha256": hex}}, "labels": [...], ...}
 
-The files hold exactly the examples finetune trains/selects/scores on (caps already applied), so prepare (leakage
-exclusion), finetune, evaluate (baselines) and register (test-set identity = the test file's sha256) agree by
-construction.
+The files hold exactly the examples finetune trains/selects/scores on (caps already applied when the splits stage
+wrote them), so prepare (leakage exclusion), finetune, distill, export, evaluate (baselines) and register (test-set
+identity = the test file's sha256) agree by construction.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Iterable
 
 from bertpipe.errors import BertpipeError
+from bertpipe.layout import task_dir
 
 SPLITS = ("train", "dev", "test")
 SPLITS_JSON = "splits.json"
@@ -49,8 +51,18 @@ def task_params(cfg, task: str):
     return p
 
 
-def task_dir(cfg, task: str) -> Path:
-    return cfg.work / "tasks" / task
+def task_settings(cfg, task: str, model=None, log=None):
+    """(TaskParams, TrainParams) of a finetune task, overrides applied; with ``model`` (a dir), max_seq_len is cut to
+    its position table as the finetune stage cut it, so a student, an export check or a prediction never feeds a
+    longer sequence than the model has positions."""
+    p = task_params(cfg, task)
+    tp = p.train_params(cfg.params.finetune.train)
+    if model is not None:
+        from bertpipe.modelinfo import clamp_seq_len
+
+        tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, model, "finetune.train.max_seq_len",
+                                                                 log)})
+    return p, tp
 
 
 def write_split(path: Path, examples: Iterable) -> dict:
@@ -79,7 +91,7 @@ def read_split(path: Path) -> list:
     """The examples of one split file (an empty list when the split is empty)."""
     path = Path(path)
     if not path.is_file():
-        raise BertpipeError(f"{path}: task split missing (run the `tasks` stage first)")
+        raise BertpipeError(f"{path}: task split missing (run `bertpipe splits` first)")
     out = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
@@ -94,6 +106,24 @@ def read_split(path: Path) -> list:
 def read_task(tdir: Path) -> dict[str, list]:
     """{train, dev, test} examples of a materialised task directory."""
     return {s: read_split(Path(tdir) / f"{s}.jsonl") for s in SPLITS}
+
+
+def task_examples(cfg, task: str, splits: Iterable[str] = SPLITS) -> dict[str, list]:
+    """{split: examples} of ``task`` as the splits stage materialised them: what finetune trains, selects and scores
+    on (caps applied). A missing split file is a one-line error saying which stage writes it."""
+    task_params(cfg, task)
+    tdir = task_dir(cfg, task)
+    return {s: read_split(tdir / f"{s}.jsonl") for s in splits}
+
+
+def model_labels(model_dir: Path | str) -> list[str]:
+    """The label list a saved head was trained with (id order); empty for QA and encoders."""
+    conf = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    arch = (conf.get("architectures") or [""])[0]
+    if arch.endswith(("ForQuestionAnswering", "ForMaskedLM")) or arch.endswith("Model"):
+        return []
+    id2label = conf.get("id2label") or {}
+    return [id2label[k] for k in sorted(id2label, key=int)]
 
 
 def split_info(tdir: Path) -> dict:

@@ -1,8 +1,8 @@
-"""The ``tasks`` stage: every finetune task's splits, materialised once (see ``bertpipe.taskdata`` for the layout).
+"""The ``splits`` stage: every finetune task's splits, materialised once (see ``bertpipe.tasklib`` for the layout).
 
 Per task: read and clean its files (``bertpipe.training.taskfiles``), find near-duplicates among all its examples
 (prepare's MinHash and settings), split off the missing dev/test by group with near-duplicate groups merged, drop what
-still crosses splits (``bertpipe.taskdata.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
+still crosses splits (``bertpipe.splits.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
 task ``train_overrides`` included), refuse an empty dev or test split (finetune would score nothing, a nan metric;
 see ``empty_split``) and map unknown dev/test labels. The files then hold exactly what finetune trains,
 selects and scores on, what prepare removes from the pretraining corpora, and what register identifies a test set by.
@@ -12,17 +12,35 @@ The fingerprint covers the task definitions, the two caps and prepare.dedup, not
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
+from bertpipe.layout import splits_dir
+from bertpipe.outputs import MANIFEST
 from bertpipe.stage import write_json
-from bertpipe.taskdata import SPLITS, SPLITS_JSON, task_params, write_split
-from bertpipe.taskdata.leaks import decontaminate, leak_text, merged_groups, near_pairs
+from bertpipe.tasklib import SPLITS, SPLITS_JSON, task_params, write_split
+from bertpipe.splits.leaks import decontaminate, leak_text, merged_groups, near_pairs
 from bertpipe.training import taskfiles as D
 from bertpipe.training.params import TaskParams, TrainParams
 
 VERSION = "1"
+OLD_NAME = "tasks"  # the stage's former name (see refuse_old_layout)
+
+
+def refuse_old_layout(cfg) -> None:
+    """A project whose splits were built under the stage's former name (``work/tasks/``, its manifest naming stage
+    ``tasks``) gets one line saying what to run: the new output is ``work/splits/`` and every stage reading it
+    rebuilds once, so the old directory is only left to remove."""
+    old = cfg.work / OLD_NAME
+    try:
+        stage = json.loads((old / MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return
+    if stage == OLD_NAME:
+        raise BertpipeError(f"{old}: task splits from before the `tasks` stage was renamed `splits` (output "
+                            f"{splits_dir(cfg)}); remove {old} (rm -r {old}) and run `bertpipe run` to rebuild")
 
 
 def sections(cfg) -> tuple[str, ...]:
@@ -104,7 +122,7 @@ def build(ctx) -> dict:
     fp = ctx.params  # the finetune section: its tasks and the shared train params the caps come from
     dedup = ctx.cfg.params.prepare.dedup
     metrics: dict = {}
-    lines = ["# tasks", "", "| task | type | train | dev | test | near-dup pairs | groups merged | "
+    lines = ["# splits", "", "| task | type | train | dev | test | near-dup pairs | groups merged | "
              "dropped (train/dev) |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for task, p in fp.tasks.items():
         data, labels, counts, caps = materialise(task, p, fp.train, ctx.cfg.path, dedup, ctx.cfg.root)

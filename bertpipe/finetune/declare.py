@@ -1,0 +1,42 @@
+"""The finetune stages' declaration (see ``bertpipe.declared``): one per task x encoder."""
+
+from __future__ import annotations
+
+from bertpipe.codeid import MODEL_LIBS
+from bertpipe.config import Config
+from bertpipe.declared import Family
+from bertpipe.finetune.params import FinetuneParams
+from bertpipe.layout import encoder_dir, finetune_out, finetune_pairs, task_dir
+from bertpipe.stage import Stage
+from bertpipe.tasklib import task_params
+
+
+def finetune_stage(task: str, encoder: str) -> Stage:
+    from bertpipe.finetune import stage as m
+
+    def inputs(cfg: Config) -> dict:
+        task_params(cfg, task)  # an unknown task name is a one-line error
+        return {"encoder": encoder_dir(cfg, encoder, task), "task": task_dir(cfg, task)}
+
+    def build(ctx):
+        return m.build(ctx, task=task, encoder=encoder)
+
+    return Stage(
+        f"finetune/{task}/{encoder}",
+        m.VERSION,
+        ("finetune.train", "finetune.search", f"finetune.tasks.{task}"),
+        inputs,
+        lambda c: finetune_out(c, task, encoder),
+        build,
+        params_section="finetune",
+        code=("finetune",),
+        libs=(*MODEL_LIBS, "numpy", "optuna"),
+        cli=("finetune", "--task", task, "--encoder", encoder),
+        task=task,
+        encoder=encoder,
+    )
+
+
+FINETUNE = Family("finetune", "Finetune a task head (every task x encoder in params, or one with --task/--encoder).",
+                  lambda c: [finetune_stage(t, e) for t, e in finetune_pairs(c)], ("task", "encoder"),
+                  params={"finetune": FinetuneParams})

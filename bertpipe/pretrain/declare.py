@@ -1,0 +1,52 @@
+"""The pretrain package's declaration (see ``bertpipe.declared``): ``base`` (a general-domain encoder from scratch,
+when model.base: scratch) and ``pretrain`` (continued MLM on the domain corpus). Both run in every rank of a
+torchrun job (``bertpipe.pretrain.run``)."""
+
+from __future__ import annotations
+
+from bertpipe.codeid import MODEL_LIBS
+from bertpipe.config import Config
+from bertpipe.declared import Family
+from bertpipe.layout import base_is_scratch, base_tokenizer, corpus_dir
+from bertpipe.pretrain.params import PretrainParams
+from bertpipe.stage import Stage
+
+
+def _ranked(stage: Stage, cfg: Config, force: bool = False):
+    """The launcher of base and pretrain: the same run in every rank of a torchrun job (bertpipe.pretrain.run)."""
+    from bertpipe.pretrain.run import run
+
+    return run(stage, cfg, force=force)
+
+
+def base_stage() -> Stage:
+    from bertpipe.pretrain import stage as m
+
+    def inputs(cfg: Config) -> dict:
+        return {"corpus": corpus_dir(cfg, "general"), "tokenizer": base_tokenizer(cfg)}
+
+    # The base model and tokenizer are inputs (hashed by content); of `model:` only the language matters here, so
+    # e.g. retrain's model.continue_from does not rebuild the bootstrap base.
+    return Stage("base", m.VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base", m.build,
+                 params_section="base", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
+                 launcher=_ranked)
+
+
+def pretrain_stage() -> Stage:
+    from bertpipe.pretrain import stage as m
+
+    def inputs(cfg: Config) -> dict:
+        # Always the vocab stage's model: the base or the champion encoder (see bertpipe.lineage), with the words
+        # mined from the current corpus added.
+        return {"corpus": corpus_dir(cfg, "domain"), "model": cfg.work / "vocab" / "model"}
+
+    return Stage("pretrain", m.VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain", m.build,
+                 params_section="pretrain", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
+                 launcher=_ranked)
+
+
+# `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.
+BASE = Family("base", "Pretrain a small general-domain base from scratch (when model.base: scratch).",
+              lambda c: [base_stage()] if base_is_scratch(c) else [], params={"base": PretrainParams})
+PRETRAIN = Family("pretrain", "Continued MLM pretraining on the domain corpus (torchrun-compatible).",
+                  lambda c: [pretrain_stage()], params={"pretrain": PretrainParams})

@@ -1,0 +1,33 @@
+"""The vocab stage's declaration (see ``bertpipe.declared``): domain words mined, the tokenizer extended."""
+
+from __future__ import annotations
+
+from bertpipe.codeid import MODEL_LIBS
+from bertpipe.config import Config
+from bertpipe.declared import Family
+from bertpipe.layout import base_model, base_tokenizer, corpus_dir, encoder_paths, read_start, start_file
+from bertpipe.stage import Stage
+from bertpipe.vocab.params import VocabParams
+
+
+def vocab_stage() -> Stage:
+    from bertpipe.vocab import stage as m
+
+    def inputs(cfg: Config) -> dict:
+        # The encoder to extend: the base, or the champion when new data arrived, as the start stage wrote it
+        # (a file: walking the graph asks nothing of the registry).
+        model, tokenizer = encoder_paths(read_start(start_file(cfg)), base_model(cfg), base_tokenizer(cfg))
+        return {
+            "corpus": corpus_dir(cfg, "domain"),
+            "start": start_file(cfg),
+            "model": model,
+            "tokenizer": tokenizer,
+            **m.own_inputs(cfg),
+        }
+
+    return Stage("vocab", m.VERSION, ("vocab", "model.language"), inputs, lambda c: c.work / "vocab", m.build,
+                 params_section="vocab", code=("vocab",), libs=(*MODEL_LIBS, "jieba"))
+
+
+VOCAB = Family("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.",
+               lambda c: [vocab_stage()], params={"vocab": VocabParams})

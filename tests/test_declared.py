@@ -1,0 +1,141 @@
+"""A stage is its package: a leaf stage added as one package (with its declare.py) and one entry in the graph's
+list is in the graph, the CLI's commands, the params model and the import-linter contracts; a project whose splits
+were built under the stage's former name gets one line saying what to run. Quick: no training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from bertpipe.cli import app
+from bertpipe.pipeline import all_stages, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+LEAF = {
+    "__init__.py": '"""A toy leaf stage: counts the tasks the splits stage wrote."""\n',
+    "params.py": (
+        "from pydantic import BaseModel, ConfigDict\n\n\n"
+        "class LeafParams(BaseModel):\n"
+        "    model_config = ConfigDict(extra=\"forbid\")\n"
+        "    greeting: str = \"hi\"\n"
+    ),
+    "stage.py": (
+        "VERSION = \"1\"\n\n\n"
+        "def build(ctx):\n"
+        "    n = sum(1 for p in ctx.inputs[\"splits\"].iterdir() if p.is_dir())\n"
+        "    (ctx.out / \"leaf.txt\").write_text(f\"{ctx.params.greeting} {n}\\n\")\n"
+        "    return {\"tasks\": n}\n"
+    ),
+    "declare.py": (
+        "from bertpipe.declared import Family\n"
+        "from bertpipe.layout import splits_dir\n"
+        "from bertpipe.leaf.params import LeafParams\n"
+        "from bertpipe.stage import Stage\n\n\n"
+        "def leaf_stage():\n"
+        "    from bertpipe.leaf import stage as m\n\n"
+        "    return Stage(\"leaf\", m.VERSION, (\"leaf\",), lambda c: {\"splits\": splits_dir(c)},\n"
+        "                 lambda c: c.work / \"leaf\", m.build, code=(\"leaf\",))\n\n\n"
+        "LEAF = Family(\"leaf\", \"Count the tasks (a toy leaf).\", lambda c: [leaf_stage()], params={\"leaf\": LeafParams})\n"
+    ),
+}
+
+CHECK = r"""
+import contextlib, sys
+from pathlib import Path
+from typer.testing import CliRunner
+from bertpipe.cli import app
+from bertpipe.pipeline import all_stages, load_config
+from bertpipe.contracts import render
+from bertpipe.errors import BertpipeError
+from bertpipe.pipeline import COMMANDS, all_stages, load_config, upstream
+from bertpipe.stage import run_stage
+
+root = Path(sys.argv[1])
+cfg = load_config(root / "params.yaml")
+assert cfg.params.leaf.greeting == "hello", cfg.params.leaf
+stages = all_stages(cfg)
+assert list(stages)[-1] == "leaf" and upstream("leaf", cfg) == ["splits"], list(stages)
+assert "leaf" in COMMANDS
+assert "Count the tasks" in CliRunner().invoke(app, ["--help"]).output
+independence = render().split('type = "independence"')[1].split("ignore_imports")[0]
+assert '"bertpipe.leaf",' in independence, independence
+assert '"bertpipe.leaf",' in render().split('type = "forbidden"')[1].split("forbidden_modules")[0]
+try:
+    load_config(root / "params.yaml", overrides=["leaf.bogus=1"])
+    raise SystemExit("an unknown key in the leaf's section was accepted")
+except BertpipeError as e:
+    assert "leaf.bogus: unknown key" in str(e), e
+quiet = lambda *a: contextlib.nullcontext()
+run_stage(stages["splits"], cfg, tracker_factory=quiet)
+res = run_stage(stages["leaf"], cfg, tracker_factory=quiet)
+print((res.out / "leaf.txt").read_text().strip())
+"""
+
+
+def test_a_leaf_stage_is_one_package_and_one_line_in_the_list(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "bertpipe", src / "bertpipe", ignore=shutil.ignore_patterns("__pycache__"))
+    pkg = src / "bertpipe" / "leaf"
+    pkg.mkdir()
+    for name, text in LEAF.items():
+        (pkg / name).write_text(text, encoding="utf-8")
+    graph = src / "bertpipe" / "pipeline.py"
+    text = graph.read_text(encoding="utf-8")
+    # the one entry in the list (with the import that names it)
+    text = text.replace("from bertpipe.finetune.declare import FINETUNE\n",
+                        "from bertpipe.finetune.declare import FINETUNE\nfrom bertpipe.leaf.declare import LEAF\n")
+    text = text.replace("EVALUATE, REGISTER)", "EVALUATE, REGISTER, LEAF)")
+    graph.write_text(text, encoding="utf-8")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "t.jsonl").write_text("".join(json.dumps({"id": str(i), "text": f"第{i}条评论，写得很好。" * 2,
+                                                          "label": "ab"[i % 2]}) + "\n" for i in range(40)),
+                                     encoding="utf-8")
+    (project / "params.yaml").write_text(
+        "paths: {work: work, state: state}\nleaf: {greeting: hello}\n"
+        "finetune: {tasks: {t: {type: classification, format: jsonl, train: t.jsonl}}}\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(project)], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == "hello 1", proc.stdout
+
+
+def test_splits_built_under_the_former_stage_name_get_one_line(tmp_path):
+    old = tmp_path / "work" / "tasks"
+    (old / "t").mkdir(parents=True)
+    (old / "t" / "train.jsonl").write_text("{}\n", encoding="utf-8")
+    (old / "manifest.json").write_text(json.dumps({"stage": "tasks", "fingerprint": "x"}), encoding="utf-8")
+    params = tmp_path / "params.yaml"
+    params.write_text("paths: {work: work, state: state}\nmodel: {base: some/hub-id}\nfinetune: {tasks: {}}\n",
+                      encoding="utf-8")
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    for argv in (["splits"], ["stages"]):
+        res = CliRunner().invoke(app, [*argv, "--params", str(params)])
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 2 and len(lines) == 1, res.output
+        assert lines[0].startswith(f"error: {old}:") and "remove" in lines[0] and "bertpipe run" in lines[0], lines
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "work" / "splits").exists()
+    # a work/tasks that is not the former stage's output (no such manifest) is left alone
+    (old / "manifest.json").unlink()
+    assert "splits" in all_stages(load_config(params))
+
+
+def test_the_composed_params_travel_to_another_process(tmp_path):
+    """A loaded config's params pickle (a Dask worker or child process receives them) as the graph's model."""
+    import pickle
+
+    from bertpipe.pipeline import Params
+
+    params = tmp_path / "params.yaml"
+    params.write_text("paths: {work: w}\nfinetune: {tasks: {}}\nevaluate: {split: dev}\n", encoding="utf-8")
+    back = pickle.loads(pickle.dumps(load_config(params).params))
+    assert type(back) is Params and back.evaluate.split == "dev" and back.paths.work == "w"
