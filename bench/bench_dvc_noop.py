@@ -66,9 +66,9 @@ def layouts(raw: Path) -> tuple[dict, dict, dict[str, str], dict[str, str]]:
     files are {path relative to the project: text}, what the ``params`` stage's stand-in writes."""
     import json
 
-    from bertpipe.config import deep_merge, load_config
+    from bertpipe.config import deep_merge
     from bertpipe.dvcfile import dvc_stage_name, dvc_yaml, effective_file, effective_files, render_effective
-    from bertpipe.pipeline import all_stages
+    from bertpipe.pipeline import all_stages, load_config
 
     cfg = load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])
     after = dvc_yaml(cfg)

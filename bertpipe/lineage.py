@@ -29,25 +29,7 @@ from pathlib import Path
 
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
-
-
-KEY = "bertpipe_lineage"  # the model config key holding {"corpus", "start"}: where domain pretraining began
-
-
-def describe(rec: dict | None, model: Path | str) -> str:
-    """How reports name the start (``model``: the encoder dir the vocab stage extends)."""
-    kind = (rec or {}).get("kind", "base")
-    if kind == "champion":
-        return f"the champion encoder {rec['name']} v{rec['version']} ({model})"
-    if kind == "path":
-        return f"model.continue_from {model}"
-    return f"the base encoder {model}"
-
-
-def lineage_record(rec: dict | None) -> dict:
-    """What the vocab stage stamps into its model's config under KEY (pretraining and MLflow logging keep it)."""
-    rec = rec or {}
-    return {"corpus": rec.get("corpus"), "start": rec.get("start") or {"kind": "base"}}
+from bertpipe.startrecord import KEY
 
 
 @dataclass(frozen=True)

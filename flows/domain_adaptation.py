@@ -21,8 +21,8 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from bertpipe import dvclock
-from bertpipe.config import Config, load_config
-from bertpipe.pipeline import all_stages, until_targets, upstream
+from bertpipe.config import Config
+from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from bertpipe_prefect.flows import artifacts

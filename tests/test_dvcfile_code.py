@@ -171,12 +171,12 @@ def test_a_run_records_dvc_lock_only_with_the_settings_dvc_yaml_describes(tmp_pa
     cfg = load_config(write_project(tmp_path, sample_raw))
     monkeypatch.chdir(tmp_path)
     assert CliRunner().invoke(app, ["dvc-yaml"]).exit_code == 0
-    assert dvclock.record(cfg, ["tasks"]) is None  # no .dvc: not a DVC repo
+    assert dvclock.record(cfg, ["splits"]) is None  # no .dvc: not a DVC repo
     subprocess.run(["dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, capture_output=True)
-    assert dvclock.out_of_date(cfg) == [] and dvclock.targets(cfg, ["tasks", "start"]) == [
-        "params", "tasks", "stages/start/dvc.yaml:start"]
-    line = dvclock.record(cfg.with_overrides(["prepare.dedup.threshold=0.8"]), ["tasks", "prepare"])
+    assert dvclock.out_of_date(cfg) == [] and dvclock.targets(cfg, ["splits", "start"]) == [
+        "params", "splits", "stages/start/dvc.yaml:start"]
+    line = dvclock.record(cfg.with_overrides(["prepare.dedup.threshold=0.8"]), ["splits", "prepare"])
     assert line.startswith("dvc.lock: left as it is: ") and "params_effective/prepare.json" in line, line
     assert not (tmp_path / "dvc.lock").exists()
     laws = str(sample_raw / "china_law" / "laws.db")  # params.yaml gives it absolute, outside the project
-    assert laws in yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]["tasks"]["deps"]
+    assert laws in yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]["splits"]["deps"]

@@ -136,9 +136,9 @@ def test_a_training_library_edit_moves_the_code_of_the_stages_that_import_it(che
     cfg, stages = demo
     assert any(n.startswith("distill/") for n in stages) and any(n.startswith("export/") for n in stages)
     before = digests(stages)
-    cases = (("bertpipe/training/loop.py", ("finetune/", "distill/"), ("tasks", "prepare", "export/", "register")),
-             ("bertpipe/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("tasks", "prepare")),
-             ("bertpipe/inference/speed.py", ("distill/", "export/"), ("finetune/", "tasks")))
+    cases = (("bertpipe/training/loop.py", ("finetune/", "distill/"), ("splits", "prepare", "export/", "register")),
+             ("bertpipe/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("splits", "prepare")),
+             ("bertpipe/inference/speed.py", ("distill/", "export/"), ("finetune/", "splits")))
     for rel, moves, stays in cases:
         f = checkout / rel
         text = f.read_text()
@@ -161,6 +161,6 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
     f.write_text(f.read_text() + PROBE)
     _clear()
     stale = {n for n, s in expected(cfg, stages).items() if not s.fresh}
-    assert {"tasks", "prepare", "base", "vocab", "pretrain"}.isdisjoint(stale), stale
+    assert {"splits", "prepare", "base", "vocab", "pretrain"}.isdisjoint(stale), stale
     assert any(n.startswith("finetune/") for n in stale) and any(n.startswith("distill/") for n in stale)
     assert "evaluate" in stale

@@ -118,20 +118,20 @@ def test_a_project_moved_under_a_non_editable_install_keeps_its_stages_and_dvc_l
     probe = "import bertpipe, bertpipe_prefect.flows as f; print(bertpipe.__file__, *f.__path__)"
     assert sh([sys.executable, "-c", probe], root).split() == [
         str(site / "bertpipe" / "__init__.py"), str(site / "bertpipe_prefect" / "flows")]
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["bertpipe", "dvc-yaml"], ["dvc", "repro", "tasks"]):
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["bertpipe", "dvc-yaml"], ["dvc", "repro", "splits"]):
         sh(cmd, root)
     dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert dvc_yaml["params"]["deps"] == ["params.yaml"], dvc_yaml["params"]  # no code folder in the project
-    fp = json.loads((root / "work" / "tasks" / "manifest.json").read_text())["fingerprint"]
+    fp = json.loads((root / "work" / "splits" / "manifest.json").read_text())["fingerprint"]
 
     moved = tmp_path / "elsewhere" / "proj"
     moved.parent.mkdir()
     root.rename(moved)
     assert "are current" in sh(["bertpipe", "dvc-yaml", "--check"], moved)
     states = {ln.split()[0]: ln.split()[1] for ln in sh(["bertpipe", "stages"], moved).splitlines() if ln.strip()}
-    assert states["tasks"] == "fresh", states
+    assert states["splits"] == "fresh", states
     status = json.loads(sh(["dvc", "status", "--json"], moved) or "{}")
-    assert "tasks" not in status and "params" not in status, status
-    assert "Running stage" not in sh(["dvc", "repro", "tasks"], moved)
-    assert "cached" in sh(["bertpipe", "tasks"], moved)
-    assert json.loads((moved / "work" / "tasks" / "manifest.json").read_text())["fingerprint"] == fp
+    assert "splits" not in status and "params" not in status, status
+    assert "Running stage" not in sh(["dvc", "repro", "splits"], moved)
+    assert "cached" in sh(["bertpipe", "splits"], moved)
+    assert json.loads((moved / "work" / "splits" / "manifest.json").read_text())["fingerprint"] == fp

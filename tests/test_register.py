@@ -85,7 +85,7 @@ def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[d
     tp, trp = TaskParams.model_validate(task_params()), TrainParams()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(str(model_dir))
-    exs = read_split(root / "work" / "tasks" / task / "test.jsonl")
+    exs = read_split(root / "work" / "splits" / task / "test.jsonl")
     split = featurize(tok, exs, tp, trp, {lab: i for i, lab in enumerate(LABELS)}, Counter(), "test")
     flat, _, recs = score(model, split, tp, LABELS, tok.pad_token_id, 64, False)
     return flat["macro_f1"], recs

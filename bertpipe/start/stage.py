@@ -23,7 +23,7 @@ import sqlite3
 from pathlib import Path
 
 from bertpipe.layout import START_JSON, start_dir
-from bertpipe.lineage import describe
+from bertpipe.startrecord import describe
 
 VERSION = "1"
 # What the rule reads from params (bertpipe.lineage.resolve); the registry's answer is the external input.

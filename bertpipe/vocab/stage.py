@@ -35,7 +35,7 @@ def _glossaries(ctx) -> list[mining.GlossaryTerm]:
 
 
 def build(ctx) -> dict:
-    from bertpipe import lineage as S
+    from bertpipe import startrecord as S
     from bertpipe.layout import read_start
     from bertpipe.modelinfo import clamp_seq_len
 
