@@ -9,7 +9,8 @@ every real key of its row, as under a 2D padding mask, so no softmax row is all 
 
 Compilation: ``compile: auto | on | off``. Inductor needs a C++ compiler on the CPU and Triton on CUDA; ``on``
 without one is an error naming the key, ``auto`` compiles only a run long enough to repay the compile time
-(``AUTO_MIN_STEPS``, measured with bench/bench_pretrain.py --variants compiled; docs/speed.md).
+(``AUTO_MIN_STEPS``, measured with bench/bench_pretrain.py --variants compiled and bench/bench_finetune.py --compile;
+docs/speed.md). Pretraining and finetuning both decide with ``should_compile``.
 """
 
 from __future__ import annotations
@@ -114,10 +115,25 @@ def should_compile(setting: CompileSetting, steps: int, device: torch.device, ke
     return True, f"compile: auto, compiled ({steps} steps >= {AUTO_MIN_STEPS})"
 
 
+# How compiled graphs treat shapes. None (torch's automatic dynamic shapes): the first shape compiles a static
+# graph, the first batch of another length recompiles once with the changed dimensions symbolic, and every later
+# length reuses that graph; so length-bucketed batches cost two compiles, not one per length (and never run into
+# the recompile limit, past which torch falls back to eager). Measured against dynamic=True with
+# bench/bench_finetune.py --compile (docs/speed.md).
+DYNAMIC: bool | None = None
+
+
 def compile_in_place(module: torch.nn.Module) -> None:
     """Compile ``module``'s forward in place (``nn.Module.compile``): its state_dict keys stay the same, so
-    checkpoints and the saved model are those of the eager module. Shapes are dynamic (length buckets vary)."""
-    module.compile(dynamic=None)
+    checkpoints and the saved model are those of the eager module, and everything that calls it runs compiled."""
+    module.compile(dynamic=DYNAMIC)
+
+
+def compiled(module: torch.nn.Module) -> torch.nn.Module:
+    """A compiled view of ``module`` sharing its parameters (``torch.compile``), for a loop that trains through the
+    view but evaluates, saves and hands back the eager ``module`` (an evaluation graph would compile again for
+    every inference shape, and the caller's later scoring should not pay for it)."""
+    return torch.compile(module, dynamic=DYNAMIC)
 
 
 def compile_seconds(step_times: list[float]) -> float | None:
