@@ -67,6 +67,12 @@ class TrainParams(_Strict):
     # Triton on CUDA). Evaluation and scoring run the eager model.
     compile: Literal["auto", "on", "off"] = "auto"
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, v: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads an unquoted on/off as true/false: they mean the settings written
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(v) - set(TrainParams.model_fields))
