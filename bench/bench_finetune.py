@@ -7,7 +7,8 @@ padding, same model, examples, batch, steps and precision, in one run.
 ``--compile``: bertpipe's loop with ``compile: off`` against ``compile: on`` instead of against HF (same examples,
 batches and steps): the step rate after the compile (the median step), the compile time (the slow first steps over
 that median), the whole runs' times and the steps from which compiling repays itself. ``--dynamic`` picks the
-shape handling (``execution.DYNAMIC``: auto = torch's automatic dynamic shapes, true = symbolic from the start).
+shape handling (``execution.BUCKETED_DYNAMIC``: auto = torch's automatic dynamic shapes, true = symbolic from the
+start, the loop's setting).
 
 Data: a keyword classification (the label's keyword once in a review-like text of varying length: mostly short, a
 long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.training.loop.train``
@@ -115,13 +116,13 @@ def main() -> None:
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
     ap.add_argument("--compile", action="store_true", help="compile: off against on (instead of against HF)")
-    ap.add_argument("--dynamic", default="auto", choices=("auto", "true"))
+    ap.add_argument("--dynamic", default="true", choices=("auto", "true"))
     args = ap.parse_args()
     if args.compile and args.steps > 50:
         ap.error("--compile measures each step (the loop logs every step up to 50 steps): --steps <= 50")
     from bertpipe import execution
 
-    execution.DYNAMIC = None if args.dynamic == "auto" else True
+    execution.BUCKETED_DYNAMIC = None if args.dynamic == "auto" else True
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer

@@ -173,7 +173,7 @@ def test_compiled_finetune_gives_the_eager_losses(tmp_path, zh_tokenizer_dir, fe
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), k
 
 
-def test_finetune_compile_on_without_a_compiler_is_one_error_naming_the_key(encoder, feats, tmp_path, monkeypatch):
+def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eager(encoder, feats, tmp_path, monkeypatch):
     from bertpipe import execution
     from bertpipe.errors import BertpipeError
 
@@ -186,3 +186,7 @@ def test_finetune_compile_on_without_a_compiler_is_one_error_naming_the_key(enco
     res, _ = _losses(encoder, feats[:16], "auto")  # auto without a compiler trains eager
     assert not res.compiled and "no-such-g++" in res.compile_why
     assert execution.should_compile("auto", execution.AUTO_MIN_STEPS, torch.device("cpu"), "k")[0] is False
+    monkeypatch.delenv("CXX")
+    if not execution.compiler_missing(torch.device("cpu")):  # with a compiler, auto leaves a short finetune eager
+        res, _ = _losses(encoder, feats[:16], "auto")
+        assert not res.compiled and f"2 steps < {execution.FINETUNE_AUTO_MIN_STEPS}" in res.compile_why

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from bertpipe.device import Precision, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
-from bertpipe.execution import compile_seconds, compiled, should_compile
+from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
 from bertpipe.training.batches import batches, collate
 from bertpipe.training.params import TrainParams
 
@@ -140,7 +140,7 @@ def train(
     per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
     total = max(1, math.ceil(tp.epochs * per_epoch))
     eval_every = max(1, per_epoch // tp.evals_per_epoch)
-    res.compiled, res.compile_why = should_compile(tp.compile, total, device, compile_key)
+    res.compiled, res.compile_why = should_compile(tp.compile, total, device, compile_key, FINETUNE_AUTO_MIN_STEPS)
     # the training forward runs through the compiled view; evaluation, the best weights and the model handed back
     # are the eager module's (the view shares its parameters)
     forward = compiled(model) if res.compiled else model

@@ -62,8 +62,8 @@ class TrainParams(_Strict):
     # Class imbalance (classification): the loss weights each class by n / (k * count) (balanced), by the square root
     # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.
     class_weight: Literal["none", "balanced", "sqrt"] = "none"
-    # torch.compile (Inductor) of the training forward: on, off, or auto = only a run of execution.AUTO_MIN_STEPS
-    # optimizer steps or more that can repay the compile time, and only where a compiler exists (C++ on the CPU,
+    # torch.compile (Inductor) of the training forward: on, off, or auto = only a run of
+    # execution.FINETUNE_AUTO_MIN_STEPS planned optimizer steps or more that can repay the compile time, and only where a compiler exists (C++ on the CPU,
     # Triton on CUDA). Evaluation and scoring run the eager model.
     compile: Literal["auto", "on", "off"] = "auto"
 
