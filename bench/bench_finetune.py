@@ -2,6 +2,13 @@
 padding, same model, examples, batch, steps and precision, in one run.
 
     .venv/bin/python bench/bench_finetune.py [--steps 30] [--batch 32] [--layers 4] [--hidden 256] [--raw DIR]
+    .venv/bin/python bench/bench_finetune.py --compile [--dynamic auto|true] ...
+
+``--compile``: bertpipe's loop with ``compile: off`` against ``compile: on`` instead of against HF (same examples,
+batches and steps): the step rate after the compile (the median step), the compile time (the slow first steps over
+that median), the whole runs' times and the steps from which compiling repays itself. ``--dynamic`` picks the
+shape handling (``execution.BUCKETED_DYNAMIC``: auto = torch's automatic dynamic shapes, true = symbolic from the
+start, the loop's setting).
 
 Data: a keyword classification (the label's keyword once in a review-like text of varying length: mostly short, a
 long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.training.loop.train``
@@ -58,15 +65,21 @@ def dev_accuracy(model, feats, labels_of) -> float:
     return sum(int(o.argmax()) == labels_of[f["example"]] for o, f in zip(outs, feats)) / len(feats)
 
 
-def run_bertpipe(enc, feats, args, precision: str) -> dict:
+def run_bertpipe(enc, feats, args, precision: str, compile_setting: str = "off") -> dict:
     torch.manual_seed(0)
     model = H.load_model("classification", enc, LABELS)
     tp = TrainParams(lr=args.lr, epochs=args.steps * args.batch / len(feats), batch_size=args.batch,
-                     precision=precision, warmup_ratio=0.1, evals_per_epoch=1, max_seq_len=args.seq)
+                     precision=precision, warmup_ratio=0.1, evals_per_epoch=1, max_seq_len=args.seq,
+                     compile=compile_setting)
+    step_s: list[float] = []
     t = time.perf_counter()
-    res = TR.train(model, feats, tp, lambda m: (0.0, {}), pad_id=0, seed=0)
+    res = TR.train(model, feats, tp, lambda m: (0.0, {}), pad_id=0, seed=0,
+                   log_metrics=lambda m, s: "train_loss" in m and step_s.append(time.perf_counter()))
     secs = time.perf_counter() - t
-    return {"model": model, "examples": res.steps * args.batch, "seconds": secs, "precision": res.precision.words()}
+    # log_metrics is called at every step here (steps <= 50): the differences are the step times
+    times = [b - a for a, b in zip([t] + step_s, step_s)]
+    return {"model": model, "examples": res.steps * args.batch, "seconds": secs, "precision": res.precision.words(),
+            "step_times": times, "compile_s": res.compile_s}
 
 
 def run_hf(enc, feats, args, bf16: bool) -> dict:
@@ -102,7 +115,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
+    ap.add_argument("--compile", action="store_true", help="compile: off against on (instead of against HF)")
+    ap.add_argument("--dynamic", default="true", choices=("auto", "true"))
     args = ap.parse_args()
+    if args.compile and args.steps > 50:
+        ap.error("--compile measures each step (the loop logs every step up to 50 steps): --steps <= 50")
+    from bertpipe import execution
+
+    execution.BUCKETED_DYNAMIC = None if args.dynamic == "auto" else True
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
@@ -126,6 +146,8 @@ def main() -> None:
         dev = F.featurize(tok, dev_ex, p, tp, label2id, Counter(), "dev").feats
         dev_labels = [label2id[e.label] for e in dev_ex]
         mean_len = sum(len(f["input_ids"]) for f in feats) / len(feats)
+        if args.compile:
+            return compare_compile(enc, feats, args, prec, mean_len)
         results = {"HF Trainer (dynamic padding)": run_hf(enc, feats, args, prec.bf16),
                    "bertpipe finetune loop": run_bertpipe(enc, feats, args, prec.dtype)}
         # useful FLOPs per example: 6 x the encoder's weights per token (+ attention), over its real tokens
@@ -144,6 +166,31 @@ def main() -> None:
             print(f"{name:30s} {r['rate']:10.1f} {r['seconds']:8.1f} {r['dev']:8.3f} {r['rate'] * fpe / peak:6.1%}")
         ratio = results["bertpipe finetune loop"]["rate"] / results["HF Trainer (dynamic padding)"]["rate"]
         print(f"speed ratio bertpipe / HF Trainer: {ratio:.2f}x; load avg after {os.getloadavg()[0]:.2f}")
+
+
+def compare_compile(enc, feats, args, prec, mean_len: float) -> None:
+    load0 = os.getloadavg()[0]
+    lengths = {len(f["input_ids"]) for f in feats}
+    runs = {"compile: off": run_bertpipe(enc, feats, args, prec.dtype, "off"),
+            "compile: on": run_bertpipe(enc, feats, args, prec.dtype, "on")}
+    print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg {load0:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after (shared machine: compare the ratios, not the absolute rates)")
+    print(f"model {args.layers} layers, hidden {args.hidden}; {len(feats)} examples (mean {mean_len:.0f} tokens, "
+          f"{len(lengths)} lengths), batch {args.batch}, {args.steps} steps; precision {prec.words()}; "
+          f"dynamic {args.dynamic}")
+    print(f"{'':14s} {'median step s':>13s} {'first 2 steps s':>15s} {'run s':>7s} {'compile s':>9s}")
+    for name, r in runs.items():
+        r["median"] = sorted(r["step_times"])[len(r["step_times"]) // 2]
+        cs = f"{r['compile_s']:9.1f}" if r["compile_s"] is not None else f"{'-':>9s}"
+        print(f"{name:14s} {r['median']:13.3f} {sum(r['step_times'][:2]):15.1f} {r['seconds']:7.1f} {cs}")
+    off, on = runs["compile: off"], runs["compile: on"]
+    saved = off["median"] - on["median"]
+    print(f"step speed-up compiled / eager (median steps): {off['median'] / on['median']:.2f}x")
+    if saved > 0 and on["compile_s"] is not None:
+        print(f"compiling repays itself after ~{on['compile_s'] / saved:.0f} steps "
+              f"({on['compile_s']:.0f} s / {saved:.3f} s saved a step)")
+    else:
+        print("compiling never repays itself here: the compiled step is not faster")
 
 
 if __name__ == "__main__":

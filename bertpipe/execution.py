@@ -9,7 +9,8 @@ every real key of its row, as under a 2D padding mask, so no softmax row is all 
 
 Compilation: ``compile: auto | on | off``. Inductor needs a C++ compiler on the CPU and Triton on CUDA; ``on``
 without one is an error naming the key, ``auto`` compiles only a run long enough to repay the compile time
-(``AUTO_MIN_STEPS``, measured with bench/bench_pretrain.py --variants compiled; docs/speed.md).
+(``AUTO_MIN_STEPS``, measured with bench/bench_pretrain.py --variants compiled and bench/bench_finetune.py --compile;
+docs/speed.md). Pretraining and finetuning both decide with ``should_compile``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ CompileSetting = Literal["auto", "on", "off"]
 # it repays itself after ~70 steps; each new shape (length buckets, evaluation) compiles again, so the threshold
 # keeps a margin of several times that. The demo stages (tens to a few hundred steps) stay eager. docs/speed.md.
 AUTO_MIN_STEPS = 500
+
+# The same for a finetune (bench_finetune.py --compile, 1 layer, hidden 256, batch 16, bf16, length buckets, load
+# ~5.7): ~155 s compiling and a step 1.5x faster (0.12 s saved of 0.37): even after ~1,250 steps. A finetune
+# compiles once per trial and seed, a deeper encoder compiles longer (2 layers: ~300 s for the first graph), and
+# early stopping and a search's pruning end runs before their planned steps, so the threshold keeps a margin; the
+# demo's finetunes (~560-1,130 planned steps) stay eager.
+FINETUNE_AUTO_MIN_STEPS = 2000
 
 
 # ---------------------------------------------------------------- document-confined attention
@@ -97,9 +105,10 @@ def compiler_missing(device: torch.device) -> str | None:
     return f"torch.compile is not supported here on device {device.type!r}"
 
 
-def should_compile(setting: CompileSetting, steps: int, device: torch.device, key: str) -> tuple[bool, str]:
-    """(compile?, why) for ``setting`` and a run of ``steps`` optimizer steps; ``on`` without a working compiler is
-    a BertpipeError naming ``key``."""
+def should_compile(setting: CompileSetting, steps: int, device: torch.device, key: str,
+                   min_steps: int = AUTO_MIN_STEPS) -> tuple[bool, str]:
+    """(compile?, why) for ``setting`` and a run of ``steps`` optimizer steps (``auto`` compiles from ``min_steps``);
+    ``on`` without a working compiler is a BertpipeError naming ``key``."""
     if setting == "off":
         return False, "compile: off"
     missing = compiler_missing(device)
@@ -109,15 +118,32 @@ def should_compile(setting: CompileSetting, steps: int, device: torch.device, ke
         return True, "compile: on"
     if missing:
         return False, f"compile: auto, not compiled ({missing})"
-    if steps < AUTO_MIN_STEPS:
-        return False, f"compile: auto, not compiled ({steps} steps < {AUTO_MIN_STEPS} that repay the compile time)"
-    return True, f"compile: auto, compiled ({steps} steps >= {AUTO_MIN_STEPS})"
+    if steps < min_steps:
+        return False, f"compile: auto, not compiled ({steps} steps < {min_steps} that repay the compile time)"
+    return True, f"compile: auto, compiled ({steps} steps >= {min_steps})"
+
+
+# How compiled graphs treat shapes. In place (pretraining, packed rows of one length): torch's automatic dynamic
+# shapes (None), a static graph, and one more with the changed dimensions symbolic should another shape come.
+DYNAMIC: bool | None = None
+# The compiled view (finetuning, length-bucketed batches: every batch another length): symbolic from the start, one
+# graph for every length, never a recompile per length nor the fall-back to eager at the recompile limit.
+# bench/bench_finetune.py --compile (1 layer, hidden 256, 114 lengths): True compiled one graph in ~155 s (load
+# ~5.7), None a static one then a symbolic one, ~245 s (load ~6-9); docs/speed.md.
+BUCKETED_DYNAMIC: bool | None = True
 
 
 def compile_in_place(module: torch.nn.Module) -> None:
     """Compile ``module``'s forward in place (``nn.Module.compile``): its state_dict keys stay the same, so
-    checkpoints and the saved model are those of the eager module. Shapes are dynamic (length buckets vary)."""
-    module.compile(dynamic=None)
+    checkpoints and the saved model are those of the eager module, and everything that calls it runs compiled."""
+    module.compile(dynamic=DYNAMIC)
+
+
+def compiled(module: torch.nn.Module) -> torch.nn.Module:
+    """A compiled view of ``module`` sharing its parameters (``torch.compile``), for a loop that trains through the
+    view but evaluates, saves and hands back the eager ``module`` (an evaluation graph would compile again for
+    every inference shape, and the caller's later scoring should not pay for it)."""
+    return torch.compile(module, dynamic=BUCKETED_DYNAMIC)
 
 
 def compile_seconds(step_times: list[float]) -> float | None:

@@ -153,3 +153,23 @@ def test_a_trial_on_the_majority_plateau_ranks_below_one_that_learns():
 
     plateau, learning = ranked(0.40, sound=False), ranked(0.36, sound=True)  # 0.40 at a majority score of 0.40
     assert learning > plateau and ranked(0.5, True) == 0.5
+
+
+def test_finetune_compile_is_in_the_fingerprint_and_on_without_a_compiler_fails_before_training(
+        project, tmp_path, monkeypatch):
+    from bertpipe.errors import BertpipeError
+
+    root, base = project
+    off = fingerprint(finetune_stage("cls", "base"), _params(root, base, "{}"))
+    (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 6", "epochs: 6, compile: on"))
+    cfg = load_config(root / "params.yaml")
+    assert fingerprint(finetune_stage("cls", "base"), cfg)[0] != off[0]
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    out = finetune_stage("cls", "base").output(cfg)
+    before = sorted((f, f.stat().st_mtime_ns) for f in out.rglob("*")) if out.exists() else []
+    with pytest.raises(BertpipeError) as e:
+        run_stage(finetune_stage("cls", "base"), cfg, tracker_factory=NO_TRACKING)
+    msg = str(e.value)
+    assert msg.startswith("finetune.train.compile: on, but torch.compile cannot run") and "no-such-g++" in msg
+    assert "\n" not in msg  # nothing written, nothing an earlier build left touched
+    assert (sorted((f, f.stat().st_mtime_ns) for f in out.rglob("*")) if out.exists() else []) == before

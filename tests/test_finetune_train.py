@@ -142,3 +142,51 @@ def test_backward_step_returns_each_micro_batch_loss(encoder, feats):
     assert len(losses) == 2 and all(isinstance(x, float) for x in losses)
     with torch.no_grad():
         assert losses[1] == pytest.approx(float(model(**group[1]).loss), rel=1e-5)
+
+
+def _losses(encoder, feats, compile_setting: str):
+    tp = TrainParams(lr=1e-3, epochs=1, batch_size=8, seeds=[0], precision="fp32", warmup_ratio=0.0,
+                     compile=compile_setting)
+    torch.manual_seed(0)  # the same fresh head
+    model = _model(encoder)
+    for m in model.modules():  # compiled dropout draws other random numbers than eager dropout
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return TR.train(model, feats, tp, lambda m: (0.0, {}), 0, seed=0), model
+
+
+@pytest.mark.slow
+def test_compiled_finetune_gives_the_eager_losses(tmp_path, zh_tokenizer_dir, feats):
+    from bertpipe import execution
+
+    if execution.compiler_missing(torch.device("cpu")):
+        pytest.skip("no C++ compiler for Inductor")
+    enc = tiny_encoder(tmp_path / "enc1", zh_tokenizer_dir, layers=1, hidden=32)
+    (eager, m_eager), (comp, m_comp) = (_losses(enc, feats, s) for s in ("off", "on"))
+    assert not eager.compiled and comp.compiled and comp.compile_why == "compile: on"
+    assert len({len(f["input_ids"]) for f in feats}) > 2  # length buckets: several shapes went through the graph
+    assert eager.steps == comp.steps == 8 and len(comp.losses) == 8
+    assert [x for _, x in comp.losses] == pytest.approx([x for _, x in eager.losses], rel=1e-3, abs=1e-4)
+    # the model handed back is the eager module (its forward is not compiled), with the same weights
+    assert type(m_comp).__name__ == type(m_eager).__name__ and m_comp._compiled_call_impl is None
+    for (k, a), b in zip(m_eager.state_dict().items(), m_comp.state_dict().values()):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5), k
+
+
+def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eager(encoder, feats, tmp_path, monkeypatch):
+    from bertpipe import execution
+    from bertpipe.errors import BertpipeError
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(BertpipeError) as e:
+        _losses(encoder, feats, "on")
+    msg = str(e.value)
+    assert msg.startswith("finetune.train.compile: on, but torch.compile cannot run") and "no-such-g++" in msg
+    assert "\n" not in msg
+    res, _ = _losses(encoder, feats[:16], "auto")  # auto without a compiler trains eager
+    assert not res.compiled and "no-such-g++" in res.compile_why
+    assert execution.should_compile("auto", execution.AUTO_MIN_STEPS, torch.device("cpu"), "k")[0] is False
+    monkeypatch.delenv("CXX")
+    if not execution.compiler_missing(torch.device("cpu")):  # with a compiler, auto leaves a short finetune eager
+        res, _ = _losses(encoder, feats[:16], "auto")
+        assert not res.compiled and f"2 steps < {execution.FINETUNE_AUTO_MIN_STEPS}" in res.compile_why

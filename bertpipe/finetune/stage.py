@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bertpipe.device import legacy_request, pick_device, precision_for
 from bertpipe.errors import BertpipeError
+from bertpipe.execution import should_compile
 from bertpipe.scoring.metrics import PRIMARY
 from bertpipe.finetune import search as S
 from bertpipe.finetune.fit import Task, fit
@@ -87,6 +88,9 @@ def build(ctx, task: str, encoder: str) -> dict:
     if tp.num_threads:
         torch.set_num_threads(tp.num_threads)
     device = pick_device(tp.device)
+    compile_key = (f"finetune.tasks.{task}.train_overrides.compile" if "compile" in p.train_overrides
+                   else "finetune.train.compile")
+    should_compile(tp.compile, 0, device, compile_key)  # `on` without a compiler fails before the data is read
     tdir = Path(ctx.inputs["task"])
     data = read_task(tdir)  # the splits stage's output: cleaned, leak-checked, capped, labels mapped
     info = split_info(tdir)
@@ -157,6 +161,7 @@ def build(ctx, task: str, encoder: str) -> dict:
             "dev": dev, "test": test, "test_details": test_details, "best_step": res.best_step, "steps": res.steps,
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
             "trained_seed": f.seed, "degenerate": f.degenerate,
+            "compile": res.compile_why + (f" (~{res.compile_s:.0f} s compiling)" if res.compile_s is not None else ""),
         }
         _write_predictions(ctx.out / "predictions" / f"seed{seed}.jsonl", recs)
         ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bertpipe.device import Precision, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
+from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
 from bertpipe.training.batches import batches, collate
 from bertpipe.training.params import TrainParams
 
@@ -110,6 +111,9 @@ class TrainResult:
     seconds: float = 0.0
     bf16: bool = False
     precision: Precision = FP32
+    compiled: bool = False
+    compile_why: str = ""  # the compile setting and why it was (not) applied
+    compile_s: float | None = None  # the slow first steps' time over the median step: what compiling cost
 
 
 def train(
@@ -122,6 +126,7 @@ def train(
     log_metrics: Callable[[dict, int], None] | None = None,
     on_phase_end: Callable[[int, torch.nn.Module], None] | None = None,
     desc: str = "finetune",
+    compile_key: str = "finetune.train.compile",
 ) -> TrainResult:
     from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
@@ -135,6 +140,11 @@ def train(
     per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
     total = max(1, math.ceil(tp.epochs * per_epoch))
     eval_every = max(1, per_epoch // tp.evals_per_epoch)
+    res.compiled, res.compile_why = should_compile(tp.compile, total, device, compile_key, FINETUNE_AUTO_MIN_STEPS)
+    # the training forward runs through the compiled view; evaluation, the best weights and the model handed back
+    # are the eager module's (the view shares its parameters)
+    forward = compiled(model) if res.compiled else model
+    step_times: list[float] = []
     # Phase i ends at optimizer step ends[i]; after the listed phases everything trains.
     ends, acc = [], 0.0
     for ph in tp.unfreeze:
@@ -181,8 +191,9 @@ def train(
                     on_phase_end(phase, model)
                 phase = want
                 set_phase(phase)
+            t0 = time.perf_counter()
             group = [collate([feats[i] for i in idx], pad_id) for idx in epoch[g : g + tp.grad_accum]]
-            for loss in backward_step(model, group, device, prec, scaler):
+            for loss in backward_step(forward, group, device, prec, scaler):
                 running += loss
                 running_n += 1
                 micro += 1
@@ -193,6 +204,8 @@ def train(
             scaler.update()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if res.compiled and len(step_times) < 8:
+                step_times.append(time.perf_counter() - t0)
             step += 1
             bar.update(1)
             rate = micro * tp.batch_size / (time.time() - started)
@@ -218,4 +231,5 @@ def train(
     if best_state is not None:
         model.load_state_dict(best_state)
     res.steps, res.seconds = step, time.time() - started
+    res.compile_s = compile_seconds(step_times) if res.compiled else None
     return res

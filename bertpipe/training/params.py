@@ -62,6 +62,16 @@ class TrainParams(_Strict):
     # Class imbalance (classification): the loss weights each class by n / (k * count) (balanced), by the square root
     # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.
     class_weight: Literal["none", "balanced", "sqrt"] = "none"
+    # torch.compile (Inductor) of the training forward: on, off, or auto = only a run of
+    # execution.FINETUNE_AUTO_MIN_STEPS planned optimizer steps or more that can repay the compile time, and only where a compiler exists (C++ on the CPU,
+    # Triton on CUDA). Evaluation and scoring run the eager model.
+    compile: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, v: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads an unquoted on/off as true/false: they mean the settings written
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
 def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +115,8 @@ class SearchParams(_Strict):
     def _known_keys(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for key, values in v.items():
             if key not in TrainParams.model_fields or key in ("seeds", "device", "num_threads", "early_stopping",
-                                                              "unfreeze", "max_eval_examples", "eval_batch_size"):
+                                                              "unfreeze", "max_eval_examples", "eval_batch_size",
+                                                              "compile"):
                 raise ValueError(f"space: {key!r} is not a finetune.train hyperparameter to search")
             if not isinstance(values, list) or not values:
                 raise ValueError(f"space.{key}: a non-empty list of values to try")
