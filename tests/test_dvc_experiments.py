@@ -10,8 +10,7 @@ commands), then, in file order:
   it edits the project's copy of the code).
 
 The project holds a copy of the code (bertpipe/, tasks/, flows/: a "checkout") and every command runs with that copy
-on PYTHONPATH, so the code-change test can edit it. (One project for both: each built its own before, the same six
-stages through DVC twice.)
+on PYTHONPATH, so the code-change test can edit it.
 """
 
 from __future__ import annotations
