@@ -149,3 +149,16 @@ def test_student_shapes_and_the_distillation_loss(tmp_path, zh_tokenizer_dir):
     twin = Distiller(teacher, teacher, temperature=2.0, alpha=1.0)
     assert twin(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.item() == pytest.approx(0.0,
                                                                                                              abs=1e-6)
+
+
+def test_a_tapt_encoder_can_teach(tmp_path):
+    """distill.teacher_encoder names any encoder kind finetune trains, tapt (DAPT + TAPT) included: the student's
+    teacher input is that encoder's finetune; a teacher that is not finetuned means no student."""
+    (tmp_path / "params.yaml").write_text(
+        "paths: {work: w, state: s}\nmodel: {base: some/hub-id}\n"
+        "finetune: {encoders: [base, adapted, tapt], tasks: {cls: {type: classification, format: jsonl, "
+        "train: cls.jsonl}}}\ndistill: {teacher_encoder: tapt}\n", encoding="utf-8")
+    cfg = load_config(tmp_path / "params.yaml")
+    assert distill_stage("cls").inputs(cfg)["teacher"] == cfg.work / "finetune" / "cls" / "tapt"
+    without = cfg.with_overrides(["finetune.encoders=[base, adapted]"])
+    assert "distill/cls" not in all_stages(without)

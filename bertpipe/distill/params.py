@@ -29,7 +29,7 @@ class StudentShape(_Strict):
 class DistillParams(_Strict):
     enabled: bool = True
     tasks: list[str] = Field(default_factory=list)  # empty: every finetune task
-    teacher_encoder: Literal["adapted", "base"] = "adapted"  # which finetune/<task>/<encoder> teaches
+    teacher_encoder: Literal["adapted", "base", "tapt"] = "adapted"  # which finetune/<task>/<encoder> teaches
     ratio: float = Field(0.5, gt=0.0, le=1.0)  # student layers = round(teacher layers * ratio) when layers is 0
     student: StudentShape = Field(default_factory=StudentShape)
     temperature: float = Field(2.0, gt=0.0, le=100.0)
