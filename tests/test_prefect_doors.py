@@ -126,7 +126,7 @@ def test_artifacts_child_logs_retries(project):
 
 def test_deployment_timezone_and_drop_dir_trigger(project):
     root, env = project
-    serve = subprocess.Popen(["bertpipe", "schedule", "--until", "tasks"], cwd=root, env=env,
+    serve = subprocess.Popen(["bertpipe", "schedule", "--until", "splits"], cwd=root, env=env,
                              stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")
