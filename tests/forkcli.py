@@ -32,7 +32,7 @@ import bertpipe.cli
 import bertpipe.stage, bertpipe.tracking, mlflow.tracking, torch, transformers  # what a stage's command imports
 # What the stages load lazily, the first time in each process: the BERT classes (transformers' modeling import,
 # ~4 CPU-s beyond torch) and an MLflow sqlite store (SQLAlchemy's mappers and MLflow's schema check, ~1.2 CPU-s the
-# first time in a process, 0.06 after), warmed on a throwaway store. Measured: see docs/testing.md, seventh pass.
+# first time in a process, 0.06 after), warmed on a throwaway store. Measured: docs/testing.md.
 import tempfile
 from transformers import (BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering,  # noqa: F401
                           BertForSequenceClassification, BertForTokenClassification, BertTokenizerFast)
