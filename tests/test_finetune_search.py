@@ -173,3 +173,18 @@ def test_finetune_compile_is_in_the_fingerprint_and_on_without_a_compiler_fails_
     assert msg.startswith("finetune.train.compile: on, but torch.compile cannot run") and "no-such-g++" in msg
     assert "\n" not in msg  # nothing written, nothing an earlier build left touched
     assert (sorted((f, f.stat().st_mtime_ns) for f in out.rglob("*")) if out.exists() else []) == before
+
+
+def test_a_run_the_search_found_degenerate_is_not_trained_again(project, capfd):
+    root, base = project
+    # one trial, and it is the given hyperparameters: the search trains seed 1 at lr 1e-6 and finds it degenerate
+    cfg = _params(root, base, "{trials: 1, space: {lr: [1.0e-6]}, prune: false, retries: 1}")
+    (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 6", "epochs: 6, lr: 1.0e-6"))
+    cfg = load_config(root / "params.yaml")
+    res = run_stage(finetune_stage("cls", "base"), cfg, tracker_factory=NO_TRACKING, force=True)
+    err = capfd.readouterr().err
+    m = json.loads((res.out / "metrics.json").read_text())
+    assert [t["state"] for t in m["search"]["trials"]] == ["degenerate"]
+    assert "seed 1: degenerate on dev in the search" in err, err[-2000:]
+    assert "seed 1: degenerate on dev (" not in err, err[-2000:]  # seed 1 at lr 1e-6 was not trained a second time
+    assert m["per_seed"]["1"]["trained_seed"] == 1001

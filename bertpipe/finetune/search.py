@@ -50,6 +50,9 @@ class Outcome:
     config: dict[str, Any]  # its searched keys' values ({} without a search)
     trials: list[Trial]
     fit: Fit | None  # the chosen trial's run on the first seed, when this process trained it
+    # Why the chosen configuration's run on the first seed is degenerate, when a trial already trained exactly that
+    # run (every trial failed and the given hyperparameters were one of them): the seed goes straight to its retry.
+    degenerate: str | None = None
 
 
 def grid_size(space: dict[str, list]) -> int:
@@ -100,7 +103,8 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         return Outcome(tp, {}, [], None)
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR: Optuna logs every failed (degenerate) trial with a traceback at WARNING; the log line below says it
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     keys = sorted(sp.space)
     n = grid_size(sp.space)
     if n <= sp.trials:
@@ -165,8 +169,10 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
     study.optimize(objective, n_trials=budget, catch=(Degenerate,))
     done = [t for t in trials if t.state == "complete"]
     if not done:
-        log(f"every one of the {len(trials)} trials was pruned or degenerate: training the given hyperparameters")
-        return Outcome(tp, {}, trials, None)
+        known = next((t.reason for t in trials if t.state == "degenerate" and configure(tp, t.config) == tp), None)
+        log(f"every one of the {len(trials)} trials was pruned or degenerate: training the given hyperparameters"
+            + (f" (a trial found them degenerate on seed {seed}: {known})" if known else ""))
+        return Outcome(tp, {}, trials, None, known)
     win = max(done, key=lambda t: (t.dev, -t.number))
     log(f"chosen on dev: {win.config} (dev {win.dev:.4f}; {len(done)} of {len(trials)} trials complete)")
     fit = best.get("fit") if best.get("number") == win.number else None

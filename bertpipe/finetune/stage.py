@@ -143,7 +143,12 @@ def build(ctx, task: str, encoder: str) -> dict:
     for seed in tp.seeds:
         f = outcome.fit if (outcome.fit is not None and seed == outcome.fit.seed) else None
         outcome.fit = None if f is not None else outcome.fit
-        for attempt in range(sp.retries + 1):
+        # the search already trained this very run and found it degenerate: no need to train it again
+        first = 1 if (seed == tp.seeds[0] and outcome.degenerate and sp.retries) else 0
+        if first:
+            ctx.log(f"{task}/{encoder} seed {seed}: degenerate on dev in the search ({outcome.degenerate}), "
+                    "training another seed")
+        for attempt in range(first, sp.retries + 1):
             trained = seed + 1000 * attempt
             if f is None:
                 f = fit(task_run, tp, trained, metric_prefix=f"seed{seed}_")
