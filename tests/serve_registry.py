@@ -41,7 +41,7 @@ def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str
                    name: str = "bertpipe-sentiment", hidden: int = 32, layers: int = 1) -> tuple[Path, list[str]]:
     """A project dir (params.yaml + state) whose registry holds ``versions`` versions of ``name``; v1 is champion."""
     from bertpipe.pipeline import load_config
-    from bertpipe.register.stage import _log_and_register
+    from bertpipe.register.record import log_and_register
     from bertpipe.registry.champion import promote
     from bertpipe.tracking import client, experiment_id, fluent_mlflow
 
@@ -55,6 +55,6 @@ def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str
             model_dir = tiny_model(root / "models" / f"v{v + 1}", tokenizer_dir, kind, seed=v + 1, steps=30,
                                    hidden=hidden, layers=layers)
             with mlflow.start_run(experiment_id=experiment_id(cfg)):
-                made.append(_log_and_register(mlflow, name, model_dir, task, "zh", []))
+                made.append(log_and_register(mlflow, name, model_dir, task, "zh", []))
     promote(client(cfg), name, made[0])
     return root, made

@@ -20,7 +20,7 @@ def _register_broken(root: Path, tokenizer_dir: Path) -> str:
     """A version registered like any other whose weights in the artifact store are then damaged (a disk error, a
     half-copied store): its files fail to load."""
     from bertpipe.pipeline import load_config
-    from bertpipe.register.stage import _log_and_register
+    from bertpipe.register.record import log_and_register
     from bertpipe.tracking import experiment_id, fluent_mlflow
 
     cfg = load_config(root / "params.yaml")
@@ -28,7 +28,7 @@ def _register_broken(root: Path, tokenizer_dir: Path) -> str:
     model_dir = tiny_model(root / "models" / "broken", tokenizer_dir, "cls", seed=7)
     with fluent_mlflow(cfg) as mlflow:
         with mlflow.start_run(experiment_id=experiment_id(cfg)):
-            version = _log_and_register(mlflow, NAME, model_dir, "text-classification", "zh", [])
+            version = log_and_register(mlflow, NAME, model_dir, "text-classification", "zh", [])
     damaged = [p for p in (root / ".bertpipe").rglob("*.safetensors") if p not in before]  # this version's only
     assert damaged, "the new version's weights were not found in the artifact store"
     for p in damaged:  # a new file in its place: a process that mapped the old one keeps its pages
