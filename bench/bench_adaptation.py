@@ -196,7 +196,7 @@ def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
     """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
     reports), with a paired bootstrap interval over windows, and register's gate score for each."""
     from bertpipe.pipeline import load_config
-    from bertpipe.pipeline import adapted_model, base_model, corpus_dir
+    from bertpipe.layout import adapted_model, base_model, corpus_dir
     from bertpipe.scoring.encoder_gate import encoder_gate_score
     from bertpipe.scoring.fair_mlm import compare_encoders
     from bertpipe.scoring.windows import test_texts
