@@ -506,3 +506,34 @@ def test_a_manifest_with_bad_task_params_is_one_error_line(tmp_path):
     with pytest.raises(BertpipeError) as e:
         task_settings(cfg, ft, "t")
     assert str(e.value).startswith(f"{ft}/manifest.json: params.finetune.tasks.t: ") and "\n" not in str(e.value)
+
+
+def test_a_model_registered_from_a_worker_thread_gets_its_inferred_signature(tmp_path, zh_tokenizer_dir, capfd):
+    """The flow registers in a worker thread, where MLflow's own signature inference (under a SIGALRM timeout)
+    fails and falls back with a warning; the signature is inferred from the pipeline's output instead."""
+    from bertpipe.register.record import log_and_register
+    from bertpipe.tracking import experiment_id, fluent_mlflow
+
+    make_project(tmp_path)
+    cfg = load_config(tmp_path / "params.yaml")
+    model_dir = tiny_classifier(tmp_path / "m", zh_tokenizer_dir, seed=1)
+    got: dict = {}
+
+    def register_it() -> None:
+        try:
+            with fluent_mlflow(cfg) as mlflow:
+                with mlflow.start_run(experiment_id=experiment_id(cfg)):
+                    got["version"] = log_and_register(mlflow, "bertpipe-sentiment", model_dir,
+                                                      "text-classification", "zh", [])
+                got["info"] = mlflow.models.get_model_info(f"models:/bertpipe-sentiment/{got['version']}")
+        except BaseException as e:  # noqa: BLE001 (reported by the assertion below)
+            got["error"] = e
+
+    t = threading.Thread(target=register_it)
+    t.start()
+    t.join(300)
+    assert "error" not in got, got.get("error")
+    err = capfd.readouterr().err  # MLflow's loggers write to stderr through their own handler
+    assert "Attempted to generate a signature" not in err, err[-2000:]
+    outputs = got["info"].signature.outputs.to_dict()
+    assert [o["name"] for o in outputs] == ["label", "score"], outputs

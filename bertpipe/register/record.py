@@ -29,6 +29,7 @@ def log_and_register(mlflow, name: str, model_dir: Path, task: str, language: st
             files = task_files(model_dir, export_dir, Path(tmp) / "files")
             version = log_pyfunc(mlflow, name, model_dir, files, C.input_example(task, language), reqs)
     else:
+        from mlflow.models import infer_signature
         from transformers import AutoTokenizer, pipeline
 
         from bertpipe.register.pyfunc import flavor_long_text
@@ -36,8 +37,12 @@ def log_and_register(mlflow, name: str, model_dir: Path, task: str, language: st
         max_len, long_text = flavor_long_text(task, model_dir, export_dir)  # long texts truncate, not crash
         tok = AutoTokenizer.from_pretrained(str(model_dir), model_max_length=max_len)
         pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
+        example = C.input_example(task, language)
+        # The signature from the pipeline's output on the example, inferred here: MLflow's own inference runs under
+        # a SIGALRM timeout, which works only in the main thread (the flow registers in a worker thread).
+        signature = infer_signature(example, mlflow.transformers.generate_signature_output(pipe, example))
         info = mlflow.transformers.log_model(
-            pipe, name=name, task=task, input_example=C.input_example(task, language),
+            pipe, name=name, task=task, input_example=example, signature=signature,
             pip_requirements=reqs, registered_model_name=name, model_config=long_text,
         )
         version = str(info.registered_model_version)
