@@ -190,3 +190,27 @@ def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eage
     if not execution.compiler_missing(torch.device("cpu")):  # with a compiler, auto leaves a short finetune eager
         res, _ = _losses(encoder, feats[:16], "auto")
         assert not res.compiled and f"2 steps < {execution.FINETUNE_AUTO_MIN_STEPS}" in res.compile_why
+
+
+def test_adamw_is_fused_on_the_cpu_and_steps_like_the_per_parameter_loop(encoder, feats):
+    from bertpipe.device import adamw
+
+    tp = TrainParams(lr=1e-3, layer_lr_decay=0.5)
+    models = [_model(encoder) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    start = models[0].classifier.weight.detach().clone()
+    fused = adamw(TR.param_groups(models[0], tp), lr=tp.lr)
+    loop = torch.optim.AdamW(TR.param_groups(models[1], tp), lr=tp.lr)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    for m in models:
+        m.eval()  # no dropout: both models see the same forward
+    for i in range(3):
+        batch = B.collate(feats[8 * i : 8 * i + 8], 0)
+        for m, opt in zip(models, (fused, loop)):
+            m(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    a, b = (dict(m.named_parameters()) for m in models)
+    assert not torch.allclose(a["classifier.weight"], start)  # the steps moved it
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k

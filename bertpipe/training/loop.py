@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bertpipe.device import Precision, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
+from bertpipe.device import Precision, adamw, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
 from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
 from bertpipe.training.batches import batches, collate
 from bertpipe.training.params import TrainParams
@@ -152,7 +152,7 @@ def train(
         ends.append(min(total, round(acc * per_epoch)))
     phases = [ph.top_layers for ph in tp.unfreeze] + [-1]
 
-    opt = torch.optim.AdamW(param_groups(model, tp), lr=tp.lr)
+    opt = adamw(param_groups(model, tp), lr=tp.lr)  # fused on the CPU and CUDA
     sched = get_linear_schedule_with_warmup(opt, round(tp.warmup_ratio * total), total)
     gen = random.Random(seed)
     best_state: dict | None = None
