@@ -127,6 +127,16 @@ def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
     assert all(len(b) * max(lengths[i] for i in b) <= 64 or len(b) == 4 for b in got)
 
 
+def test_inference_batches_on_the_cpu_stay_smaller_than_on_an_accelerator():
+    lengths = [10] * 5000
+    order = list(range(len(lengths)))
+    cpu = B.inference_batches(order, lengths, 8, B.inference_tokens(torch.device("cpu")))
+    gpu = B.inference_batches(order, lengths, 8, B.inference_tokens(torch.device("cuda")))
+    assert max(len(b) for b in cpu) * 10 <= 8192 and len(cpu[0]) == 819  # the CPU's budget, filled
+    assert len(gpu[0]) == 3276 and len(gpu) < len(cpu)
+    assert B.inference_batches(order, lengths, 1000, 64)[0] == order[:1000]  # never fewer rows than asked
+
+
 def test_large_inference_batches_give_the_small_batches_outputs(encoder, feats):
     model = _model(encoder)
     small = run_model(model, feats, 0, batch_size=2, bf16=False)
