@@ -149,7 +149,8 @@ def test_backward_step_returns_each_micro_batch_loss(encoder, feats):
     model = _model(encoder)
     group = [B.collate(feats[i : i + 8], 0) for i in (0, 8)]
     losses = TR.backward_step(model, group, torch.device("cpu"))
-    assert len(losses) == 2 and all(isinstance(x, float) for x in losses)
+    assert losses.shape == (2,) and not losses.requires_grad  # stays on the device: the loop copies it when it logs
+    losses = losses.tolist()
     with torch.no_grad():
         assert losses[1] == pytest.approx(float(model(**group[1]).loss), rel=1e-5)
 
@@ -224,3 +225,30 @@ def test_adamw_is_fused_on_the_cpu_and_steps_like_the_per_parameter_loop(encoder
     assert not torch.allclose(a["classifier.weight"], start)  # the steps moved it
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_fit_takes_the_best_evaluations_dev_scoring_without_scoring_dev_again(encoder, monkeypatch):
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from bertpipe.finetune import fit as FIT
+    from bertpipe.training.predict import score
+
+    tok = AutoTokenizer.from_pretrained(str(encoder))
+    rows = keyword_classification(48)
+    exs = [Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in rows]
+    p = TaskParams(type="classification", format="jsonl", train="x")
+    tp = TrainParams(lr=1e-3, epochs=2, batch_size=8, evals_per_epoch=2, seeds=[0], precision="fp32",
+                     early_stopping={"patience": 0})
+    split = {name: featurize(tok, part, p, tp, {"neg": 0, "pos": 1}, Counter(), name)
+             for name, part in (("train", exs[:32]), ("dev", exs[32:]), ("test", []))}
+    task = FIT.Task(p, encoder, ["neg", "pos"], split, "macro_f1", 0, torch.device("cpu"), False, 0.5, "t")
+    calls = []
+    monkeypatch.setattr(FIT, "score", lambda *a, **k: calls.append(1) or score(*a, **k))
+    f = FIT.fit(task, tp, seed=0)
+    assert len(f.result.evals) == 4 and len(calls) == 4  # one dev pass per evaluation, none after training
+    best = next(e for e in f.result.evals if e["step"] == f.result.best_step)
+    assert f.dev["macro_f1"] == best["primary"]
+    again, _, _ = score(f.model, split["dev"], p, ["neg", "pos"], 0, tp.eval_batch_size, False)
+    assert again == f.dev  # the restored weights score what their evaluation scored
