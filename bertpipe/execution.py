@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+
 import torch
 
 from bertpipe.errors import BertpipeError
