@@ -1,7 +1,8 @@
 """Finetuning throughput: bertpipe's finetune loop vs HF's Trainer with run_classification's defaults and dynamic
 padding, same model, examples, batch, steps and precision, in one run.
 
-    .venv/bin/python bench/bench_finetune.py [--steps 30] [--batch 32] [--layers 4] [--hidden 256] [--raw DIR]
+    .venv/bin/python bench/bench_finetune.py [--steps 30] [--batch 32] [--layers 4] [--hidden 256] [--rounds 1]
+        [--raw DIR]
     .venv/bin/python bench/bench_finetune.py --compile [--dynamic auto|true] ...
 
 ``--compile``: bertpipe's loop with ``compile: off`` against ``compile: on`` instead of against HF (same examples,
@@ -15,7 +16,8 @@ long tail), so the dev accuracy shows both sides learned the same task. bertpipe
 (length-bucketed batches, one host copy of the losses per step). HF: ``Trainer`` + ``DataCollatorWithPadding``
 (shuffled batches padded to their longest row), as run_classification.py does by default. Prints examples/s, the
 ratio, the dev accuracy of each, the matmul peak measured in this run (best of 1024²..4096²), MFU against it and the
-load average.
+load average. ``--rounds N`` runs both sides N times, alternating and flipping the order each round, and reports the
+median of the rounds' ratios: on a shared machine the load drifts between two sequential runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from statistics import median
 from pathlib import Path
 
 import torch
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--raw", default=str(REPO / "data" / "raw"))
+    ap.add_argument("--rounds", type=int, default=1, help="HF and bertpipe runs, alternating (median ratio)")
     ap.add_argument("--compile", action="store_true", help="compile: off against on (instead of against HF)")
     ap.add_argument("--dynamic", default="true", choices=("auto", "true"))
     args = ap.parse_args()
@@ -148,24 +152,34 @@ def main() -> None:
         mean_len = sum(len(f["input_ids"]) for f in feats) / len(feats)
         if args.compile:
             return compare_compile(enc, feats, args, prec, mean_len)
-        results = {"HF Trainer (dynamic padding)": run_hf(enc, feats, args, prec.bf16),
-                   "bertpipe finetune loop": run_bertpipe(enc, feats, args, prec.dtype)}
+        hf_name, bp_name = "HF Trainer (dynamic padding)", "bertpipe finetune loop"
+        sides = {hf_name: lambda: run_hf(enc, feats, args, prec.bf16),
+                 bp_name: lambda: run_bertpipe(enc, feats, args, prec.dtype)}
+        runs: dict[str, list[dict]] = {hf_name: [], bp_name: []}
+        loads = [os.getloadavg()[0]]
+        for r in range(args.rounds):  # alternating, the order flipped each round: both sides see the same load
+            for name in (sides if r % 2 == 0 else list(sides)[::-1]):
+                runs[name].append(sides[name]())
+            loads.append(os.getloadavg()[0])
         # useful FLOPs per example: 6 x the encoder's weights per token (+ attention), over its real tokens
         h, L = args.hidden, args.layers
         fpe = mean_len * L * (6 * (4 * h * h + 2 * h * 2 * h) + 12 * mean_len * h)
-        load = os.getloadavg()
-        print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg {load[0]:.2f} "
-              f"(loaded: shared machine; compare the ratio, not the absolute rates)")
+        print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg "
+              f"{' -> '.join(f'{x:.2f}' for x in loads)} (one per round; shared machine: compare the ratio, not the "
+              "absolute rates)")
         print(f"model {L} layers, hidden {h}; {len(feats)} examples (mean {mean_len:.0f} tokens), batch {args.batch},"
-              f" {args.steps} steps; precision {prec.words()}; matmul peak (best of {'/'.join(map(str, SIZES))}) "
-              f"fp32 {peak32 / 1e9:.1f}, bf16 {peak16 / 1e9:.1f} GFLOP/s")
-        print(f"{'':30s} {'examples/s':>10s} {'seconds':>8s} {'dev acc':>8s} {'MFU':>6s}")
-        for name, r in results.items():
-            r["rate"] = r["examples"] / r["seconds"]
-            r["dev"] = dev_accuracy(r["model"], dev, dev_labels)
-            print(f"{name:30s} {r['rate']:10.1f} {r['seconds']:8.1f} {r['dev']:8.3f} {r['rate'] * fpe / peak:6.1%}")
-        ratio = results["bertpipe finetune loop"]["rate"] / results["HF Trainer (dynamic padding)"]["rate"]
-        print(f"speed ratio bertpipe / HF Trainer: {ratio:.2f}x; load avg after {os.getloadavg()[0]:.2f}")
+              f" {args.steps} steps, {args.rounds} rounds; precision {prec.words()}; matmul peak (best of "
+              f"{'/'.join(map(str, SIZES))}) fp32 {peak32 / 1e9:.1f}, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+        print(f"{'':30s} {'examples/s (median; each round)':>40s} {'dev acc':>8s} {'MFU':>6s}")
+        for name, rs in runs.items():
+            rates = [r["examples"] / r["seconds"] for r in rs]
+            dev_acc = dev_accuracy(rs[-1]["model"], dev, dev_labels)
+            each = " ".join(f"{x:.1f}" for x in rates)
+            print(f"{name:30s} {median(rates):8.1f} ({each}) {dev_acc:8.3f} {median(rates) * fpe / peak:6.1%}")
+        ratios = [b["examples"] / b["seconds"] / (a["examples"] / a["seconds"]) for a, b in zip(runs[hf_name],
+                                                                                               runs[bp_name])]
+        print(f"speed ratio bertpipe / HF Trainer: {median(ratios):.2f}x median of the rounds' ratios "
+              f"({' '.join(f'{x:.2f}' for x in ratios)})")
 
 
 def compare_compile(enc, feats, args, prec, mean_len: float) -> None:

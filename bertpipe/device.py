@@ -192,3 +192,13 @@ def weight_decay_groups(model: torch.nn.Module, weight_decay: float, lr_of=None)
         groups.setdefault((lr_of(name) if lr_of else None, wd), []).append(p)
     return [{"params": ps, "weight_decay": wd, **({"lr": lr} if lr is not None else {})}
             for (lr, wd), ps in groups.items()]
+
+
+def adamw(groups: list[dict], **kw) -> torch.optim.AdamW:
+    """AdamW over ``groups``, fused (one kernel over every parameter) where torch has the kernel (CPU and CUDA,
+    floating-point parameters), as HF's Trainer uses by default. The per-parameter loop costs a large share of a
+    small model's step on the CPU (torch.profiler, docs/speed.md: 30 ms of a 210 ms finetune step of a 2-layer
+    encoder with a 21k vocabulary, 6 ms fused)."""
+    params = [q for g in groups for q in g["params"]]
+    fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.is_floating_point() for q in params)
+    return torch.optim.AdamW(groups, fused=fused or None, **kw)

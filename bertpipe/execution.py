@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Literal
 
 import torch
 
 from bertpipe.errors import BertpipeError
-
-CompileSetting = Literal["auto", "on", "off"]
+from bertpipe.switches import CompileSetting
 
 # Steps from which `compile: auto` compiles. Measured on the 2-core AVX512-BF16 CPU (bench_pretrain.py, 2L/256H,
 # seq 128, batch 16, bf16, load ~12): compiling took ~190 s and made a step ~1.6x faster (2.8 s saved of 7.3), so

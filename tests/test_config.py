@@ -49,3 +49,14 @@ def test_bad_params_are_one_line_errors(tmp_path, text, overrides, expected):
 def test_missing_params_file_is_an_error(tmp_path):
     with pytest.raises(BertpipeError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_unquoted_compile_switch_means_the_word_written(tmp_path):
+    # PyYAML reads an unquoted on/off as true/false; every stage's `compile` takes it as the word written
+    p = write(tmp_path, "base: {compile: on}\npretrain: {compile: off}\nfinetune: {train: {compile: on}}\n")
+    cfg = load_config(p)
+    assert cfg.params.base.compile == "on" and cfg.params.pretrain.compile == "off"
+    assert cfg.params.finetune.train.compile == "on"
+    with pytest.raises(BertpipeError) as e:  # anything else is still refused, naming the key
+        load_config(write(tmp_path, "pretrain: {compile: sometimes}\n"))
+    assert "pretrain.compile" in str(e.value) and "\n" not in str(e.value)

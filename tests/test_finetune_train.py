@@ -127,6 +127,16 @@ def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
     assert all(len(b) * max(lengths[i] for i in b) <= 64 or len(b) == 4 for b in got)
 
 
+def test_inference_batches_on_the_cpu_stay_smaller_than_on_an_accelerator():
+    lengths = [10] * 5000
+    order = list(range(len(lengths)))
+    cpu = B.inference_batches(order, lengths, 8, B.inference_tokens(torch.device("cpu")))
+    gpu = B.inference_batches(order, lengths, 8, B.inference_tokens(torch.device("cuda")))
+    assert max(len(b) for b in cpu) * 10 <= 8192 and len(cpu[0]) == 819  # the CPU's budget, filled
+    assert len(gpu[0]) == 3276 and len(gpu) < len(cpu)
+    assert B.inference_batches(order, lengths, 1000, 64)[0] == order[:1000]  # never fewer rows than asked
+
+
 def test_large_inference_batches_give_the_small_batches_outputs(encoder, feats):
     model = _model(encoder)
     small = run_model(model, feats, 0, batch_size=2, bf16=False)
@@ -139,7 +149,8 @@ def test_backward_step_returns_each_micro_batch_loss(encoder, feats):
     model = _model(encoder)
     group = [B.collate(feats[i : i + 8], 0) for i in (0, 8)]
     losses = TR.backward_step(model, group, torch.device("cpu"))
-    assert len(losses) == 2 and all(isinstance(x, float) for x in losses)
+    assert losses.shape == (2,) and not losses.requires_grad  # stays on the device: the loop copies it when it logs
+    losses = losses.tolist()
     with torch.no_grad():
         assert losses[1] == pytest.approx(float(model(**group[1]).loss), rel=1e-5)
 
@@ -190,3 +201,54 @@ def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eage
     if not execution.compiler_missing(torch.device("cpu")):  # with a compiler, auto leaves a short finetune eager
         res, _ = _losses(encoder, feats[:16], "auto")
         assert not res.compiled and f"2 steps < {execution.FINETUNE_AUTO_MIN_STEPS}" in res.compile_why
+
+
+def test_adamw_is_fused_on_the_cpu_and_steps_like_the_per_parameter_loop(encoder, feats):
+    from bertpipe.device import adamw
+
+    tp = TrainParams(lr=1e-3, layer_lr_decay=0.5)
+    models = [_model(encoder) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    start = models[0].classifier.weight.detach().clone()
+    fused = adamw(TR.param_groups(models[0], tp), lr=tp.lr)
+    loop = torch.optim.AdamW(TR.param_groups(models[1], tp), lr=tp.lr)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    for m in models:
+        m.eval()  # no dropout: both models see the same forward
+    for i in range(3):
+        batch = B.collate(feats[8 * i : 8 * i + 8], 0)
+        for m, opt in zip(models, (fused, loop)):
+            m(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    a, b = (dict(m.named_parameters()) for m in models)
+    assert not torch.allclose(a["classifier.weight"], start)  # the steps moved it
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_fit_takes_the_best_evaluations_dev_scoring_without_scoring_dev_again(encoder, monkeypatch):
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    from bertpipe.finetune import fit as FIT
+    from bertpipe.training.predict import score
+
+    tok = AutoTokenizer.from_pretrained(str(encoder))
+    rows = keyword_classification(48)
+    exs = [Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in rows]
+    p = TaskParams(type="classification", format="jsonl", train="x")
+    tp = TrainParams(lr=1e-3, epochs=2, batch_size=8, evals_per_epoch=2, seeds=[0], precision="fp32",
+                     early_stopping={"patience": 0})
+    split = {name: featurize(tok, part, p, tp, {"neg": 0, "pos": 1}, Counter(), name)
+             for name, part in (("train", exs[:32]), ("dev", exs[32:]), ("test", []))}
+    task = FIT.Task(p, encoder, ["neg", "pos"], split, "macro_f1", 0, torch.device("cpu"), False, 0.5, "t")
+    calls = []
+    monkeypatch.setattr(FIT, "score", lambda *a, **k: calls.append(1) or score(*a, **k))
+    f = FIT.fit(task, tp, seed=0)
+    assert len(f.result.evals) == 4 and len(calls) == 4  # one dev pass per evaluation, none after training
+    best = next(e for e in f.result.evals if e["step"] == f.result.best_step)
+    assert f.dev["macro_f1"] == best["primary"]
+    again, _, _ = score(f.model, split["dev"], p, ["neg", "pos"], 0, tp.eval_batch_size, False)
+    assert again == f.dev  # the restored weights score what their evaluation scored

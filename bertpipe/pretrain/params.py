@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bertpipe.switches import CompileSetting
+
 
 class ArchParams(BaseModel):
     """Architecture of a from-scratch model (stage `base` only; continued pretraining keeps the checkpoint's)."""
@@ -81,8 +83,9 @@ class PretrainParams(BaseModel):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     bucket: bool = True  # length-bucketed batches (less padding)
     # torch.compile (Inductor) of the model: on, off, or auto = only a run of execution.AUTO_MIN_STEPS steps or more
-    # that can repay the compile time, and only where a compiler exists (C++ on the CPU, Triton on CUDA)
-    compile: Literal["auto", "on", "off"] = "auto"
+    # that can repay the compile time, and only where a compiler exists (C++ on the CPU, Triton on CUDA); an unquoted
+    # on/off means the word written
+    compile: CompileSetting = "auto"
 
     # ---- evaluation, checkpoints
     eval_every: int = Field(200, ge=1)

@@ -160,14 +160,11 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel over all parameters) on the CPU and CUDA: the per-parameter loop was ~12% of a
-    6L/384H step on the CPU (torch.profiler; bench/bench_pretrain.py --profile), and HF's Trainer uses the fused one."""
-    from bertpipe.device import weight_decay_groups
+    """AdamW, fused on the CPU and CUDA (``device.adamw``): the per-parameter loop was ~12% of a 6L/384H step on the
+    CPU (torch.profiler; bench/bench_pretrain.py --profile)."""
+    from bertpipe.device import adamw, weight_decay_groups
 
-    params = [q for q in model.parameters() if q.requires_grad]
-    fused = bool(params) and all(q.device.type in ("cpu", "cuda") and q.is_floating_point() for q in params)
-    return torch.optim.AdamW(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6,
-                             fused=fused or None)
+    return adamw(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
 
 
 FP32 = Precision("fp32", "default")

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bertpipe.device import Precision, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
+from bertpipe.device import Precision, adamw, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
 from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
 from bertpipe.training.batches import batches, collate
 from bertpipe.training.params import TrainParams
@@ -70,8 +70,9 @@ FP32 = Precision("fp32", "default")
 
 
 def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.device, prec: Precision = FP32,
-                  scaler=None) -> list[float]:
-    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's mean loss.
+                  scaler=None) -> torch.Tensor:
+    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's mean loss (a 1-D
+    tensor on the device: copying it to the host waits for the device, so the loop does that only when it logs).
 
     The loss is always the model's own (``model(**batch).loss``, labels included), so a wrapper such as the
     distiller adds its terms for every task type: popping NER's labels and scoring the logits here left a student
@@ -96,8 +97,7 @@ def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.d
         share = loss * (n / max(n_step, 1)) if token_level else loss / len(group)
         (scaler.scale(share) if scaler is not None else share).backward()
         out.append(loss.detach())
-    # one device-to-host copy per optimizer step, not one per micro-batch (each .item() waits for the device)
-    return torch.stack(out).tolist() if out else []
+    return torch.stack(out) if out else torch.zeros(0, device=device)
 
 
 @dataclass
@@ -152,12 +152,14 @@ def train(
         ends.append(min(total, round(acc * per_epoch)))
     phases = [ph.top_layers for ph in tp.unfreeze] + [-1]
 
-    opt = torch.optim.AdamW(param_groups(model, tp), lr=tp.lr)
+    opt = adamw(param_groups(model, tp), lr=tp.lr)  # fused on the CPU and CUDA
     sched = get_linear_schedule_with_warmup(opt, round(tp.warmup_ratio * total), total)
     gen = random.Random(seed)
     best_state: dict | None = None
     bad_evals, phase, step, micro = 0, -1, 0, 0
-    running, running_n = 0.0, 0
+    # the micro-batch losses since the last log point, on the device: copied to the host once per log point, so no
+    # step waits for the device (on an accelerator the host queues the next step's kernels meanwhile)
+    pending: list[torch.Tensor] = []
     started = time.time()
     bar = tqdm(total=total, desc=f"{desc} {prec.dtype}", unit="step", file=sys.stderr, leave=False)
 
@@ -193,10 +195,8 @@ def train(
                 set_phase(phase)
             t0 = time.perf_counter()
             group = [collate([feats[i] for i in idx], pad_id) for idx in epoch[g : g + tp.grad_accum]]
-            for loss in backward_step(forward, group, device, prec, scaler):
-                running += loss
-                running_n += 1
-                micro += 1
+            pending.append(backward_step(forward, group, device, prec, scaler))
+            micro += len(pending[-1])
             scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
             if tp.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tp.max_grad_norm)
@@ -208,13 +208,14 @@ def train(
                 step_times.append(time.perf_counter() - t0)
             step += 1
             bar.update(1)
-            rate = micro * tp.batch_size / (time.time() - started)
-            bar.set_postfix(loss=f"{running / max(running_n, 1):.3f}", ex_s=f"{rate:.1f}")
             if step % max(1, total // 50) == 0 or step == total:
-                res.losses.append((step, running / max(running_n, 1)))
+                losses = torch.cat(pending).tolist()
+                pending.clear()
+                mean = sum(losses) / max(len(losses), 1)
+                res.losses.append((step, mean))
+                bar.set_postfix(loss=f"{mean:.3f}", ex_s=f"{micro * tp.batch_size / (time.time() - started):.1f}")
                 if log_metrics:
-                    log_metrics({"train_loss": running / max(running_n, 1), "lr": sched.get_last_lr()[0]}, step)
-                running, running_n = 0.0, 0
+                    log_metrics({"train_loss": mean, "lr": sched.get_last_lr()[0]}, step)
             if step % eval_every == 0 or step == total:
                 if do_eval():
                     stop = res.stopped_early = True

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bertpipe.switches import CompileSetting
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -63,15 +65,10 @@ class TrainParams(_Strict):
     # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.
     class_weight: Literal["none", "balanced", "sqrt"] = "none"
     # torch.compile (Inductor) of the training forward: on, off, or auto = only a run of
-    # execution.FINETUNE_AUTO_MIN_STEPS planned optimizer steps or more that can repay the compile time, and only where a compiler exists (C++ on the CPU,
-    # Triton on CUDA). Evaluation and scoring run the eager model.
-    compile: Literal["auto", "on", "off"] = "auto"
-
-    @field_validator("compile", mode="before")
-    @classmethod
-    def _yaml_switch(cls, v: Any) -> Any:
-        # YAML 1.1 (PyYAML) reads an unquoted on/off as true/false: they mean the settings written
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+    # execution.FINETUNE_AUTO_MIN_STEPS planned optimizer steps or more that can repay the compile time, and only
+    # where a compiler exists (C++ on the CPU, Triton on CUDA). Evaluation and scoring run the eager model. An
+    # unquoted on/off means the word written.
+    compile: CompileSetting = "auto"
 
 
 def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from bertpipe.scoring import metrics as M
 from bertpipe.training import qa as Q
 from bertpipe.training import tagging as T
 from bertpipe.training import windows as W
-from bertpipe.training.batches import collate, inference_batches
+from bertpipe.training.batches import collate, inference_batches, inference_tokens
 from bertpipe.training.features import Split
 from bertpipe.training.params import TaskParams
 
@@ -26,7 +26,8 @@ def run_model(model: torch.nn.Module, feats: Sequence[dict], pad_id: int, batch_
     was_training = model.training
     model.eval()
     with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        for idx in inference_batches(order, [len(f["input_ids"]) for f in feats], batch_size):
+        lengths = [len(f["input_ids"]) for f in feats]
+        for idx in inference_batches(order, lengths, batch_size, inference_tokens(device)):
             batch = collate([{k: v for k, v in feats[i].items() if k in ("input_ids", "token_type_ids")}
                              for i in idx], pad_id)
             res = model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
