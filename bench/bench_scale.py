@@ -298,7 +298,7 @@ def main() -> int:
         write_params(root, model)
         data_mb = info["bytes"] / 1e6
         log = root / "bench.log"
-        shards = [f"--set", f"flow.prepare_shards={top}"]
+        shards = ["--set", f"flow.prepare_shards={top}"]
         steps = ["--set", f"pretrain.max_steps={args.steps}"]
         per = results.setdefault(mb, {})
         per["prepare"] = stage("prepare", root, env_for(top), shards + ["--force"], log)
@@ -311,7 +311,7 @@ def main() -> int:
             rows.append((f"{mb:g}", name, top, r.wall, r.cpu, r.peak / 2**20, data_mb / r.wall))
         if mb == sizes[0] and len(args.workers) > 1:
             for w in sorted(set(args.workers) - {top}):
-                for name, extra in (("prepare", [f"--set", f"flow.prepare_shards={w}", "--force"]),
+                for name, extra in (("prepare", ["--set", f"flow.prepare_shards={w}", "--force"]),
                                     ("vocab", ["--force"])):
                     r = stage(name, root, env_for(w), extra, log, key=f"{name}@{w}")
                     per[f"{name}@{w}"] = r

@@ -152,7 +152,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"\n{a.requests} requests per level, {a.threads} torch thread(s) per server, load average {load:.1f} on "
           f"{os.cpu_count()} cores\n")
-    print(f"| server | concurrency | examples/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
+    print("| server | concurrency | examples/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
     for label, c, r in rows:
         print(f"| {label} | {c} | {r['ex_s']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} |")
     get = {(label, c): r for label, c, r in rows}

@@ -41,7 +41,6 @@ import yaml
 from bertpipe.config import Config
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages
-from bertpipe.stage import Stage
 
 EFFECTIVE = "params_effective"  # git-tracked folder: one <dvc stage>.json per stage (resolved params, code digest)
 OLD_EFFECTIVE = ("params_effective.json", "params.effective.json")  # one-file forms dvc.yaml does not read: said

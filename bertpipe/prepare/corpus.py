@@ -152,7 +152,6 @@ def prepare_corpus(
     counters = {"ingested": 0, "sources": defaultdict(int), "chars_in": 0, "bytes_in": 0, "batches": 0}
     excluded: dict = {}
     id_hashes: list[np.ndarray] = []
-    parts: dict[str, list] = {"exact": [], "keys": [], "sig": [], "lens": []}
     # MB of text read against the sources' size on disk: MB/s and an ETA (approximate for compressed sources)
     bar = tqdm(desc=f"prepare {name}", total=round(_source_bytes(cp, resolve, name) / 1e6, 1), unit="MB",
                bar_format="{desc}: {n:.1f}/{total:.1f} MB [{elapsed}<{remaining}, {rate_fmt}]", file=sys.stderr,

@@ -7,7 +7,6 @@ Output (``ctx.out``): ``tokenizer/``, ``model/`` (model + the same tokenizer, lo
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
