@@ -9,9 +9,11 @@ tokenizer over the characters of ``bertpipe.finetune.synthetic``'s texts, a rand
 reports each stage's wall time, pretrain's tokens/s and finetune's examples/s (from their manifests) and the device
 and precision each stage says it used. A stage that fails ends the section with its last output lines.
 
-The stage commands need, beyond torch and transformers: pydantic, typer, pyyaml, pyarrow, numpy, filelock and jieba
-(vocab mining; pretraining's whole-word masking); ``missing()`` lists those not importable, which
-bench/gpu_check.sh installs from bench/wheels.
+Beyond torch and transformers (and their numpy, pyyaml, filelock, ...) the stage commands import pydantic, typer,
+jieba (vocab mining; pretraining's whole-word masking), pyarrow, pandas, matplotlib and scikit-learn (found with the
+imports of each stage command logged and MLflow and Prefect made unimportable). bench/gpu_check.sh installs the
+first three from bench/wheels when missing; the others are too big to carry. ``missing()`` lists what is not
+importable, and the section is skipped, with one line naming it, when anything is.
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ if str(REPO) not in sys.path:
 
 STAGES = ("splits", "prepare", "start", "vocab", "pretrain", "finetune")
 # What `python -m bertpipe.cli <stage>` imports for these stages beyond torch and transformers (module names)
-NEEDS = ("pydantic", "typer", "yaml", "pyarrow", "numpy", "filelock", "jieba")
+NEEDS = ("pydantic", "typer", "jieba", "yaml", "numpy", "filelock", "pyarrow", "pandas", "matplotlib", "sklearn")
 SPECIAL = ["[PAD]"] + [f"[unused{i}]" for i in range(1, 10)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PUNCT = list("。，！？；：、") + list(".,!?;:")  # prepare's NFKC turns the full-width ones into these
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
 
 
 def missing() -> list[str]:
@@ -129,7 +135,7 @@ def manifest(path: Path) -> dict:
         return {}
 
 
-def stage_report(stage: str, root: Path, seconds: float, s: dict) -> dict:
+def stage_report(stage: str, root: Path, seconds: float) -> dict:
     """What one stage says about its run: wall time, rate, and the device/precision from its manifest."""
     work = root / "work"
     out = {"seconds": round(seconds, 2)}
@@ -152,7 +158,7 @@ def stage_report(stage: str, root: Path, seconds: float, s: dict) -> dict:
     return out
 
 
-def run_stages(root: Path, s: dict, log=print) -> dict:
+def run_stages(root: Path, log=say) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "BERTPIPE_ROOT": str(root)}
     results: dict = {}
@@ -166,7 +172,7 @@ def run_stages(root: Path, s: dict, log=print) -> dict:
             results[stage] = {"failed": r.returncode, "seconds": round(secs, 2), "output": tail}
             log(f"stage {stage}: FAILED (exit {r.returncode}) after {secs:.1f} s:\n    " + "\n    ".join(tail))
             break
-        results[stage] = rep = stage_report(stage, root, secs, s)
+        results[stage] = rep = stage_report(stage, root, secs)
         rate = (f", {rep['tokens_per_s']:.0f} tokens/s" if rep.get("tokens_per_s") else "") + (
             f", {rep['examples_per_s']:.0f} examples/s (train), test accuracy {rep['test_accuracy']:.3f}"
             if rep.get("examples_per_s") else "")
@@ -175,7 +181,7 @@ def run_stages(root: Path, s: dict, log=print) -> dict:
     return results
 
 
-def section(smoke: bool, device: str, log=print) -> dict:
+def section(smoke: bool, device: str, log=say) -> dict:
     """The stage section of the GPU check: {stage: report}, or {"skipped": why}."""
     lacking = missing()
     if lacking:
@@ -188,8 +194,8 @@ def section(smoke: bool, device: str, log=print) -> dict:
         t = time.perf_counter()
         write_project(root, s, device)
         log(f"stages: a tiny project ({s['layers']}L/{s['hidden']}H encoder, {s['docs']} domain documents, "
-            f"{s['examples']} task examples) written in {time.perf_counter() - t:.1f} s; tracking off", flush=True)
-        res = run_stages(root, s, log=lambda m: log(m, flush=True))
+            f"{s['examples']} task examples) written in {time.perf_counter() - t:.1f} s; tracking off")
+        res = run_stages(root, log=log)
         res["mlflow_db_created"] = (root / ".bertpipe" / "mlflow.db").exists()  # tracking off: False
     return res
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -60,7 +59,6 @@ def project(root: Path) -> Path:
     return root
 
 
-@pytest.mark.slow  # four stage commands, a real (tiny) finetune: ~25 s
 def test_stage_commands_run_without_mlflow_or_prefect(tmp_path):
     root = project(tmp_path / "p")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
