@@ -12,7 +12,12 @@
 3. one finetune epoch (bertpipe.training.loop.train, sequence classification) in bf16 and in fp16 + GradScaler, with
    its MFU;
 4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA
-   provider when it is installed.
+   provider when it is installed;
+5. whole stages (bench/gpu_stages.py, ``--stages off`` skips them): the real ``python -m bertpipe.cli splits``,
+   ``prepare``, ``start``, ``vocab``, ``pretrain`` and ``finetune``, one process each, on a tiny project built in a
+   temp dir (a synthetic corpus and keyword task, a WordPiece tokenizer over their characters, a random
+   BERT-base-shaped encoder as ``model.base``) with tracking off (``tracking.uri: none``: no MLflow): each stage's
+   wall time, pretrain's tokens/s and finetune's examples/s, and the device and precision each stage says it used.
 
 Data are random token ids (no corpus or tokenizer download on the GPU machine): speed, not quality, is measured;
 the losses are printed only to show that each run trained.
@@ -236,6 +241,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and steps (any device; what CI runs)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--stages", choices=("on", "off"), default="on",
+                    help="also run whole stages through the CLI on a tiny project (bench/gpu_stages.py)")
     ap.add_argument("--compile", choices=("on", "off"), default=None,
                     help="also time the compiled pretrain loop (default: on, off under --smoke: compiling on a CPU "
                          "takes minutes)")
@@ -303,11 +310,19 @@ def main() -> int:
               f"{r['loss_last']:.3f}", flush=True)
     results["inference"] = inference(a, device, prec)
     print(f"inference (batch {a.inf_batch}, seq {a.ft_seq}): {json.dumps(results['inference'])}", flush=True)
+    stages_ok = True
+    if a.stages == "on":
+        from gpu_stages import failed, section  # bench/, beside this script
+
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the stages run in processes of their own, on the same GPU
+        results["stages"] = section(a.smoke, str(device))
+        stages_ok = not failed(results["stages"])
     results["seconds"] = time.perf_counter() - started
     print(f"gpu check done in {results['seconds']:.0f} s", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
-    return 0
+    return 0 if stages_ok else 1
 
 
 if __name__ == "__main__":

@@ -55,7 +55,10 @@ class ModelParams(Section):
 
 class TrackingParams(Section):
     experiment: str = "bertpipe"
-    # Empty: $MLFLOW_TRACKING_URI if set, else an embedded sqlite store under paths.state.
+    # Empty: $MLFLOW_TRACKING_URI if set, else an embedded sqlite store under paths.state. "none": no tracking at
+    # all (bertpipe.tracking.tracking_off): stage commands log no runs and never import MLflow; pretraining starts
+    # from the base (no registry to read a champion from); what needs the registry (register, the flows, `models`)
+    # refuses with one error line.
     uri: str = ""
 
 

@@ -18,7 +18,8 @@ The rule (``flow.retrain_from: champion``):
 
 Every adapted encoder carries its lineage in ``config.json`` (``bertpipe_lineage``: the corpus fingerprint and the
 start), which survives MLflow logging and export, so the rule needs nothing but the registered model itself.
-``retrain_from: base`` always adapts the base again.
+``retrain_from: base`` always adapts the base again, and so does a project with tracking off (``tracking.uri:
+none``): it has no registry to hold a champion.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def resolve(cfg: Config, corpus: str | None) -> Start:
     if explicit:
         p = cfg.path(explicit)
         return Start("path", p, p)
-    if cfg.params.flow.retrain_from == "base" or not cfg.params.register.register_encoder:
+    from bertpipe.tracking import tracking_off
+
+    if cfg.params.flow.retrain_from == "base" or not cfg.params.register.register_encoder or tracking_off(cfg):
         return base_start(cfg)
     name = encoder_name(cfg)
     champ = export_version(cfg, name)

@@ -311,13 +311,23 @@ def scratch_dir(stage: Stage, cfg: Config, fp: str) -> Path:
     return cfg.state / "scratch" / f"{stage.name.replace('/', '__')}-{fp[:16]}"
 
 
+def NO_TRACKING(stage: Stage, cfg: Config, fp: str) -> contextlib.AbstractContextManager[None]:  # noqa: N802
+    """The tracker factory of a run that logs nowhere (``tracking.uri: none``, ``python -m bertpipe.torchrun
+    --no-tracking``): the stage's ``ctx.tracker`` is None."""
+    return contextlib.nullcontext()
+
+
 def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: Callable | None = None) -> StageResult:
-    """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run."""
+    """Run ``stage`` unless its output is already fresh. ``tracker_factory(stage, cfg, fp)`` opens an MLflow run
+    (default: ``bertpipe.tracking.stage_run``, or NO_TRACKING when tracking is off)."""
     out = stage.output(cfg)
     if tracker_factory is None:
-        from bertpipe.tracking import close_orphans
+        from bertpipe.tracking import close_orphans, tracking_off
 
-        close_orphans(cfg)  # runs a SIGKILL left RUNNING are closed even when this stage turns out fresh
+        if tracking_off(cfg):  # tracking.uri: none
+            tracker_factory = NO_TRACKING
+        else:
+            close_orphans(cfg)  # runs a SIGKILL left RUNNING are closed even when this stage turns out fresh
     fp, digests = fingerprint(stage, cfg)
     external = stage.external(cfg) if stage.external is not None else None
 

@@ -9,13 +9,13 @@ it to ``bertpipe.pretrain.run.run`` (what each rank does: see that module).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import family_stages, load_config
 from bertpipe.pretrain.run import run
+from bertpipe.stage import NO_TRACKING
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = family_stages(cfg, args.stage).get(args.stage)
         if stage is None:
             raise BertpipeError(f"--stage {args.stage}: not a stage of this pipeline (base needs model.base: scratch)")
-        quiet = (lambda *a: contextlib.nullcontext()) if args.no_tracking else None
+        quiet = NO_TRACKING if args.no_tracking else None
         res = run(stage, cfg, force=args.force, tracker_factory=quiet)
     except BertpipeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -32,9 +32,23 @@ def quiet_env(uri: str | None = None) -> None:
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
+# tracking.uri's value that turns tracking off (as Hugging Face's ``report_to="none"``)
+OFF = "none"
+
+
+def tracking_off(cfg: Config) -> bool:
+    """Whether ``tracking.uri: none`` turned tracking off: ``run_stage`` then opens no MLflow run (and imports no
+    MLflow), and ``bertpipe.lineage`` reads no registry."""
+    return cfg.params.tracking.uri.strip().lower() == OFF
+
+
 def tracking_uri(cfg: Config) -> str:
     """The project's tracking URI (tracking.uri, else $MLFLOW_TRACKING_URI, else the embedded store), checked to be
-    one MLflow can open (``check_uri``)."""
+    one MLflow can open (``check_uri``). With tracking off, one error line: the caller needs a store."""
+    if tracking_off(cfg):
+        raise BertpipeError(f"tracking.uri: {OFF!r} turns tracking off, and this needs an MLflow store (the model "
+                            "registry, or a flow's runs); set tracking.uri to a store, or leave it empty for the "
+                            "embedded one")
     if cfg.params.tracking.uri:
         return check_uri(cfg.params.tracking.uri, "tracking.uri")
     if os.environ.get("MLFLOW_TRACKING_URI"):

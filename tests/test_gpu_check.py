@@ -1,5 +1,6 @@
 """bench/gpu_check.sh runs end to end in its tiny --smoke mode on whatever device there is (here the CPU), so the
-check is known to work before it is carried to a GPU machine."""
+check is known to work before it is carried to a GPU machine: its isolated loops, and whole stages run through the
+CLI on a tiny project with tracking off (bench/gpu_stages.py)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,11 @@ def test_gpu_check_smoke(tmp_path):
     assert res["pretrain"]["packed_3_docs"]["tokens_per_s"] > 0  # document-confined attention on packed rows
     assert res["finetune"]["bf16"]["mfu"] > 0  # fp16 has no measured peak on a CPU
     assert "bertpipe / HF" in r.stdout and "precision policy" in r.stdout
+    stages = res["stages"]
+    assert [k for k in stages if k != "mlflow_db_created"] == ["splits", "prepare", "start", "vocab", "pretrain",
+                                                                 "finetune"], stages
+    assert all("failed" not in v and v["seconds"] > 0 for k, v in stages.items() if k != "mlflow_db_created"), stages
+    assert stages["pretrain"]["tokens_per_s"] > 0 and stages["finetune"]["examples_per_s"] > 0
+    assert all(stages[s]["device"].startswith("auto: CPU") for s in ("pretrain", "finetune")), stages  # what each said
+    assert stages["mlflow_db_created"] is False  # tracking off: no MLflow store
+    assert "stage finetune: " in r.stdout

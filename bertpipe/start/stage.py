@@ -48,9 +48,12 @@ KEPT_WITH = ("registry", "params")
 
 def _registry_stamp(cfg) -> str | None:
     """A digest of the registry's aliases and model versions, read-only from the embedded sqlite store; None for a
-    tracking server, or if the store does not read as expected (then MLflow is asked)."""
-    from bertpipe.tracking import tracking_uri
+    tracking server, or if the store does not read as expected (then MLflow is asked). With tracking off there is
+    no registry: a constant, so the decision (the base, ``bertpipe.lineage``) stands until tracking is on again."""
+    from bertpipe.tracking import OFF, tracking_off, tracking_uri
 
+    if tracking_off(cfg):
+        return f"tracking.uri: {OFF}"
     uri = tracking_uri(cfg)
     if not uri.startswith("sqlite:///"):
         return None
