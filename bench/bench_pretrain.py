@@ -300,7 +300,10 @@ def main() -> None:
         results["plain"] = json.loads(Path(args.plain_result).read_text())["plain"]
     extra = [f"bertpipe-{v}" for v in args.variants.split(",") if v]
     for which in [w for w in ("plain", "bertpipe", *extra) if w not in results]:
-        cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:] + [
+        # bertpipe trains until it has seen the plain run's tokens (its rows carry fewer real ones), so the
+        # held-out loss is compared at equal tokens, each side's schedule spanning that budget
+        steps = [] if which == "plain" or args.bertpipe_steps else ["--bertpipe-steps", str(max(match, args.steps))]
+        cmd = [sys.executable, __file__, "--which", which, "--match-step", str(match)] + sys.argv[1:] + steps + [
             "--precision", prec.dtype]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
