@@ -21,13 +21,15 @@ def pipeline_task(model_dir: Path) -> str:
     raise BertpipeError(f"{model_dir}/config.json: architecture {arch!r} has no pipeline task bertpipe can register")
 
 
-def input_example(task: str, language: str):
+def input_example(task: str, language: str, mask_token: str = "[MASK]"):
+    """A small input the registered model answers (its MLmodel example); fill-mask's holds the model's own mask
+    token (``<mask>`` for RoBERTa-style tokenizers)."""
     text = "本法所称的发明创造是指发明、实用新型和外观设计。" if language == "zh" else "The court shall hear the case."
     if task == "question-answering":
         q = "发明创造是指什么？" if language == "zh" else "What shall the court do?"
         return {"question": q, "context": text}
     if task == "fill-mask":
-        return [text[:6] + "[MASK]" + text[7:]]
+        return [text[:6] + mask_token + text[7:]]
     return [text]
 
 

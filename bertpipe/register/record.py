@@ -37,10 +37,14 @@ def log_and_register(mlflow, name: str, model_dir: Path, task: str, language: st
         max_len, long_text = flavor_long_text(task, model_dir, export_dir)  # long texts truncate, not crash
         tok = AutoTokenizer.from_pretrained(str(model_dir), model_max_length=max_len)
         pipe = pipeline(task, model=str(model_dir), tokenizer=tok)
-        example = C.input_example(task, language)
+        example = C.input_example(task, language, tok.mask_token or "[MASK]")
         # The signature from the pipeline's output on the example, inferred here: MLflow's own inference runs under
-        # a SIGALRM timeout, which works only in the main thread (the flow registers in a worker thread).
-        signature = infer_signature(example, mlflow.transformers.generate_signature_output(pipe, example))
+        # a SIGALRM timeout, which works only in the main thread (the flow registers in a worker thread). Should
+        # the pipeline fail on the example, MLflow's own fallback (the task's default signature) applies.
+        try:
+            signature = infer_signature(example, mlflow.transformers.generate_signature_output(pipe, example))
+        except Exception:  # noqa: BLE001 (any pipeline error: the signature is documentation, not a gate)
+            signature = None
         info = mlflow.transformers.log_model(
             pipe, name=name, task=task, input_example=example, signature=signature,
             pip_requirements=reqs, registered_model_name=name, model_config=long_text,
