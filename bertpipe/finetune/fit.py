@@ -56,11 +56,6 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool
     model = load_model(t.p.type, t.encoder, t.labels).to(t.device)
     model = I.weighted(model, t.p.type, t.train_label_ids(), len(t.labels), tp.class_weight)
     seen = [0]
-    # (flat metrics, records) of the dev evaluations that may be the best: the loop restores the best evaluation's
-    # weights, so its scoring is the trained model's dev score, not a second pass over dev. An evaluation stops
-    # being a candidate once a later one beats it by more than min_delta (the loop's best is never beaten so).
-    candidates: dict[int, tuple[dict, list]] = {}
-    delta = tp.early_stopping.min_delta
 
     if t.has_dev:
         def dev_eval(m):
@@ -68,11 +63,10 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool
             value = flat.get(t.primary, 0.0)
             if on_eval is not None:  # sound: above the majority baseline at this evaluation
                 on_eval(value, seen[0], value > t.majority_dev)
-            for k in [k for k, (f, _) in candidates.items() if f.get(t.primary, 0.0) < value - delta]:
-                del candidates[k]
-            candidates[seen[0]] = (flat, recs)
             seen[0] += 1
-            return value, flat
+            # kept by the loop for its best evaluation, whose weights it restores: that scoring is the trained
+            # model's dev score, with no second pass over dev
+            return value, flat, (flat, recs)
     else:  # nothing to select on: every evaluation "improves", so the last weights are kept
         def dev_eval(m):
             return time.monotonic(), {}
@@ -86,10 +80,6 @@ def fit(t: Task, tp: TrainParams, seed: int, on_eval: Callable[[float, int, bool
     model = I.unwrap(model)
     out = Fit(model, res, seed)
     if t.has_dev:
-        best = next(i for i, e in enumerate(res.evals) if e["step"] == res.best_step)
-        if best in candidates:
-            out.dev, recs = candidates[best]
-        else:  # not reached (see candidates); the restored weights scored again
-            out.dev, _, recs = score(model, t.splits["dev"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
+        out.dev, recs = res.best_kept
         out.degenerate = D.reason(t.p.type, t.primary, out.dev, recs, t.majority_dev)
     return out

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -106,6 +106,7 @@ class TrainResult:
     evals: list[dict] = field(default_factory=list)  # {"step", "epoch", "primary", **dev metrics}
     best_step: int = 0
     best_primary: float = float("-inf")
+    best_kept: Any = None  # what ``evaluate`` handed back to keep (its third value) at the best evaluation
     steps: int = 0
     stopped_early: bool = False
     seconds: float = 0.0
@@ -120,7 +121,7 @@ def train(
     model: torch.nn.Module,
     feats: Sequence[dict],
     tp: TrainParams,
-    evaluate: Callable[[torch.nn.Module], tuple[float, dict]],
+    evaluate: Callable[[torch.nn.Module], tuple],  # (primary, metrics[, what to keep if this evaluation is the best])
     pad_id: int,
     seed: int,
     log_metrics: Callable[[dict, int], None] | None = None,
@@ -170,13 +171,14 @@ def train(
     def do_eval() -> bool:
         nonlocal best_state, bad_evals
         model.eval()
-        primary, metrics = evaluate(model)
+        primary, metrics, *kept = evaluate(model)
         model.train()
         res.evals.append({"step": step, "epoch": step / per_epoch, "primary": primary, **metrics})
         if log_metrics:
             log_metrics({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step)
         if primary > res.best_primary + tp.early_stopping.min_delta or best_state is None:
             res.best_primary, res.best_step, bad_evals = primary, step, 0
+            res.best_kept = kept[0] if kept else None
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             return False
         bad_evals += 1
