@@ -117,10 +117,9 @@ def test_collate_pads_and_masks():
     assert W.windows(0, 5, 2) == [(0, 0)]
 
 
-def test_inference_batches_grow_short_rows_and_keep_every_row_once(monkeypatch):
-    monkeypatch.setattr(B, "INFERENCE_TOKENS", 64)
+def test_inference_batches_grow_short_rows_and_keep_every_row_once():
     lengths = [4] * 40 + [30] * 6
-    got = B.inference_batches(list(range(len(lengths))), lengths, batch_size=4)
+    got = B.inference_batches(list(range(len(lengths))), lengths, batch_size=4, max_tokens=64)
     assert [i for b in got for i in b] == list(range(len(lengths)))  # every row once, in the given order
     assert len(got[0]) == 16  # short rows: 16 x 4 tokens fill the budget, beyond the batch size of 4
     assert all(len(b) >= 4 for b in got[:-1])  # never fewer rows than asked, whatever the budget

@@ -66,14 +66,13 @@ def inference_tokens(device: torch.device) -> int:
     return CPU_INFERENCE_TOKENS if device.type == "cpu" else INFERENCE_TOKENS
 
 
-def inference_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int, max_tokens: int | None = None
+def inference_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int, max_tokens: int
                       ) -> list[list[int]]:
     """``order`` (indices sorted by length) cut into batches of at least ``batch_size`` rows, more while the batch
-    stays within ``max_tokens`` (default ``INFERENCE_TOKENS``) padded tokens."""
-    budget = INFERENCE_TOKENS if max_tokens is None else max_tokens
+    stays within ``max_tokens`` padded tokens (``inference_tokens``: the budget of the device it runs on)."""
     out, cur = [], []
     for i in order:
-        if cur and len(cur) >= batch_size and (len(cur) + 1) * max(lengths[i], 1) > budget:
+        if cur and len(cur) >= batch_size and (len(cur) + 1) * max(lengths[i], 1) > max_tokens:
             out.append(cur)
             cur = []
         cur.append(i)
