@@ -70,20 +70,6 @@ def tokenizer(out: Path) -> Path:
     return out
 
 
-def encoder(out: Path, tok_dir: Path, s: dict) -> Path:
-    """A randomly initialised BERT with an MLM head of the section's shape, saved with its tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                     num_attention_heads=s["heads"], intermediate_size=4 * s["hidden"], max_position_embeddings=512)
-    BertForMaskedLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def corpus(n: int, chars: int, seed: int = 0) -> list[dict]:
     """Domain documents of recurring two- to four-character "words" (so vocab mining finds some) in sentences."""
     from bertpipe.finetune.synthetic import FILLER
@@ -102,9 +88,11 @@ def corpus(n: int, chars: int, seed: int = 0) -> list[dict]:
 def write_project(root: Path, s: dict, device: str) -> Path:
     import yaml
 
-    from bertpipe.finetune.synthetic import keyword_classification, write_jsonl
+    from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
-    enc = encoder(root / "base", tokenizer(root / "tokenizer"), s)
+    # a randomly initialised BERT with an MLM head of the section's shape, saved with its tokenizer
+    enc = tiny_encoder(root / "base", tokenizer(root / "tokenizer"), layers=s["layers"], hidden=s["hidden"],
+                       heads=s["heads"], intermediate=4 * s["hidden"])
     write_jsonl(root / "domain.jsonl", corpus(s["docs"], s["doc_chars"]))
     write_jsonl(root / "task.jsonl", keyword_classification(s["examples"], seed=1))
     params = {
@@ -129,10 +117,9 @@ def write_project(root: Path, s: dict, device: str) -> Path:
 
 
 def manifest(path: Path) -> dict:
-    try:
-        return json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    from bertpipe.outputs import read_manifest
+
+    return read_manifest(path) or {}
 
 
 def stage_report(stage: str, root: Path, seconds: float) -> dict:

@@ -13,15 +13,16 @@ PLACES = ["北京", "上海", "广州", "London", "Paris"]
 
 
 def tiny_encoder(out: Path, tokenizer_dir: Path, layers: int = 2, hidden: int = 64, seed: int = 0,
-                 with_mlm_head: bool = True, positions: int = 512) -> Path:
-    """A randomly initialised small BERT (MLM or headless) with a real tokenizer, saved with save_pretrained."""
+                 with_mlm_head: bool = True, positions: int = 512, heads: int = 2, intermediate: int = 0) -> Path:
+    """A randomly initialised BERT (MLM or headless) with a real tokenizer, saved with save_pretrained; small by
+    default, any shape by its arguments (``intermediate`` 0: twice ``hidden``)."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                     intermediate_size=hidden * 2, max_position_embeddings=positions)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=intermediate or hidden * 2, max_position_embeddings=positions)
     model = BertForMaskedLM(cfg) if with_mlm_head else BertModel(cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
