@@ -76,15 +76,21 @@ with get_client(sync_client=True) as c:
 print("OUT=" + json.dumps(out, default=str))
 """
 
+# The deployment's schedules and its runs (not the ones the scheduler creates ahead for the cron); with a wait in
+# seconds (argv[1]), polled in this one process until a run appears: a process per poll costs ~1.5 CPU-s each.
 DEPLOYMENT = r"""
-import json
+import json, sys, time
 from prefect.client.orchestration import get_client
+end = time.time() + float(sys.argv[1])
 with get_client(sync_client=True) as c:
     dep = c.read_deployment_by_name("domain_adaptation/bertpipe-domain-adaptation")
-    runs = c.read_flow_runs()
+    while True:
+        runs = [r.name for r in c.read_flow_runs() if r.deployment_id == dep.id and not r.auto_scheduled]
+        if runs or time.time() >= end:
+            break
+        time.sleep(1)
     print("OUT=" + json.dumps({"schedules": [[s.schedule.cron, s.schedule.timezone] for s in dep.schedules],
-                                # not the runs the scheduler creates ahead for the cron
-                                "runs": [r.name for r in runs if r.deployment_id == dep.id and not r.auto_scheduled]}))
+                               "runs": runs}))
 """
 
 
@@ -131,18 +137,16 @@ def test_deployment_timezone_and_drop_dir_trigger(project):
                              stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")
-        dep = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT], cwd=root, env=env, capture_output=True,
+        dep = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, "0"], cwd=root, env=env, capture_output=True,
                                   text=True, timeout=120))
         assert dep["schedules"] == [["5 4 * * *", "Asia/Shanghai"]] and dep["runs"] == [], dep
         drop = root / "data" / "incoming"
         drop.mkdir(parents=True, exist_ok=True)
         (drop / "new.jsonl").write_text('{"id": "n1", "text": "新的法律条文。", "group": "g"}\n', encoding="utf-8")
 
-        def triggered():
-            d = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT], cwd=root, env=env, capture_output=True,
-                                    text=True, timeout=120))
-            return d["runs"]
-        runs = wait_for(triggered, 240, "a run triggered by the new file")
+        runs = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, "240"], cwd=root, env=env, capture_output=True,
+                                   text=True, timeout=360))["runs"]
+        assert runs, "no run triggered by the new file within 240 s:\n" + (root / "serve.log").read_text()[-3000:]
         assert len(runs) == 1, runs
         assert "new files in" in (root / "serve.log").read_text()
     finally:
