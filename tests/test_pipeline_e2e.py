@@ -1,6 +1,7 @@
 """The whole chain, for real, on a tiny profile: two flow runs at once, a fully cached rerun, `dvc repro` of the same
 chain (all cached, then a no-op, then a param change that DVC and the CLI both see) with a local remote, and a param
-change that stales only what it touches, for the CLI and the flow's cache keys. Retraining on new data: tests/test_retrain_rounds.py.
+change that stales only what it touches, for the CLI and the flow's cache keys. Retraining on new data:
+tests/test_retrain_rounds.py.
 
 One project is built once for the module (real laws.db rows, real reviews and MSRA NER, the real bert-base-chinese
 vocab; tiny models trained for real steps); the tests then run in file order against it.
@@ -50,12 +51,11 @@ TINY = {
 }
 
 FLOW_STATES = r"""
-import json, sys
+import json
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
-overrides = json.loads(sys.argv[1])
-state = domain_adaptation("params.yaml", None, overrides, None, return_state=True)
+state = domain_adaptation("params.yaml", None, [], None, return_state=True)
 assert state.is_completed(), state
 import time
 # Task-run states reach the API as events, asynchronously: wait until the server has them all as final.
@@ -69,10 +69,10 @@ print("STATES=" + json.dumps({tr.name: tr.state.name for tr in trs}))
 """
 
 
-def flow_states(root: Path, overrides: list[str] | None = None) -> tuple[dict, float, str]:
+def flow_states(root: Path) -> tuple[dict, float, str]:
     """(each task run's final state, the run's wall time, the flow's log)."""
     t0 = time.time()
-    proc = run([sys.executable, "-c", FLOW_STATES, json.dumps(overrides or [])], root)
+    proc = run([sys.executable, "-c", FLOW_STATES], root)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1]
     return json.loads(line[len("STATES="):]), time.time() - t0, proc.stderr
 
@@ -91,9 +91,10 @@ def summary(log: str) -> dict[str, str]:
             if len(p) == 3 and p[1] in ("built", "cached", "skipped") and p[2].startswith("/")}
 
 
-def stage_states(root: Path) -> dict[str, str]:
-    """`bertpipe stages`: each stage's state as the CLI sees it (fresh, stale, waiting)."""
-    lines = run(["bertpipe", "stages"], root).stdout.splitlines()
+def stage_states(root: Path, *options: str) -> dict[str, str]:
+    """`bertpipe stages` (with ``options``, e.g. a --set): each stage's state as the CLI sees it (fresh, stale,
+    waiting)."""
+    lines = run(["bertpipe", "stages", *options], root).stdout.splitlines()
     return {ln.split()[0]: ln.split()[1] for ln in lines if ln.strip()}
 
 
@@ -273,8 +274,7 @@ def test_a_finetune_param_stales_only_finetune_and_what_follows_for_the_cli_and_
     from bertpipe_prefect.tasks.stages import cache_key
 
     over = "finetune.train.lr=0.002"
-    states = {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages", "--set", over], project).stdout
-              .splitlines() if ln.strip()}
+    states = stage_states(project, "--set", over)
     below = ("finetune/", "distill/", "export/", "evaluate", "register")
     downstream = {k for k in states if k.startswith(below) and k != "export/encoder"}  # that export: pretrain's
     assert {"finetune/sentiment/base", "distill/msra_ner", "export/sentiment", "evaluate", "register"} <= downstream
