@@ -8,8 +8,7 @@ import signal
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, prefect_server, write_project
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, one_task, prefect_server, start, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +18,7 @@ def test_a_run_whose_stages_all_finish_succeeds_when_the_prefect_server_dies(tmp
     write_project(root, sample_raw, {"finetune": one_task(), "flow": {"max_parallel": 1}})
     env = env_for(root)
     with prefect_server(root, env) as server:
-        proc = shared_cli().start(["run", "--until", "prepare"], root, env)
+        proc = start(["bertpipe", "run", "--until", "prepare"], root, env)
         try:
             for line in proc.stderr_lines():
                 if "[prepare] building" in line:

@@ -23,8 +23,7 @@ from transformers import AutoTokenizer
 
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import moved_ids
-from tests.e2e_project import env_for, prefect_server, stop, wait_for
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, prefect_server, run, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
 
 pytestmark = pytest.mark.slow
@@ -108,10 +107,8 @@ def project(tmp_path_factory, sample_raw):
 
 
 def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
-    """A `bertpipe` command in a fork of this process's warm interpreter (tests/forkcli.py: ~8 CPU-s of imports
-    less than a new process)."""
-    assert cmd[0] == "bertpipe", cmd
-    proc = shared_cli().run(cmd[1:], root, env, timeout=1500)
+    """A `bertpipe` command: a flow, in a process of its own."""
+    proc = run(cmd, root, timeout=1500, check=False, env=env)
     assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
