@@ -44,9 +44,35 @@ def lost() -> str | None:
     return _lost[0] if _lost else None
 
 
+def refused() -> str | None:
+    """Why nothing listens where the configured Prefect API should be (a connection refused), else None. One
+    request, no retries: Prefect's client retries a refused connection with backoff for about a minute per call,
+    which is right for a server restarting under load and wrong for one that is gone. A slow answer is not refusal.
+    No configured URL (Prefect's temporary server, started and stopped with the flow): None."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return None
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=5.0)
+    except httpx.ConnectError as e:
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    except httpx.HTTPError:
+        return None
+    return None
+
+
 def best_effort(call: Callable[..., Any], *args, **kwargs) -> Any:
-    """``call`` (a flow's call of the Prefect API); once the API is found gone, nothing more is asked of it."""
+    """``call`` (a flow's call of the Prefect API); once the API is found gone (its call failed, or its server
+    refuses connections: ``refused``), nothing more is asked of it."""
     if _lost:
+        return None
+    why = refused()
+    if why is not None:
+        gone(why)
         return None
     try:
         return call(*args, **kwargs)

@@ -1,12 +1,10 @@
 """Every GPU used, tested without GPUs: the slot pool's device assignment as a pure function
 (N concurrent stages x M GPUs -> disjoint CUDA_VISIBLE_DEVICES), concurrent holders of a real pool getting disjoint
-sets, base/pretrain's process count, and `nproc` relaunching the stage under torchrun from the stage launcher."""
+sets, base/pretrain's process count and the torchrun command it relaunches with (`nproc: 2` end to end, two gloo
+ranks: tests/test_pretrain_resume.py::test_two_gloo_processes)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -93,21 +91,3 @@ def test_torchrun_command_keeps_the_params():
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
     assert cmd[cmd.index("--params") + 1] == "/p/params.yaml" and cmd[cmd.index("--profile") + 1] == "full"
     assert cmd[cmd.index("--set") + 1] == "pretrain.lr=1e-4" and "--force" in cmd and "--no-tracking" in cmd
-
-
-@pytest.mark.slow
-def test_nproc_relaunches_under_torchrun(tmp_path, sample_raw, zh_tokenizer_dir):
-    """`base.nproc: 2` through the stage launcher (no torchrun typed): two gloo processes train; the manifest says
-    so and records the precision."""
-    from tests.test_pretrain_resume import ENV, REPO, _setup
-
-    params = _setup(tmp_path, sample_raw, zh_tokenizer_dir, max_steps=4, eval_every=2, save_every=2, log_every=2)
-    cmd = [sys.executable, "-m", "bertpipe.torchrun", "--stage", "base", "--no-tracking", "--params",
-           str(params), "--set", "base.nproc=2"]
-    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "--nproc_per_node=2" in r.stderr
-    manifest = json.loads((tmp_path / "work" / "base" / "manifest.json").read_text())
-    assert manifest["counts"]["processes"] == 2
-    assert manifest["counts"]["precision"] in ("fp32", "bf16") and manifest["counts"]["precision_reason"]
-    assert "base: built" in r.stdout

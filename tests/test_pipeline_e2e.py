@@ -1,6 +1,6 @@
 """The whole chain, for real, on a tiny profile: two flow runs at once, a fully cached rerun, `dvc repro` of the same
 chain (all cached, then a no-op, then a param change that DVC and the CLI both see) with a local remote, and a param
-change that re-runs only what it touches in the flow. Retraining on new data: tests/test_retrain_rounds.py.
+change that stales only what it touches, for the CLI and the flow's cache keys. Retraining on new data: tests/test_retrain_rounds.py.
 
 One project is built once for the module (real laws.db rows, real reviews and MSRA NER, the real bert-base-chinese
 vocab; tiny models trained for real steps); the tests then run in file order against it.
@@ -268,12 +268,27 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     assert (clone / "work" / "register" / "registry.json").exists()
 
 
-def test_a_finetune_param_reruns_only_finetune_evaluate_register(project):
-    states, _, log = flow_states(project, ["finetune.train.lr=0.002"])
-    # Downstream of the finetunes: their students, the exports of both, evaluate and register (not the encoder's
-    # export, which depends on pretrain only).
+def test_a_finetune_param_stales_only_finetune_and_what_follows_for_the_cli_and_the_flow(project):
+    """A finetune learning rate moves the fingerprints, and so the flow's cache keys, of the finetunes and what
+    follows them (their students, the exports of both, evaluate, register) and of nothing above them: the flow
+    rebuilds exactly what has no cached result under its key (a stage rebuilt for a missing record:
+    test_front_doors; the whole flow cached under unchanged keys: the test above)."""
+    from bertpipe.freshness import expected
+    from bertpipe.pipeline import all_stages, load_config
+    from bertpipe_prefect.tasks.stages import cache_key
+
+    over = "finetune.train.lr=0.002"
+    states = {ln.split()[0]: ln.split()[1] for ln in cli(["stages", "--set", over], project).stdout.splitlines()
+              if ln.strip()}
     below = ("finetune/", "distill/", "export/", "evaluate", "register")
-    downstream = {k: v for k, v in states.items() if k.startswith(below) and k != "export/encoder"}
-    upstream = {k: v for k, v in states.items() if k not in downstream and k != "start"}  # start: asked each run
-    assert set(upstream.values()) == {"Cached"}, why(upstream, log, "Cached")
-    assert set(downstream.values()) == {"Completed"}, why(downstream, log, "Completed")
+    downstream = {k for k in states if k.startswith(below) and k != "export/encoder"}  # that export: pretrain's
+    assert {"finetune/sentiment/base", "distill/msra_ner", "export/sentiment", "evaluate", "register"} <= downstream
+    assert {k for k, v in states.items() if v != "fresh"} == downstream, states
+
+    def keys(cfg) -> dict[str, str]:
+        stages = all_stages(cfg)
+        return {n: cache_key(stages[n], f.fingerprint) for n, f in expected(cfg, stages).items()}
+
+    cfg = load_config(project / "params.yaml")
+    before, after = keys(cfg), keys(cfg.with_overrides([over]))
+    assert {n for n in before if before[n] != after[n]} == downstream

@@ -8,11 +8,41 @@ import signal
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, prefect_server, start, write_project
-
-pytestmark = pytest.mark.slow
+from tests.e2e_project import env_for, free_port, one_task, prefect_server, start, write_project
 
 
+def test_a_server_that_refuses_connections_is_told_from_one_that_answers():
+    """``refused``: one request, no retries, tells "nothing listens there" from an answering (or absent) API."""
+    import http.server
+    import threading
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from bertpipe_prefect.flows.lost_api import refused
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{server.server_port}/api"}):
+            assert refused() is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
+        why = refused()
+    assert why is not None and why.startswith("ConnectError"), why
+
+
+@pytest.mark.slow
 def test_a_run_whose_stages_all_finish_succeeds_when_the_prefect_server_dies(tmp_path, sample_raw):
     root = tmp_path / "p"
     write_project(root, sample_raw, {"finetune": one_task(), "flow": {"max_parallel": 1}})

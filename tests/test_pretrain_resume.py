@@ -83,14 +83,15 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
 
 @pytest.mark.slow
 def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir):
+    """`base.nproc: 2` through the stage launcher (no torchrun typed): it relaunches itself under torchrun, and the
+    two gloo ranks train on different examples, stay identical, and save what rank 0 holds."""
     params = _setup(tmp_path, sample_raw, zh_tokenizer_dir, max_steps=6, eval_every=3, save_every=3, log_every=3,
                     grad_accum=2)
     trace = tmp_path / "trace"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "bertpipe.torchrun", "--stage", "base", "--no-tracking", "--params", str(params)]
-    r = subprocess.run(cmd, cwd=REPO, env={**ENV, "BERTPIPE_PRETRAIN_TRACE": str(trace)}, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([*RUN, str(params), "--set", "base.nproc=2"], cwd=REPO,
+                       env={**ENV, "BERTPIPE_PRETRAIN_TRACE": str(trace)}, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "--nproc_per_node=2" in r.stderr and "base: built" in r.stdout
     ranks = [json.loads((trace / f"rank{i}.json").read_text()) for i in (0, 1)]
     assert [t["world"] for t in ranks] == [2, 2]
     seen = [{x for b in t["batches"] for x in b} for t in ranks]
@@ -102,6 +103,7 @@ def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir):
     assert state_digest(saved) == ranks[0]["digest"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["processes"] == 2
+    assert manifest["counts"]["precision"] in ("fp32", "bf16") and manifest["counts"]["precision_reason"]
     # both ranks read one token store per split: one rank built it while the other waited on its lock
     assert r.stderr.count("token store train: built") == 1 and r.stderr.count("token store train: reused") == 1
     assert len([p for p in (tmp_path / "state" / "tokstore").iterdir() if p.is_dir()]) == 2
