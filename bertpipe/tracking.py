@@ -26,6 +26,10 @@ PARENT_ENV = "BERTPIPE_MLFLOW_PARENT_RUN_ID"
 def quiet_env(uri: str | None = None) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
+    # mlflow's log_model swaps os.environ's accessors process-wide to note which API-key variables a model reads
+    # (for GenAI serving). bertpipe's models read none, and a stage thread reading the environment meanwhile fails
+    # the logging ("Set changed size during iteration"): the flow runs stages side by side in threads.
+    os.environ.setdefault("MLFLOW_RECORD_ENV_VARS_IN_MODEL_LOGGING", "false")
     if uri and display_uri(uri) != uri:
         # MLflow prints "View run ... at: <tracking URI>/#/..." to stdout when a run ends on a server, credentials
         # and all; with a credentialed URI that link is not printed (the run summary names the masked URI).

@@ -5,7 +5,9 @@ under concurrent promotes, and the `models` commands."""
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -510,7 +512,9 @@ def test_a_manifest_with_bad_task_params_is_one_error_line(tmp_path):
 
 def test_a_model_registered_from_a_worker_thread_gets_its_inferred_signature(tmp_path, zh_tokenizer_dir, capfd):
     """The flow registers in a worker thread, where MLflow's own signature inference (under a SIGALRM timeout)
-    fails and falls back with a warning; the signature is inferred from the pipeline's output instead."""
+    fails and falls back with a warning; the signature is inferred from the pipeline's output instead. Other stage
+    threads read the environment meanwhile: MLflow must not swap os.environ's accessors under them (its tracking of
+    API-key variables; a thread adding a name while it lists them failed the logging)."""
     from bertpipe.register.record import log_and_register
     from bertpipe.tracking import experiment_id, fluent_mlflow
 
@@ -529,10 +533,24 @@ def test_a_model_registered_from_a_worker_thread_gets_its_inferred_signature(tmp
         except BaseException as e:  # noqa: BLE001 (reported by the assertion below)
             got["error"] = e
 
-    t = threading.Thread(target=register_it)
+    accessors = (os._Environ.get, os._Environ.__getitem__)
+    swapped, done = threading.Event(), threading.Event()
+
+    def another_stage() -> None:
+        while not done.is_set():
+            if (os._Environ.get, os._Environ.__getitem__) != accessors:
+                swapped.set()
+            os.environ.get("PATH")
+            time.sleep(0.0005)
+
+    t, other = threading.Thread(target=register_it), threading.Thread(target=another_stage)
+    other.start()
     t.start()
     t.join(300)
+    done.set()
+    other.join(10)
     assert "error" not in got, got.get("error")
+    assert not swapped.is_set(), "mlflow swapped os.environ's accessors while registering"
     err = capfd.readouterr().err  # MLflow's loggers write to stderr through their own handler
     assert "Attempted to generate a signature" not in err, err[-2000:]
     outputs = got["info"].signature.outputs.to_dict()
