@@ -1,4 +1,4 @@
-"""What the Prefect door shows and does, against the test run's real Prefect server: the stage table, report and progress
+"""What the Prefect door shows and does, against one real Prefect server: the stage table, report and progress
 artifacts; a stage's child-process log lines in the task run's logs; retries with backoff for transient failures
 (a timeout) but not for a user error; the deployment's cron in flow.timezone; and a run triggered by a new file in
 flow.drop_dir (the watcher's event -> the deployment's trigger)."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, run, stop, wait_for, write_project
+from tests.e2e_project import env_for, one_task, prefect_server, run, stop, wait_for, write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -75,17 +75,21 @@ with get_client(sync_client=True) as c:
 print("OUT=" + json.dumps(out, default=str))
 """
 
-NAME = "bertpipe-prefect-doors"  # one server holds every test's deployments: a name of this test's own
+# The deployment's schedules and its runs (not the ones the scheduler creates ahead for the cron); with a wait in
+# seconds (argv[1]), polled in this one process until a run appears: a process per poll costs ~1.5 CPU-s each.
 DEPLOYMENT = r"""
-import json, sys
+import json, sys, time
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+end = time.time() + float(sys.argv[1])
 with get_client(sync_client=True) as c:
-    dep = c.read_deployment_by_name("domain_adaptation/" + sys.argv[1])
-    runs = c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+    dep = c.read_deployment_by_name("domain_adaptation/bertpipe-domain-adaptation")
+    while True:
+        runs = [r.name for r in c.read_flow_runs() if r.deployment_id == dep.id and not r.auto_scheduled]
+        if runs or time.time() >= end:
+            break
+        time.sleep(1)
     print("OUT=" + json.dumps({"schedules": [[s.schedule.cron, s.schedule.timezone] for s in dep.schedules],
-                                # not the runs the scheduler creates ahead for the cron
-                                "runs": [r.name for r in runs if r.deployment_id == dep.id and not r.auto_scheduled]}))
+                               "runs": runs}))
 """
 
 
@@ -94,7 +98,9 @@ def project(tmp_path_factory, sample_raw):
     root = tmp_path_factory.mktemp("prefect")
     write_project(root, sample_raw, {"flow": {"max_parallel": 1, "timezone": "Asia/Shanghai", "cron": "5 4 * * *"},
                                     "finetune": one_task()})
-    return root, env_for(root)
+    env = env_for(root)
+    with prefect_server(root, env):
+        yield root, env
 
 
 def _out(proc: subprocess.CompletedProcess) -> dict:
@@ -126,22 +132,20 @@ def test_artifacts_child_logs_retries(project):
 
 def test_deployment_timezone_and_drop_dir_trigger(project):
     root, env = project
-    serve = subprocess.Popen(["bertpipe", "schedule", "--until", "splits", "--name", NAME], cwd=root, env=env,
+    serve = subprocess.Popen(["bertpipe", "schedule", "--until", "splits"], cwd=root, env=env,
                              stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: NAME in (root / "serve.log").read_text(), 180, "the deployment")
-        dep = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, NAME], cwd=root, env=env, capture_output=True,
+        wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")
+        dep = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, "0"], cwd=root, env=env, capture_output=True,
                                   text=True, timeout=120))
         assert dep["schedules"] == [["5 4 * * *", "Asia/Shanghai"]] and dep["runs"] == [], dep
         drop = root / "data" / "incoming"
         drop.mkdir(parents=True, exist_ok=True)
         (drop / "new.jsonl").write_text('{"id": "n1", "text": "新的法律条文。", "group": "g"}\n', encoding="utf-8")
 
-        def triggered():
-            d = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, NAME], cwd=root, env=env, capture_output=True,
-                                    text=True, timeout=120))
-            return d["runs"]
-        runs = wait_for(triggered, 240, "a run triggered by the new file")
+        runs = _out(subprocess.run([sys.executable, "-c", DEPLOYMENT, "240"], cwd=root, env=env, capture_output=True,
+                                   text=True, timeout=360))["runs"]
+        assert runs, "no run triggered by the new file within 240 s:\n" + (root / "serve.log").read_text()[-3000:]
         assert len(runs) == 1, runs
         assert "new files in" in (root / "serve.log").read_text()
     finally:
