@@ -83,7 +83,7 @@ def zh_tokenizer_dir(sample_raw: Path) -> Path:
     return sample_raw / "bert-base-chinese"
 
 
-# The modules by measured wall time, longest first (the `--durations` of a full run on 2 cores, docs/testing.md),
+# The modules by measured wall time, longest first (the `--durations` of a full run on 2 cores),
 # started in this order under xdist: whatever starts last sets the suite's end, so the long ones must not be left
 # for the end. The rest follow: modules holding a slow test, then the quick ones.
 LONGEST_FIRST = tuple(f"tests.test_{m}" for m in (

@@ -1,4 +1,6 @@
-"""Small real projects in temp dirs for the front-door tests: real laws.db rows, real tokenizer, tiny models."""
+"""Small real projects in temp dirs for the front-door tests (real laws.db rows, real tokenizer, tiny models), and
+the three ways a test runs a command in one: ``invoke`` (the CLI in this process), ``run`` and ``start`` (a process of
+its own, for what crosses a process boundary: flows, `dvc`, signals, settings read at import)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 import urllib.request
 from pathlib import Path
 from typing import Callable
@@ -79,37 +83,119 @@ def env_for(root: Path, prefect: str = "shared") -> dict:
     return env
 
 
-def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True,
-        prefect: str = "shared", fork: bool = True) -> subprocess.CompletedProcess:
-    """``cmd`` in its own session; on a timeout the whole session is killed, so what it started (e.g. the flow's
-    temporary Prefect server) does not outlive the test. With ``fork``, `bertpipe ...` and `python -c ...` run in a
-    fork of this process's warm interpreter (tests/forkcli.py: torch, transformers and MLflow imported once, ~8 CPU-s
-    a command), and so do the `bertpipe` stage commands a `dvc ...` starts (a shim first on its PATH); anything
-    else, or ``fork=False``, is a new process. A reference run that another run must equal is a new process
-    (``fork=False``): forks share one interpreter's string-hash seed, so two of them could agree where a set's
-    order differs between processes."""
-    from tests.forkcli import shared_cli
-
-    env = env_for(root, prefect)
-    if fork and cmd[0] == "dvc":
-        env = shared_cli().shim_env(env)
-    if fork and (cmd[0] == "bertpipe" or cmd[:2] == [sys.executable, "-c"]):
-        argv, code = (cmd[1:], None) if cmd[0] == "bertpipe" else (cmd[3:], cmd[2])
-        proc = shared_cli().run(argv, root, env, code=code, timeout=timeout)
-        proc.args = cmd
-    else:
-        with subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) as p:
-            try:
-                out, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-                raise
-        proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+def run(cmd: list[str], root: Path, timeout: int = 900, check: bool = True, prefect: str = "shared",
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    """``cmd`` as a new process in its own session, in ``root`` with ``env`` (else ``env_for(root, prefect)``); on a
+    timeout the whole session is killed, so what it started (e.g. the flow's temporary Prefect server) does not
+    outlive the test. For the commands whose process is the claim: flows, kills, `dvc`, servers. A CLI command whose
+    output and exit status are the claim runs in this process: ``invoke``."""
+    env = env if env is not None else env_for(root, prefect)
+    with subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise
+    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+_logs: list[tempfile.TemporaryDirectory] = []
+
+
+def _logs_dir() -> str:
+    """This test process's folder for the output files of ``start``ed commands, removed when the process exits."""
+    if not _logs:
+        _logs.append(tempfile.TemporaryDirectory(prefix="bertpipe-test-logs-"))
+    return _logs[0].name
+
+
+class Started:
+    """A command running in its own session (``start``), its stdout and stderr in files: ``stderr_lines()`` follows
+    the latter as it grows (no pipe to fill while the test waits), ``output()`` reads both once it has ended."""
+
+    def __init__(self, cmd: list[str], cwd: Path, env: dict):
+        logs = Path(tempfile.mkdtemp(prefix="bertpipe-test-cmd-", dir=_logs_dir()))
+        self.stdout_path, self.stderr_path = logs / "stdout", logs / "stderr"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                          start_new_session=True)
+        self.args, self.pid = cmd, self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL to its whole session: the command and what it started."""
+        if self.popen.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+
+    def stderr_lines(self):
+        """The stderr lines as they are written, until the command has ended and all are read."""
+        with open(self.stderr_path, "rb") as f:
+            buf = b""
+            while True:
+                done = self.popen.poll() is not None
+                chunk = f.read()
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                yield from (ln.decode("utf-8", errors="replace") + "\n" for ln in lines)
+                if done and not chunk:
+                    if buf:
+                        yield buf.decode("utf-8", errors="replace")
+                    return
+                if not chunk:
+                    time.sleep(0.05)
+
+    def output(self) -> subprocess.CompletedProcess:
+        out, err = (p.read_text(errors="replace") for p in (self.stdout_path, self.stderr_path))
+        return subprocess.CompletedProcess(self.args, self.popen.returncode, out, err)
+
+
+def start(cmd: list[str], root: Path, env: dict | None = None) -> Started:
+    """``cmd`` started in ``root`` (environment ``env``, else ``env_for(root)``), in its own session."""
+    return Started(cmd, root, env if env is not None else env_for(root))
+
+
+def invoke(argv: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.cli.app``), in ``cwd``, with ``env`` as
+    the whole environment while it runs (variables not in it are unset), like ``subprocess.run(..., text=True,
+    capture_output=True)``. An exception the CLI lets through is a traceback on stderr and exit status 1, as the
+    console script would print it. What ``cli.main`` adds around the app (the lifeline, SIGTERM as Ctrl-C) needs a
+    process of its own: test_lifeline, test_kill_recovery."""
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+
+    argv = [str(a) for a in argv]
+    saved = dict(os.environ)  # restored whole afterwards: a command may set a variable for what it starts
+    if env is not None:
+        env = {**{k: None for k in os.environ if k not in env}, **env}
+    try:
+        with contextlib.chdir(cwd):
+            res = CliRunner().invoke(app, argv, env=env)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    err = res.stderr
+    if res.exc_info is not None and not isinstance(res.exception, SystemExit):
+        err += "".join(traceback.format_exception(*res.exc_info))
+    return subprocess.CompletedProcess(["bertpipe", *argv], res.exit_code, res.stdout, err)
 
 
 def free_port() -> int:
@@ -160,8 +246,6 @@ SESSION_API = "BERTPIPE_TEST_PREFECT_API"  # set by the xdist controller for its
 def _temp_server(what: str | None) -> tuple[str, Path, Callable[[], None]]:
     """A Prefect server (the idle services off) in a temp PREFECT_HOME, dying with this process: (its API URL, its
     log, the function that stops it and removes the home). Waits for /health when ``what`` names it."""
-    import tempfile
-
     home = Path(tempfile.mkdtemp(prefix="bertpipe-test-prefect-"))
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in _IDLE_SERVICES}}

@@ -1,6 +1,5 @@
-"""A catalogue of bad inputs, each run through the real `bertpipe` command in a temp project (its entry point,
-``bertpipe.cli.main``, in a fork of one interpreter that has imported the CLI, torch and MLflow once: tests/forkcli.py;
-the interpreter start-ups were most of the module's CPU).
+"""A catalogue of bad inputs, each run through the real `bertpipe` command in a temp project, in this process
+(``e2e_project.invoke``: Typer's CliRunner on ``bertpipe.cli.app``, the case's cwd and environment).
 
 For every case: non-zero exit, exactly one `error:` line that names the file/line/key (a regex per case), no
 traceback, no new directory (temp or output) under work/, and every file of the case byte-identical afterwards.
@@ -25,8 +24,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from tests.e2e_project import FEW_LAWS, env_for, laws_source
-from tests.forkcli import shared_cli
+from tests.e2e_project import FEW_LAWS, env_for, invoke, laws_source
 
 GB = "第一条 为了保护公民的合法权益，制定本法。\n第二条 本法适用于全国。\n".encode("gb18030")
 
@@ -291,13 +289,13 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def case_env(cwd: Path) -> dict:
-    env = env_for(cwd)
+    env = env_for(cwd, prefect="ephemeral")  # every case ends before a flow would start
     env.update({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "COLUMNS": "200"})  # offline: the cache or nothing
     return env
 
 
 def run_case(case: Case, sh: Shared, cwd: Path) -> subprocess.CompletedProcess:
-    return shared_cli().run(case.argv, cwd, case_env(cwd), timeout=300)
+    return invoke(case.argv, cwd, case_env(cwd))
 
 
 def check(case: Case, sh: Shared, cwd: Path) -> float:

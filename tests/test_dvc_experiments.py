@@ -1,5 +1,4 @@
-"""DVC as its users drive it, in a temp git repo with a tiny project built once by `dvc repro` (six stage
-commands, each a fork of the project's warm interpreter through a `bertpipe` shim: tests/forkcli.py), then, in file
+"""DVC as its users drive it, in a temp git repo with a tiny project built once and committed to DVC, then, in file
 order:
 
 - `dvc exp run -S KEY=VALUE` changes the effective value (the file's top-level key beats the active profile's), the
@@ -11,8 +10,7 @@ order:
   it edits the project's copy of the code).
 
 The project holds a copy of the code (bertpipe/, tasks/, flows/: a "checkout") and every command runs with that copy
-on PYTHONPATH, so the code-change test can edit it. (One project for both: each built its own before, the same six
-stages through DVC twice.)
+on PYTHONPATH, so the code-change test can edit it.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ import yaml
 
 from bertpipe.config import dvc_exp_project, dvc_exp_state
 from tests.e2e_project import copy_code, env_for
-from tests.forkcli import ForkCLI
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six stage processes, then two experiments
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PARAMS = """profile: tiny
 paths: {work: work, state: .bertpipe}
@@ -67,20 +64,12 @@ print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cf
 """
 
 
-# The project's fork server (tests/forkcli.py), its interpreter started in the project so it imports the copy of the
-# code: DVC's stage commands run as its forks (~4 CPU-s of imports less each, measured).
-FORKS: dict[Path, ForkCLI] = {}
-
-
 def project_env(root: Path) -> dict:
     return {**env_for(root), "PYTHONPATH": str(root)}  # the project's copy of the code, not the repo's
 
 
 def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
-    env = project_env(root)
-    if cmd[0] == "dvc" and root in FORKS:
-        env = FORKS[root].shim_env(env)
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=root, env=project_env(root), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -110,10 +99,6 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     (root / ".gitignore").write_text("/.bertpipe/\n", encoding="utf-8")
     probe = "import bertpipe, sys; assert bertpipe.__file__.startswith(sys.argv[1]), bertpipe.__file__"
     sh(["python", "-c", probe, str(root)], root)
-    env = project_env(root)
-    FORKS[root] = ForkCLI(env, cwd=root)
-    forked = FORKS[root].run([str(root)], root, env, code=probe)
-    assert forked.returncode == 0, forked.stderr
     sh(["git", "init", "-q"], root)
     sh(["git", "config", "user.email", "t@example.com"], root)
     sh(["git", "config", "user.name", "t"], root)
@@ -122,12 +107,24 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     dvc_yaml = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert "bertpipe" in dvc_yaml["params"]["deps"] and "params_effective/vocab.json" in dvc_yaml["vocab"]["deps"]
     assert not [d for d in dvc_yaml["vocab"]["deps"] if d.startswith("bertpipe")], dvc_yaml["vocab"]
-    sh(["dvc", "repro", "evaluate"], root)
+    # Built in this process, then recorded as `dvc repro` records it: DVC's own runs of the stage commands are
+    # what the tests below prove (`dvc exp run`, a copy's `dvc repro`), and one `dvc repro` of the whole chain is
+    # test_pipeline_e2e's. The code is the repo's, the same files as the project's copy: the same fingerprints.
+    from bertpipe.freshness import upstream_graph
+    from bertpipe.pipeline import all_stages, load_config
+    from bertpipe.stage import run_stage
+
+    cfg = load_config(root / "params.yaml")
+    needed = upstream_graph(cfg, "evaluate")  # what `dvc repro evaluate` builds
+    for name, stage in all_stages(cfg).items():  # upstream first
+        if name in needed:
+            run_stage(stage, cfg)
+    sh(["dvc", "commit", "-f", "-q", "--with-deps", "evaluate"], root)
+    status = json.loads(sh(["dvc", "status", "--json", "--with-deps", "evaluate"], root))
+    assert status == {"stages/start/dvc.yaml:start": ["always changed"]}, status  # start asks the registry each time
     sh(["git", "add", "-A"], root)
     sh(["git", "commit", "-qm", "baseline"], root)
-    yield root
-    if root in FORKS:
-        FORKS.pop(root).close()
+    return root
 
 
 def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(project):
@@ -263,7 +260,6 @@ def test_a_code_change_stales_its_stage_and_dependants_only(project):
     from bertpipe.pipeline import all_stages, upstream
 
     root = project
-    FORKS.pop(root).close()  # from here on, new processes: the forks' interpreter imported the code before the edit
     built = {"splits", "prepare", "start", "vocab", "pretrain", "finetune/cls/base", "evaluate"}
     states0, keys0, dvc0 = look(root)
     assert {n for n, s in states0.items() if s == "fresh"} == built, states0

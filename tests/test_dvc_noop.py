@@ -20,7 +20,7 @@ import sys
 import pytest
 import yaml
 
-from tests.e2e_project import one_task, run, write_project
+from tests.e2e_project import invoke, one_task, run, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     run(["git", "init", "-q"], root)
     (root / ".gitignore").write_text("/.bertpipe/\n/data/\n")
     run(["dvc", "init", "-q"], root)
-    run(["bertpipe", "dvc-yaml"], root)
+    assert invoke(["dvc-yaml"], root).returncode == 0
     dvc = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     assert "params" not in dvc["prepare"] and "params_effective/prepare.json" in dvc["prepare"]["deps"], dvc["prepare"]
 
@@ -91,7 +91,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     lock["stages"]["start"] = yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]["start"]
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))  # a dvc.yaml that held start wrote this entry
     old = (root / "dvc.lock").read_bytes()
-    assert "dvc.lock still holds start" in run(["bertpipe", "dvc-yaml"], root).stdout
+    assert "dvc.lock still holds start" in invoke(["dvc-yaml"], root).stdout
     assert (root / "dvc.lock").read_bytes() == old
     status = json.loads(run(["dvc", "status", "--json", "--with-deps", START], root).stdout)
     assert set(status) == {START}, status  # always changed; params, tasks, prepare (from the root lock) unchanged

@@ -123,10 +123,10 @@ def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
 
 
 def test_an_unknown_until_is_a_one_line_error_before_the_flow_starts(tmp_path, sample_raw):
-    from tests.e2e_project import run
+    from tests.e2e_project import env_for, invoke
 
     write_project(tmp_path, sample_raw)
-    proc = run(["bertpipe", "run", "--until", "pretrian"], tmp_path, check=False)
+    proc = invoke(["run", "--until", "pretrian"], tmp_path, env_for(tmp_path, prefect="ephemeral"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--until 'pretrian'" in proc.stderr
     assert not (tmp_path / "work").exists()

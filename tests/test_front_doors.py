@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.e2e_project import one_task, run, write_project
+from tests.e2e_project import env_for, invoke, one_task, run, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +81,10 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     # A one-stage command builds on fresh inputs only: with a --set that stales splits (its near-duplicate settings),
     # `bertpipe prepare` says to run splits first, as `bertpipe stages` calls splits stale, and keeps its output.
     over = ["--set", "prepare.dedup.threshold=0.8"]
-    states = {ln.split()[0]: ln.split()[1] for ln in run(["bertpipe", "stages", *over], tmp_path).stdout.splitlines()}
+    env = env_for(tmp_path, prefect="ephemeral")  # one-stage commands and `stages`: no flow
+    states = {ln.split()[0]: ln.split()[1] for ln in invoke(["stages", *over], tmp_path, env).stdout.splitlines()}
     assert (states["splits"], states["prepare"]) == ("stale", "stale"), states
-    refused = run(["bertpipe", "prepare", *over], tmp_path, check=False)
+    refused = invoke(["prepare", *over], tmp_path, env)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1].startswith(
         "error: prepare: stage splits is stale with these options (inputs or params changed); run `bertpipe splits` "

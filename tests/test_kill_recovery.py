@@ -19,8 +19,7 @@ import pytest
 
 from bertpipe.stage import write_json
 from tests.corpus import tiny_sentiment_rows
-from tests.e2e_project import env_for, run, write_project
-from tests.forkcli import Forked, shared_cli
+from tests.e2e_project import Started, env_for, run, start, write_project
 
 # Where the signals land; a fault campaign runs the test over many: BERTPIPE_KILL_SEED=16 pytest ... -k killed_stages
 SEED = int(os.environ.get("BERTPIPE_KILL_SEED", "15"))
@@ -89,12 +88,10 @@ def leftovers(root: Path) -> list[str]:
                   ".old-" in p.name)
 
 
-def watch(argv: list[str], root: Path, marker: str) -> tuple[Forked, list[str], threading.Event, threading.Thread]:
-    """Start `bertpipe` ``argv[1:]`` in ``root``, in its own session (a fork of this process's warm CLI server,
-    tests/forkcli.py: no interpreter start-up before the signal); a thread collects its stderr lines and sets the
-    event once one holds ``marker``."""
-    assert argv[0] == "bertpipe", argv
-    proc = shared_cli().start(argv[1:], root, env_for(root))
+def watch(argv: list[str], root: Path, marker: str) -> tuple[Started, list[str], threading.Event, threading.Thread]:
+    """Start ``argv`` in ``root``, in its own session; a thread collects its stderr lines and sets the event once one
+    holds ``marker``."""
+    proc = start(argv, root)
     seen = threading.Event()
     lines: list[str] = []
 
@@ -145,9 +142,8 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
         fake_finetune(root, zh_tokenizer_dir)
 
     # splits (what prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
-    # The uninterrupted reference: the same stage commands, one after another in one new process (one start-up; not
-    # a fork like the runs it is compared with: its own string-hash seed).
-    run(CLI_STAGES + ["splits", "prepare", "start", "vocab", "pretrain", "register"], whole, fork=False)
+    # The uninterrupted reference: the same stage commands, one after another in one process (one start-up).
+    run(CLI_STAGES + ["splits", "prepare", "start", "vocab", "pretrain", "register"], whole)
     run(["bertpipe", "splits"], killed)
 
     rng = random.Random(SEED)
@@ -265,7 +261,7 @@ def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_
 KILLED_AFTER_CROWNING = """
 import os, signal, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register (a fork's sys.path is the server's)
+sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register
 from bertpipe.pipeline import load_config
 from bertpipe.register import stage as register
 from bertpipe.stage import run_stage
@@ -300,8 +296,8 @@ def test_register_killed_after_moving_the_champion_records_the_decision_it_made(
     assert record(run_stage(register_stage(worse), cfg).out)["promoted"]  # v1: the champion to beat
     finetune_dir(tmp_path, "better", zh_tokenizer_dir, seed=2, steps=40)
     repo = str(Path(__file__).resolve().parents[1])
-    child = shared_cli().run([str(tmp_path), repo], tmp_path, env_for(tmp_path), code=KILLED_AFTER_CROWNING,
-                             timeout=600)
+    child = run([sys.executable, "-c", KILLED_AFTER_CROWNING, str(tmp_path), repo], tmp_path, timeout=600,
+                check=False, prefect="ephemeral")
     c = client(cfg)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     assert "bertpipe.decision" not in c.get_model_version("bertpipe-sentiment", "2").tags, "killed too late"

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e_project import env_for, run
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, invoke, run, start
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +93,15 @@ def summary(log: str) -> dict[str, str]:
 def stage_states(root: Path, *options: str) -> dict[str, str]:
     """`bertpipe stages` (with ``options``, e.g. a --set): each stage's state as the CLI sees it (fresh, stale,
     waiting)."""
-    lines = run(["bertpipe", "stages", *options], root).stdout.splitlines()
+    lines = cli(["stages", *options], root).stdout.splitlines()
     return {ln.split()[0]: ln.split()[1] for ln in lines if ln.strip()}
+
+
+def cli(argv: list[str], root: Path):
+    """`bertpipe *argv` in this process (``invoke``), asserting it succeeded."""
+    proc = invoke(argv, root, env_for(root, prefect="ephemeral"))  # no flow: no Prefect server
+    assert proc.returncode == 0, f"{argv}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
 
 
 def registry_versions(root: Path) -> dict[str, list[tuple[str, tuple]]]:
@@ -139,14 +145,13 @@ def project(tmp_path_factory, sample_raw):
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     run(["dvc", "add", "data/raw"], root)
-    run(["bertpipe", "dvc-yaml"], root)  # before any run: a run must leave it as it is
+    cli(["dvc-yaml"], root)  # before any run: a run must leave it as it is
     (root / "dvc.yaml.before").write_bytes((root / "dvc.yaml").read_bytes())
     return root
 
 
 def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
-    # Two `bertpipe run` processes, each a fork of this test process's warm interpreter (tests/forkcli.py).
-    procs = [shared_cli().start(["run"], project, env_for(project)) for _ in range(2)]
+    procs = [start(["bertpipe", "run"], project) for _ in range(2)]  # two processes: their locks are the claim
     codes = [p.wait(timeout=1500) for p in procs]
     for i, p in enumerate(procs):  # its whole output, stdout then stderr (the run summary is on stdout)
         (project / f"first-{i}.log").write_text(p.stdout_path.read_text() + p.stderr_path.read_text())
@@ -182,7 +187,7 @@ def test_dvc_yaml_is_the_same_after_a_run_and_dvc_status_agrees_with_the_cli(pro
     passes. The run recorded dvc.lock as `dvc commit` does, so right after it `dvc status` reports nothing to do but
     start (DVC's "always changed": it asks the registry every repro), where `bertpipe stages` says all fresh."""
     assert (project / "dvc.yaml").read_bytes() == (project / "dvc.yaml.before").read_bytes()
-    assert "are current" in run(["bertpipe", "dvc-yaml", "--check"], project).stdout
+    assert "are current" in cli(["dvc-yaml", "--check"], project).stdout
     assert set(stage_states(project).values()) == {"fresh"}, stage_states(project)
     status = json.loads(run(["dvc", "status", "--json"], project).stdout)
     assert status == {"stages/start/dvc.yaml:start": ["always changed"]}, status
@@ -227,7 +232,7 @@ def test_second_run_is_all_cached_and_registers_nothing(project):
 
 
 def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path):
-    run(["bertpipe", "dvc-yaml"], project)
+    cli(["dvc-yaml"], project)
     dag = run(["dvc", "dag"], project).stdout
     for stage in ("prepare", "base", "vocab", "pretrain", "evaluate", "register"):
         assert stage in dag

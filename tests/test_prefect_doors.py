@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, prefect_server, stop, wait_for, write_project
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, one_task, prefect_server, run, stop, wait_for, write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -112,7 +111,7 @@ def _out(proc: subprocess.CompletedProcess) -> dict:
 
 def test_artifacts_child_logs_retries(project):
     root, env = project
-    out = _out(shared_cli().run([], root, env, code=SCRIPT, timeout=1200))  # `python -c`, forked: tests/forkcli.py
+    out = _out(run([sys.executable, "-c", SCRIPT], root, timeout=1200, check=False, env=env))
     by_key = {a["key"]: a for a in out["flow"]}
     table = json.loads(by_key["stages"]["data"]) if isinstance(by_key["stages"]["data"], str) else \
         by_key["stages"]["data"]

@@ -8,8 +8,7 @@ import signal
 
 import pytest
 
-from tests.e2e_project import env_for, free_port, one_task, prefect_server, write_project
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, free_port, one_task, prefect_server, start, write_project
 
 
 def test_a_server_that_refuses_connections_is_told_from_one_that_answers():
@@ -49,7 +48,7 @@ def test_a_run_whose_stages_all_finish_succeeds_when_the_prefect_server_dies(tmp
     write_project(root, sample_raw, {"finetune": one_task(), "flow": {"max_parallel": 1}})
     env = env_for(root)
     with prefect_server(root, env) as server:
-        proc = shared_cli().start(["run", "--until", "prepare"], root, env)
+        proc = start(["bertpipe", "run", "--until", "prepare"], root, env)
         try:
             for line in proc.stderr_lines():
                 if "[prepare] building" in line:

@@ -6,12 +6,12 @@ fingerprint is the one the same `--set` override gives."""
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 
 import pytest
 
-from tests.e2e_project import env_for, one_task, write_project
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, one_task, run, write_project
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,8 @@ def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
                                                                             "big": {"pretrain": {"max_steps": 9}}},
                                            "finetune": one_task()})
     env = env_for(root)
-    # a deployment name of its own on the shared server (`python -c`, forked: tests/forkcli.py)
-    proc = shared_cli().run([f"typed-{uuid.uuid4().hex[:8]}"], root, env, code=SCRIPT)
+    # a deployment name of its own on the shared server
+    proc = run([sys.executable, "-c", SCRIPT, f"typed-{uuid.uuid4().hex[:8]}"], root, check=False, env=env)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT=")]
     assert line, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = json.loads(line[-1][4:])

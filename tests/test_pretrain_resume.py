@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from bertpipe.pretrain.train import state_digest
-from tests.forkcli import shared_cli
+from tests.e2e_project import start
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,11 +39,9 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
     steps = {"max_steps": 30, "save_every": 5, "eval_every": 20, "log_every": 5}
     whole = _setup(tmp_path / "whole", sample_raw, zh_tokenizer_dir, **steps)
     killed = _setup(tmp_path / "killed", sample_raw, zh_tokenizer_dir, **steps)
-    # The reference is a new process; the run killed and its reruns are forks of this process's warm interpreter
-    # (tests/forkcli.py: no imports before the first step), so the comparison spans two interpreters.
     subprocess.run(RUN + [str(whole)], cwd=REPO, env=ENV, check=True, capture_output=True)
 
-    proc = shared_cli().start(ARGS + [str(killed)], REPO, ENV, module=MODULE)
+    proc = start(RUN + [str(killed)], REPO, ENV)
     scratch = tmp_path / "killed" / "state" / "scratch"
     deadline = time.time() + 300
     while time.time() < deadline and not list(scratch.glob("base-*/last.pt")):
@@ -58,7 +56,7 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
     ck = torch.load(next(scratch.glob("base-*/last.pt")), weights_only=True)  # tensors and plain values only
     assert 0 < ck["state"]["step"] < 30
 
-    r = shared_cli().run(ARGS + [str(killed)], REPO, ENV, module=MODULE)
+    r = subprocess.run(RUN + [str(killed)], cwd=REPO, env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from checkpoint at step" in r.stderr
     a = json.loads((tmp_path / "whole" / "work" / "base" / "metrics.json").read_text())
@@ -76,7 +74,8 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
     built = sorted(p.name for p in (tmp_path / "killed" / "state" / "tokstore").iterdir() if p.is_dir())
     assert built == sorted([stores["train"]["key"], stores["valid"]["key"]])
     # a rerun with other training params (more steps) reuses it too
-    r = shared_cli().run(ARGS + [str(killed), "--set", "base.max_steps=2"], REPO, ENV, module=MODULE)
+    r = subprocess.run(RUN + [str(killed), "--set", "base.max_steps=2"], cwd=REPO, env=ENV, capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     again = json.loads((out / "manifest.json").read_text())
     assert again["metrics"]["steps"] == 2 and again["counts"]["token_store"] == stores

@@ -1,6 +1,6 @@
 """Faults a user meets on a real project: the MLflow sqlite store held locked by another
-process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes
-(each a fork of one warm interpreter: tests/forkcli.py), real signals, real sqlite locks, a real tmpfs. (Two
+process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes,
+real signals, real sqlite locks, a real tmpfs. (Two
 `bertpipe run` at once in one project, each stage built by one of them: tests/test_pipeline_e2e.py, on the whole
 chain.)"""
 
@@ -22,10 +22,9 @@ from tests.test_kill_recovery import watch
 
 pytestmark = pytest.mark.slow
 
-def bertpipe(root: Path, *argv: str, fork: bool = True) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in ``root`` (``e2e_project.run``: a fork of the warm interpreter, or with ``fork=False`` a new
-    process, for the reference the other runs must equal: its own string-hash seed)."""
-    return run(["bertpipe", *argv], root, check=False, prefect="ephemeral", fork=fork)
+def bertpipe(root: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`bertpipe *argv` in ``root``, a process of its own (``e2e_project.run``)."""
+    return run(["bertpipe", *argv], root, check=False, prefect="ephemeral")
 
 
 LOCK_HOLDER = """
@@ -137,7 +136,7 @@ def reference(tmp_path_factory, zh_tokenizer_dir):
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
     root = finetune_project(base / "whole", zh_tokenizer_dir, enc)
     assert bertpipe(root, "splits").returncode == 0
-    r = bertpipe(root, "finetune", "--task", "long", fork=False)
+    r = bertpipe(root, "finetune", "--task", "long")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[{FT}] done in" in r.stderr, r.stderr[-3000:]
     return {"base": base, "enc": enc, "result": result(root)}

@@ -1,6 +1,6 @@
 """Two retrain rounds on laws split at two cutoffs, every door against one real Prefect server: the first run
 (`bertpipe run`), `bertpipe retrain --add` twice, and between them a triggered run of the scheduled deployment
-(`bertpipe schedule`). The added file lands in the drop dir versioned by DVC, every earlier registry version
+(`bertpipe schedule`, under a name of its own on the test run's shared server). The added file lands in the drop dir versioned by DVC, every earlier registry version
 survives with its tags and each retrained model gets one more, token ids never move, round two adds new words, the
 scheduled run rebuilds and registers nothing, tasks the new data does not touch are not finetuned again, and every
 decision is recorded. (The one test of the retrain path.)
@@ -23,8 +23,7 @@ from transformers import AutoTokenizer
 
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import moved_ids
-from tests.e2e_project import env_for, prefect_server, stop, wait_for
-from tests.forkcli import shared_cli
+from tests.e2e_project import env_for, run, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
 
 pytestmark = pytest.mark.slow
@@ -32,11 +31,12 @@ pytestmark = pytest.mark.slow
 CUTOFFS = ("2018-01-01", "2021-01-01")
 
 
+DEPLOYMENT = "bertpipe-retrain-rounds"  # one server holds every test's deployments: a name of this test's own
 TRIGGER = r"""
 import json, sys, time
 from prefect.client.orchestration import get_client
 with get_client(sync_client=True) as c:
-    dep = c.read_deployment_by_name("domain_adaptation/bertpipe-domain-adaptation")
+    dep = c.read_deployment_by_name("domain_adaptation/" + sys.argv[1])
     sched = [s.schedule.cron for s in dep.schedules]
     fr = c.create_flow_run_from_deployment(dep.id)
     end = time.time() + 400
@@ -103,25 +103,22 @@ def project(tmp_path_factory, sample_raw):
     # A DVC repo, so `retrain --add` versions the drop dir (data/incoming.dvc).
     for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
         subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, timeout=120)
-    with prefect_server(root, env):
-        yield root, env
+    return root, env
 
 
 def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
-    """A `bertpipe` command in a fork of this process's warm interpreter (tests/forkcli.py: ~8 CPU-s of imports
-    less than a new process)."""
-    assert cmd[0] == "bertpipe", cmd
-    proc = shared_cli().run(cmd[1:], root, env, timeout=1500)
+    """A `bertpipe` command: a flow, in a process of its own."""
+    proc = run(cmd, root, timeout=1500, check=False, env=env)
     assert proc.returncode == 0, f"{cmd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc
 
 
 def _scheduled_run(root: Path, env: dict) -> str:
-    serve = subprocess.Popen(["bertpipe", "schedule"], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
+    serve = subprocess.Popen(["bertpipe", "schedule", "--name", DEPLOYMENT], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: "bertpipe-domain-adaptation" in (root / "serve.log").read_text(), 180, "the deployment")
-        proc = subprocess.run([sys.executable, "-c", TRIGGER], cwd=root, env=env, capture_output=True, text=True,
+        wait_for(lambda: DEPLOYMENT in (root / "serve.log").read_text(), 180, "the deployment")
+        proc = subprocess.run([sys.executable, "-c", TRIGGER, DEPLOYMENT], cwd=root, env=env, capture_output=True, text=True,
                               timeout=600)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
         assert line, proc.stdout + proc.stderr
@@ -129,7 +126,7 @@ def _scheduled_run(root: Path, env: dict) -> str:
         assert result["cron"] == ["17 4 * * 2"], result
         return result["state"]
     finally:
-        stop(serve)  # serve first: the server stops at the end of the module
+        stop(serve)
 
 
 def test_two_retrain_rounds_and_a_scheduled_run_between(project):

@@ -250,8 +250,7 @@ def test_tracking_uris_mlflow_cannot_use_and_a_missing_store_are_one_error_line(
     not exist creates nothing, there or in the project."""
     import importlib.util
 
-    from tests.e2e_project import env_for
-    from tests.forkcli import shared_cli
+    from tests.e2e_project import env_for, invoke
 
     root = tmp_path / "p"
     project(root)
@@ -262,14 +261,14 @@ def test_tracking_uris_mlflow_cannot_use_and_a_missing_store_are_one_error_line(
     if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy's driver for a plain postgresql:// URL
         uris.append("postgresql://127.0.0.1:5432/mlflow")
     for argv, uri in [(["run"], uris[0])] + [(["models", "list"], u) for u in uris]:
-        line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri={uri}"], root, env))
+        line = one_error_line(invoke([*argv, "--set", f"tracking.uri={uri}"], root, env))
         assert line.startswith("error: tracking.uri: ") and ("expected sqlite:///PATH" in line
                                                              or "needs a database driver" in line), line
     nowhere = tmp_path / "nonexistent" / "dir" / "x.db"
     for argv in (["models", "list"], ["models", "promote", MODEL, "1"]):
-        line = one_error_line(shared_cli().run([*argv, "--set", f"tracking.uri=sqlite:///{nowhere}"], root, env))
+        line = one_error_line(invoke([*argv, "--set", f"tracking.uri=sqlite:///{nowhere}"], root, env))
         assert f"no MLflow store at {nowhere}" in line, line
-    line = one_error_line(shared_cli().run(["models", "list"], root, env))  # the project's own store, not made yet
+    line = one_error_line(invoke(["models", "list"], root, env))  # the project's own store, not made yet
     assert "no MLflow store at" in line and "mlflow.db" in line, line
     assert not (tmp_path / "nonexistent").exists()
     assert [f for f in files_under(root) if "mlflow.db" in f] == [], files_under(root)
