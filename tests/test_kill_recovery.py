@@ -19,16 +19,18 @@ import pytest
 
 from bertpipe.stage import write_json
 from tests.corpus import tiny_sentiment_rows
-from tests.e2e_project import Started, env_for, run, start, write_project
+from tests.e2e_project import Started, env_for, invoke, run, start, write_project
 
 # Where the signals land; a fault campaign runs the test over many: BERTPIPE_KILL_SEED=16 pytest ... -k killed_stages
 SEED = int(os.environ.get("BERTPIPE_KILL_SEED", "15"))
 
-# `bertpipe <stage>` for each argument in turn, in one process: the CLI's own commands, one interpreter start-up
-# (torch, transformers, mlflow: ~5 CPU-s) for the lot instead of one per stage.
-# standalone_mode=False returns a failed command's exit code instead of exiting: passed on, the lot stops there.
-CLI_STAGES = [sys.executable, "-c", "import sys\nfrom bertpipe.cli import app\nfor s in sys.argv[1:]:\n"
-              "    rc = app([s], standalone_mode=False)\n    if rc:\n        sys.exit(rc)\n"]
+
+def stage_commands(root: Path, *stages: str) -> None:
+    """`bertpipe <stage>` for each of ``stages`` in turn, in this process (``invoke``): the commands run plainly,
+    their process is no part of the claim."""
+    for s in stages:
+        res = invoke([s], root, env_for(root, prefect="ephemeral"))
+        assert res.returncode == 0, (s, res.returncode, res.stdout[-2000:], res.stderr[-4000:])
 
 
 def make_project(root: Path, raw: Path, enc: Path, tok: Path) -> Path:
@@ -142,9 +144,9 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
         fake_finetune(root, zh_tokenizer_dir)
 
     # splits (what prepare keeps out of the corpora) and vocab (where pretraining continues from) run plainly.
-    # The uninterrupted reference: the same stage commands, one after another in one process (one start-up).
-    run(CLI_STAGES + ["splits", "prepare", "start", "vocab", "pretrain", "register"], whole)
-    run(["bertpipe", "splits"], killed)
+    # The uninterrupted reference: the same stage commands, one after another.
+    stage_commands(whole, "splits", "prepare", "start", "vocab", "pretrain", "register")
+    stage_commands(killed, "splits")
 
     rng = random.Random(SEED)
     log = []
@@ -156,7 +158,7 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
         for sig in ([signal.SIGTERM] if stage == termed else []) + [signal.SIGKILL]:
             log.append(f"{stage}: {interrupt(killed, stage, sig, rng.uniform(0.0, window))}")
         # then where pretraining starts (vocab reads start.json) and the vocab it continues from
-        run(CLI_STAGES + ([stage, "start", "vocab"] if stage == "prepare" else [stage]), killed)
+        stage_commands(killed, *([stage, "start", "vocab"] if stage == "prepare" else [stage]))
     print("\n".join(log))
 
     assert outcome(killed) == outcome(whole), "\n".join(log)
