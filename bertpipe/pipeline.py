@@ -103,9 +103,8 @@ def all_stages(cfg: Config) -> dict[str, Stage]:
 
 
 def family_stages(cfg: Config, family: str) -> dict[str, Stage]:
-    """The stages of one family (``finetune/sentiment/base`` is of ``finetune``). Making a Stage imports its
-    stage module, and some import torch: a one-stage command (`bertpipe start`, run by every `dvc repro`) makes
-    only its own."""
+    """The stages of one family (``finetune/sentiment/base`` is of ``finetune``): a one-stage command (`bertpipe
+    start`, run by every `dvc repro`) makes only its own."""
     return _made([f for f in FAMILIES if f.name == family.split("/")[0]], cfg)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import platform
 import re
@@ -77,6 +78,26 @@ class StageContext:
         print(f"[{self.name}] {message}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A function named by ``"module:function"``, its module imported when it is first called, plus keyword arguments
+    it is always called with. A declare.py names its stage's ``build`` (and start's ``external``) this way, so walking
+    the graph (`bertpipe stages`, dvc.yaml, a fresh stage's freshness check) never imports what builds an output:
+    torch, transformers, MLflow."""
+
+    target: str  # e.g. "bertpipe.finetune.stage:build"
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, *args: Any) -> Any:
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)(*args, **dict(self.kwargs))
+
+
+def deferred(target: str, **kwargs: Any) -> Deferred:
+    """``Deferred(target)`` called with ``kwargs`` too: ``deferred("bertpipe.finetune.stage:build", task=t)``."""
+    return Deferred(target, tuple(kwargs.items()))
+
+
 @dataclass
 class Stage:
     """Everything the front doors need about one stage: the CLI, the flow and dvc.yaml are generated from these."""
@@ -86,7 +107,7 @@ class Stage:
     sections: tuple[str, ...]  # params sections hashed into the fingerprint; sections[0] is the stage's own
     inputs: Callable[[Config], dict[str, Path | str]]
     output: Callable[[Config], Path]
-    build: Callable[[StageContext], dict | None]
+    build: Callable[[StageContext], dict | None]  # a declare.py gives a Deferred: imported only when it runs
     params_section: str | None = None  # defaults to sections[0]
     code: tuple[str, ...] = ()  # packages under bertpipe/ whose code (and what it imports) builds the output
     libs: tuple[str, ...] = ()  # distributions whose installed versions are fingerprinted

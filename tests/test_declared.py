@@ -4,6 +4,7 @@ were built under the stage's former name gets one line saying what to run. Quick
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +28,6 @@ LEAF = {
         "    greeting: str = \"hi\"\n"
     ),
     "stage.py": (
-        "VERSION = \"1\"\n\n\n"
         "def build(ctx):\n"
         "    n = sum(1 for p in ctx.inputs[\"splits\"].iterdir() if p.is_dir())\n"
         "    (ctx.out / \"leaf.txt\").write_text(f\"{ctx.params.greeting} {n}\\n\")\n"
@@ -37,11 +37,12 @@ LEAF = {
         "from bertpipe.declared import Family\n"
         "from bertpipe.layout import splits_dir\n"
         "from bertpipe.leaf.params import LeafParams\n"
-        "from bertpipe.stage import Stage\n\n\n"
+        "from bertpipe.stage import Stage, deferred\n\n"
+        "VERSION = \"1\"\n\n\n"
         "def leaf_stage():\n"
-        "    from bertpipe.leaf import stage as m\n\n"
-        "    return Stage(\"leaf\", m.VERSION, (\"leaf\",), lambda c: {\"splits\": splits_dir(c)},\n"
-        "                 lambda c: c.work / \"leaf\", m.build, code=(\"leaf\",))\n\n\n"
+        "    return Stage(\"leaf\", VERSION, (\"leaf\",), lambda c: {\"splits\": splits_dir(c)},\n"
+        "                 lambda c: c.work / \"leaf\", deferred(\"bertpipe.leaf.stage:build\"),\n"
+        "                 code=(\"leaf\",))\n\n\n"
         "LEAF = Family(\"leaf\", \"Count the tasks (a toy leaf).\", lambda c: [leaf_stage()], params={\"leaf\": LeafParams})\n"
     ),
 }
@@ -139,3 +140,61 @@ def test_the_composed_params_travel_to_another_process(tmp_path):
     params.write_text("paths: {work: w}\nfinetune: {tasks: {}}\nevaluate: {split: dev}\n", encoding="utf-8")
     back = pickle.loads(pickle.dumps(load_config(params).params))
     assert type(back) is Params and back.evaluate.split == "dev" and back.paths.work == "w"
+
+
+HEAVY = ("torch", "transformers", "mlflow")
+
+LIGHT_GRAPH = r"""
+import json, sys
+from pathlib import Path
+from bertpipe.dvcfile import effective_files
+from bertpipe.pipeline import all_stages, load_config
+
+cfg = load_config(Path(sys.argv[1]) / "params.yaml")
+assert "finetune/t/base" in all_stages(cfg) and effective_files(cfg)
+print(json.dumps(sorted(m for m in sys.argv[2:] if m in sys.modules)))
+"""
+
+FRESH_RUN = r"""
+import json, sys
+from pathlib import Path
+from bertpipe.pipeline import all_stages, load_config
+from bertpipe.stage import run_stage
+
+cfg = load_config(Path(sys.argv[1]) / "params.yaml")
+assert run_stage(all_stages(cfg)["finetune/t/base"], cfg).skipped
+print(json.dumps(sorted(m for m in sys.argv[2:] if m in sys.modules)))
+"""
+
+
+def _imported(script: str, project: Path, *modules: str) -> list[str]:
+    """Which of ``modules`` a fresh process running ``script`` in ``project`` has imported."""
+    proc = subprocess.run([sys.executable, "-c", script, str(project), *modules], cwd=project, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_graph_and_a_fresh_stage_import_no_model_or_tracking_library(tmp_path):
+    """Declaring the graph (`bertpipe stages`, dvc.yaml's params stage) and a stage command that finds its output
+    fresh import none of torch, transformers, MLflow: those load only when a stage builds."""
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": str(i), "text": f"第{i}条评论，写得很好。" * 2,
+                                                          "label": "ab"[i % 2]}) + "\n" for i in range(40)),
+                                      encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(
+        "paths: {work: work, state: state}\nmodel: {base: some/hub-id}\n"
+        "finetune: {encoders: [base], tasks: {t: {type: classification, format: jsonl, train: t.jsonl}}}\n",
+        encoding="utf-8")
+    assert _imported(LIGHT_GRAPH, tmp_path, *HEAVY) == []
+
+    from bertpipe.stage import fingerprint, run_stage, write_json
+
+    cfg = load_config(tmp_path / "params.yaml")
+    stages = all_stages(cfg)
+    run_stage(stages["splits"], cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+    # a finetune output whose manifest holds its current fingerprint (written, not trained: freshness is what counts)
+    ft = stages["finetune/t/base"]
+    out = ft.output(cfg)
+    out.mkdir(parents=True)
+    write_json(out / "manifest.json", {"stage": ft.name, "fingerprint": fingerprint(ft, cfg)[0]})
+    assert _imported(FRESH_RUN, tmp_path, *HEAVY, "bertpipe.finetune.stage") == []

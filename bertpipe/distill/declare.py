@@ -7,19 +7,20 @@ from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.distill.params import DistillParams
 from bertpipe.layout import distill_out, distill_tasks, finetune_out, task_dir
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
+
+VERSION = "1"
 
 
 def distill_stage(task: str) -> Stage:
-    from bertpipe.distill import stage as m
-
     def inputs(cfg: Config) -> dict:
         # The student trains on the task's splits (bertpipe.tasklib) with the teacher's soft targets.
         return {"teacher": finetune_out(cfg, task, cfg.params.distill.teacher_encoder), "task": task_dir(cfg, task)}
 
-    return Stage(f"distill/{task}", m.VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
-                 lambda c: distill_out(c, task), lambda ctx: m.build(ctx, task=task), params_section="distill",
-                 code=("distill",), libs=MODEL_LIBS, cli=("distill", "--task", task), task=task)
+    return Stage(f"distill/{task}", VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
+                 lambda c: distill_out(c, task), deferred("bertpipe.distill.stage:build", task=task),
+                 params_section="distill", code=("distill",), libs=MODEL_LIBS, cli=("distill", "--task", task),
+                 task=task)
 
 
 DISTILL = Family("distill", "Distill each finetuned task into a smaller student (or one with --task).",

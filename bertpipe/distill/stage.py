@@ -15,8 +15,6 @@ from pathlib import Path
 
 from bertpipe.errors import BertpipeError
 
-VERSION = "1"
-
 
 def _scorer(model, split, p, labels, pad, tp, bf16):
     from bertpipe.training.predict import score

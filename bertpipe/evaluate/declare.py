@@ -7,12 +7,12 @@ from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.layout import adapted_model, base_model, corpus_dir, evaluate_out, finetune_out, finetune_pairs, task_dir
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
+
+VERSION = "2"
 
 
 def evaluate_stage() -> Stage:
-    from bertpipe.evaluate import stage as m
-
     def inputs(cfg: Config) -> dict:
         ins: dict = {f"finetune/{t}/{e}": finetune_out(cfg, t, e) for t, e in finetune_pairs(cfg)}
         ins["base"] = base_model(cfg)
@@ -22,8 +22,8 @@ def evaluate_stage() -> Stage:
         ins.update({f"splits/{t}": task_dir(cfg, t) for t in cfg.params.finetune.tasks})
         return ins
 
-    return Stage("evaluate", m.VERSION, ("evaluate",), inputs, evaluate_out, m.build, code=("evaluate",),
-                 libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",))
+    return Stage("evaluate", VERSION, ("evaluate",), inputs, evaluate_out, deferred("bertpipe.evaluate.stage:build"),
+                 code=("evaluate",), libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",))
 
 
 EVALUATE = Family("evaluate", "Evaluate finetuned models; base vs adapted report.", lambda c: [evaluate_stage()],

@@ -35,8 +35,6 @@ from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.scoring import bootstrap as B
 
-VERSION = "2"
-
 
 def own_inputs(cfg) -> dict:
     return {}

@@ -7,12 +7,12 @@ from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.export.params import ExportParams
 from bertpipe.layout import corpus_dir, export_out, export_targets, task_dir
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
+
+VERSION = "1"
 
 
 def export_stage(key: str) -> Stage:
-    from bertpipe.export import stage as m
-
     # Keys are "<task>", "<task>-student" or "encoder" (see bertpipe.layout.export_targets).
     task = None if key == "encoder" else key.removesuffix("-student")
 
@@ -22,10 +22,10 @@ def export_stage(key: str) -> Stage:
         return {**src, "task": task_dir(cfg, task)} if task else {**src, "corpus": corpus_dir(cfg, "domain")}
 
     sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
-    return Stage(f"export/{key}", m.VERSION, sections, inputs, lambda c: export_out(c, key),
-                 lambda ctx: m.build(ctx, key=key, task=task), params_section="export", code=("export",),
-                 libs=(*MODEL_LIBS, "numpy", "onnx", "onnxruntime"), cli=("export", "--model", key), task=task,
-                 model=key)
+    return Stage(f"export/{key}", VERSION, sections, inputs, lambda c: export_out(c, key),
+                 deferred("bertpipe.export.stage:build", key=key, task=task), params_section="export",
+                 code=("export",), libs=(*MODEL_LIBS, "numpy", "onnx", "onnxruntime"), cli=("export", "--model", key),
+                 task=task, model=key)
 
 
 EXPORT = Family("export", "Export models register will log to ONNX + int8, checked against torch (or --model KEY).",

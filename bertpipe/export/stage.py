@@ -20,7 +20,6 @@ from bertpipe.errors import BertpipeError
 from bertpipe.export.onnx import export_onnx, quantize_int8
 from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch
 
-VERSION = "1"
 PRED_KEY = {"qa": "prediction", "ner": "pred"}
 
 

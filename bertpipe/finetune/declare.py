@@ -7,27 +7,24 @@ from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.layout import encoder_dir, finetune_out, finetune_pairs, task_dir
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
 from bertpipe.tasklib import task_params
+
+VERSION = "2"  # 2: reads the splits stage's splits; seeded before the model is built
 
 
 def finetune_stage(task: str, encoder: str) -> Stage:
-    from bertpipe.finetune import stage as m
-
     def inputs(cfg: Config) -> dict:
         task_params(cfg, task)  # an unknown task name is a one-line error
         return {"encoder": encoder_dir(cfg, encoder, task), "task": task_dir(cfg, task)}
 
-    def build(ctx):
-        return m.build(ctx, task=task, encoder=encoder)
-
     return Stage(
         f"finetune/{task}/{encoder}",
-        m.VERSION,
+        VERSION,
         ("finetune.train", "finetune.search", f"finetune.tasks.{task}"),
         inputs,
         lambda c: finetune_out(c, task, encoder),
-        build,
+        deferred("bertpipe.finetune.stage:build", task=task, encoder=encoder),
         params_section="finetune",
         code=("finetune",),
         libs=(*MODEL_LIBS, "numpy", "optuna"),

@@ -20,6 +20,7 @@ from bertpipe.errors import BertpipeError
 from bertpipe.execution import should_compile
 from bertpipe.scoring.metrics import PRIMARY
 from bertpipe.finetune import search as S
+from bertpipe.finetune.declare import VERSION
 from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import FinetuneParams
 from bertpipe.modelinfo import clamp_seq_len
@@ -28,8 +29,6 @@ from bertpipe.training import degenerate as D
 from bertpipe.training.features import describe, featurize
 from bertpipe.training.heads import pipeline_task
 from bertpipe.training.predict import score
-
-VERSION = "2"  # 2: reads the splits stage's splits; seeded before the model is built
 
 
 def _plot(path: Path, runs: dict, primary: str, title: str) -> None:

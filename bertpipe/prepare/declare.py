@@ -11,17 +11,19 @@ from bertpipe.declared import Family
 from bertpipe.errors import BertpipeError
 from bertpipe.layout import task_eval_files
 from bertpipe.prepare.params import PrepareParams, SourceParams
-from bertpipe.stage import Stage
+from bertpipe.prepare.sources import own_inputs
+from bertpipe.stage import Stage, deferred
+
+VERSION = "2"  # 2: finetune tasks' dev/test texts are excluded
 
 
 def prepare_stage() -> Stage:
-    from bertpipe.prepare import stage as m
-
     def inputs(cfg: Config) -> dict:
-        return {**m.own_inputs(cfg), **task_eval_files(cfg)}
+        return {**own_inputs(cfg), **task_eval_files(cfg)}
 
-    return Stage("prepare", m.VERSION, ("prepare",), inputs, lambda c: c.work / "prepare", m.build,
-                 code=("prepare",), libs=("datasketch", "jieba", "numpy", "pyarrow", "scipy"))
+    return Stage("prepare", VERSION, ("prepare",), inputs, lambda c: c.work / "prepare",
+                 deferred("bertpipe.prepare.stage:build"), code=("prepare",),
+                 libs=("datasketch", "jieba", "numpy", "pyarrow", "scipy"))
 
 
 def with_incoming(params, root: Path, source: str):

@@ -16,55 +16,8 @@ from pathlib import Path
 from bertpipe.cleaning.exclude import EvalTexts
 from bertpipe.errors import BertpipeError
 from bertpipe.prepare.corpus import CorpusResult, prepare_corpus
-from bertpipe.prepare.files import regular_file
-from bertpipe.prepare.ingest import is_glob, source_files
 from bertpipe.prepare.params import PrepareParams
-
-VERSION = "2"  # 2: finetune tasks' dev/test texts are excluded
-CORPORA = ("domain", "general")
-
-
-def _corpora(p: PrepareParams):
-    for name in CORPORA:
-        cp = getattr(p, name)
-        if name == "domain" and (not cp.enabled or not cp.sources):
-            raise BertpipeError("prepare.domain.sources: the domain corpus needs at least one source")
-        if cp.enabled and cp.sources:
-            yield name, cp
-
-
-def resolver(cfg):
-    """Source paths may start with ``{raw}`` (``paths.raw``); relative paths resolve against the params file."""
-    raw = cfg.params.paths.raw
-
-    def resolve(p: str) -> Path:
-        return cfg.path(p.replace("{raw}", raw))
-
-    return resolve
-
-
-def own_inputs(cfg) -> dict[str, Path]:
-    """Every raw file, directory or glob match the params name, keyed ``<corpus>:<source index>[:<match>]``."""
-    p: PrepareParams = cfg.params.prepare
-    resolve = resolver(cfg)
-    out: dict[str, Path] = {}
-    for name, cp in _corpora(p):
-        for i, src in enumerate(cp.sources):
-            key = f"prepare.{name}.sources[{i}]"
-            if is_glob(src.path):
-                for k, f in enumerate(source_files(src, resolve, key)):
-                    out[f"{name}:{i}:{k}"] = f
-                continue
-            path = resolve(src.path)
-            if not path.exists():
-                raise BertpipeError(f"{key}.path ({name}:{i}): {path} does not exist")
-            # Before the fingerprint and the MLflow run: reading a FIFO (named, or in a directory) would hang.
-            if path.is_dir():
-                source_files(src, resolve, key)
-            else:
-                regular_file(path, f"{key}.path")
-            out[f"{name}:{i}"] = path
-    return out
+from bertpipe.prepare.sources import corpora, resolver
 
 
 def _plot_lengths(results: list[CorpusResult], path: Path) -> bool:
@@ -153,7 +106,7 @@ def build(ctx) -> dict:
     keep_out = EvalTexts.from_inputs(ctx.inputs, p) if p.exclude.tasks else EvalTexts()
     if keep_out.texts:
         ctx.log(f"keeping {len(keep_out.texts):,} dev/test texts of {len(keep_out.tasks)} task(s) out of the corpora")
-    for name, cp in _corpora(p):
+    for name, cp in corpora(p):
         ctx.log(f"{name}: {len(cp.sources)} source(s)")
         scratch = ctx.out / f".scratch-{name}"
         try:

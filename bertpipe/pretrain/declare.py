@@ -9,7 +9,9 @@ from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.layout import base_is_scratch, base_tokenizer, corpus_dir
 from bertpipe.pretrain.params import PretrainParams
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
+
+VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
 
 
 def _ranked(stage: Stage, cfg: Config, force: bool = False):
@@ -20,29 +22,25 @@ def _ranked(stage: Stage, cfg: Config, force: bool = False):
 
 
 def base_stage() -> Stage:
-    from bertpipe.pretrain import stage as m
-
     def inputs(cfg: Config) -> dict:
         return {"corpus": corpus_dir(cfg, "general"), "tokenizer": base_tokenizer(cfg)}
 
     # The base model and tokenizer are inputs (hashed by content); of `model:` only the language matters here, so
     # e.g. retrain's model.continue_from does not rebuild the bootstrap base.
-    return Stage("base", m.VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base", m.build,
-                 params_section="base", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
-                 launcher=_ranked)
+    return Stage("base", VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base",
+                 deferred("bertpipe.pretrain.stage:build"), params_section="base", code=("pretrain",),
+                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked)
 
 
 def pretrain_stage() -> Stage:
-    from bertpipe.pretrain import stage as m
-
     def inputs(cfg: Config) -> dict:
         # Always the vocab stage's model: the base or the champion encoder (see bertpipe.lineage), with the words
         # mined from the current corpus added.
         return {"corpus": corpus_dir(cfg, "domain"), "model": cfg.work / "vocab" / "model"}
 
-    return Stage("pretrain", m.VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain", m.build,
-                 params_section="pretrain", code=("pretrain",), libs=(*MODEL_LIBS, "jieba", "numpy"),
-                 launcher=_ranked)
+    return Stage("pretrain", VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain",
+                 deferred("bertpipe.pretrain.stage:build"), params_section="pretrain", code=("pretrain",),
+                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked)
 
 
 # `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.

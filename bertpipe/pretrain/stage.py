@@ -23,8 +23,6 @@ from bertpipe.pretrain import data, model, report, rtd, tokstore
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.train import elastic_restarts, eval_batches, safe_load, setup_distributed, train
 
-VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
-
 
 def own_inputs(cfg) -> dict:
     return {}

@@ -10,13 +10,13 @@ from bertpipe.layout import (
     task_dir, task_model_encoders,
 )
 from bertpipe.register.params import RegisterParams
-from bertpipe.stage import Stage
+from bertpipe.register.present import missing
+from bertpipe.stage import Stage, deferred
+
+VERSION = "2"
 
 
 def register_stage() -> Stage:
-    from bertpipe.register import stage as m
-    from bertpipe.register.present import missing
-
     def inputs(cfg: Config) -> dict:
         # every competing encoder's finetune of each task (register registers the best by dev score, as export
         # exports it; none when finetune.encoders is [base]: register then logs the encoder and any students)
@@ -39,9 +39,9 @@ def register_stage() -> Stage:
         ins.update({f"splits/{t}": task_dir(cfg, t) for t in cfg.params.finetune.tasks if task_dir(cfg, t).exists()})
         return ins
 
-    return Stage("register", m.VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register", m.build,
-                 code=("register",), libs=(*MODEL_LIBS, "mlflow"), sources_from=("finetune", "distill", "export"),
-                 lost=missing)
+    return Stage("register", VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register",
+                 deferred("bertpipe.register.stage:build"), code=("register",), libs=(*MODEL_LIBS, "mlflow"),
+                 sources_from=("finetune", "distill", "export"), lost=missing)
 
 
 REGISTER = Family("register", "Register the finetuned models in the MLflow registry (champion/challenger).",

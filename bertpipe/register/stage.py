@@ -28,8 +28,6 @@ from bertpipe.registry.champion import CHALLENGER, current_champion, registry_lo
 from bertpipe.registry.versions import export_model
 from bertpipe.stage import StageContext, write_json
 
-VERSION = "2"
-
 
 def own_inputs(cfg) -> dict:
     return {}

@@ -2,17 +2,60 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from bertpipe.declared import Family
+from bertpipe.errors import BertpipeError
 from bertpipe.layout import splits_dir
-from bertpipe.stage import Stage
+from bertpipe.outputs import MANIFEST
+from bertpipe.stage import Stage, deferred
+from bertpipe.tasklib import SPLITS as SPLIT_NAMES
+from bertpipe.tasklib import task_params
+
+VERSION = "1"
+OLD_NAME = "tasks"  # the stage's former name (see refuse_old_layout)
+
+
+def refuse_old_layout(cfg) -> None:
+    """A project whose splits were built under the stage's former name (``work/tasks/``, its manifest naming stage
+    ``tasks``) gets one line saying what to run: the new output is ``work/splits/`` and every stage reading it
+    rebuilds once, so the old directory is only left to remove."""
+    old = cfg.work / OLD_NAME
+    try:
+        stage = json.loads((old / MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return
+    if stage == OLD_NAME:
+        raise BertpipeError(f"{old}: task splits from before the `tasks` stage was renamed `splits` (output "
+                            f"{splits_dir(cfg)}); remove {old} (rm -r {old}) and run `bertpipe run` to rebuild")
+
+
+def sections(cfg) -> tuple[str, ...]:
+    """The params the splits depend on: each task's definition, the caps, and the near-duplicate settings."""
+    tasks = tuple(f"finetune.tasks.{t}" for t in cfg.params.finetune.tasks)
+    return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
+
+
+def task_files(cfg, task: str) -> dict[str, Path]:
+    """The raw files one task reads, keyed ``<task>:<split or label>``."""
+    p = task_params(cfg, task)
+    files = {s: getattr(p, s) for s in SPLIT_NAMES if getattr(p, s)}
+    files.update(p.label_files)
+    return {f"{task}:{k}": cfg.path(v) for k, v in files.items()}
+
+
+def own_inputs(cfg) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for task in cfg.params.finetune.tasks:
+        out.update(task_files(cfg, task))
+    return out
 
 
 def splits_stage(cfg) -> Stage:
-    from bertpipe.splits import stage as m
-
-    m.refuse_old_layout(cfg)
-    return Stage("splits", m.VERSION, m.sections(cfg), m.own_inputs, splits_dir, m.build, params_section="finetune",
-                 code=("splits",), libs=("numpy",))
+    refuse_old_layout(cfg)
+    return Stage("splits", VERSION, sections(cfg), own_inputs, splits_dir, deferred("bertpipe.splits.stage:build"),
+                 params_section="finetune", code=("splits",), libs=("numpy",))
 
 
 SPLITS = Family("splits", "Materialise every finetune task's train/dev/test splits into work/splits (caps applied).",

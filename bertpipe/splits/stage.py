@@ -12,57 +12,15 @@ The fingerprint covers the task definitions, the two caps and prepare.dedup, not
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 from bertpipe.errors import BertpipeError
-from bertpipe.layout import splits_dir
-from bertpipe.outputs import MANIFEST
 from bertpipe.stage import write_json
-from bertpipe.tasklib import SPLITS, SPLITS_JSON, task_params, write_split
+from bertpipe.tasklib import SPLITS, SPLITS_JSON, write_split
 from bertpipe.splits.leaks import decontaminate, leak_text, merged_groups, near_pairs
 from bertpipe.training import taskfiles as D
 from bertpipe.training.params import TaskParams, TrainParams
-
-VERSION = "1"
-OLD_NAME = "tasks"  # the stage's former name (see refuse_old_layout)
-
-
-def refuse_old_layout(cfg) -> None:
-    """A project whose splits were built under the stage's former name (``work/tasks/``, its manifest naming stage
-    ``tasks``) gets one line saying what to run: the new output is ``work/splits/`` and every stage reading it
-    rebuilds once, so the old directory is only left to remove."""
-    old = cfg.work / OLD_NAME
-    try:
-        stage = json.loads((old / MANIFEST).read_text(encoding="utf-8")).get("stage")
-    except (OSError, ValueError, AttributeError):
-        return
-    if stage == OLD_NAME:
-        raise BertpipeError(f"{old}: task splits from before the `tasks` stage was renamed `splits` (output "
-                            f"{splits_dir(cfg)}); remove {old} (rm -r {old}) and run `bertpipe run` to rebuild")
-
-
-def sections(cfg) -> tuple[str, ...]:
-    """The params the splits depend on: each task's definition, the caps, and the near-duplicate settings."""
-    tasks = tuple(f"finetune.tasks.{t}" for t in cfg.params.finetune.tasks)
-    return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
-
-
-def task_files(cfg, task: str) -> dict[str, Path]:
-    """The raw files one task reads, keyed ``<task>:<split or label>``."""
-    p = task_params(cfg, task)
-    files = {s: getattr(p, s) for s in SPLITS if getattr(p, s)}
-    files.update(p.label_files)
-    return {f"{task}:{k}": cfg.path(v) for k, v in files.items()}
-
-
-def own_inputs(cfg) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for task in cfg.params.finetune.tasks:
-        out.update(task_files(cfg, task))
-    return out
-
 
 def materialise(task: str, p: TaskParams, shared_train: TrainParams, resolve, dedup, root: Path | None = None):
     """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from bertpipe.declared import Family
 from bertpipe.layout import start_dir
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
+
+VERSION = "1"
+# What the rule reads from params (bertpipe.lineage.resolve); the registry's answer is the external input.
+SECTIONS = ("flow.retrain_from", "model.continue_from", "register.register_encoder", "register.prefix")
+# Recorded with the decision (the manifest's "external"), never written to start.json: its bytes stay the decision's.
+KEPT_WITH = ("registry", "params")
+
+
+def own_inputs(cfg) -> dict:
+    # The prepared corpora: the rule compares their identity with the champion's, so start runs after prepare.
+    return {"corpus": cfg.work / "prepare"}
 
 
 def start_stage() -> Stage:
-    from bertpipe.start import stage as m
-
-    return Stage("start", m.VERSION, m.SECTIONS, m.own_inputs, start_dir, m.build, params_section="flow",
-                 code=("start",), external=m.decide, external_memo=m.KEPT_WITH, light=True)
+    return Stage("start", VERSION, SECTIONS, own_inputs, start_dir, deferred("bertpipe.start.stage:build"),
+                 params_section="flow", code=("start",), external=deferred("bertpipe.start.stage:decide"),
+                 external_memo=KEPT_WITH, light=True)
 
 
 START = Family("start", "Decide where domain pretraining starts (the base, or the registry's champion encoder) into "

@@ -23,16 +23,8 @@ import sqlite3
 from pathlib import Path
 
 from bertpipe.layout import START_JSON, start_dir
+from bertpipe.start.declare import KEPT_WITH, SECTIONS
 from bertpipe.startrecord import describe
-
-VERSION = "1"
-# What the rule reads from params (bertpipe.lineage.resolve); the registry's answer is the external input.
-SECTIONS = ("flow.retrain_from", "model.continue_from", "register.register_encoder", "register.prefix")
-
-
-def own_inputs(cfg) -> dict:
-    # The prepared corpora: the rule compares their identity with the champion's, so start runs after prepare.
-    return {"corpus": cfg.work / "prepare"}
 
 
 def _corpus(cfg) -> str | None:
@@ -40,10 +32,6 @@ def _corpus(cfg) -> str | None:
         return json.loads((cfg.work / "prepare" / "manifest.json").read_text())["fingerprint"]
     except (OSError, ValueError, KeyError):
         return None
-
-
-# Recorded with the decision (the manifest's "external"), never written to start.json: its bytes stay the decision's.
-KEPT_WITH = ("registry", "params")
 
 
 def _registry_stamp(cfg) -> str | None:

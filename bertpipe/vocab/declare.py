@@ -6,13 +6,18 @@ from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
 from bertpipe.declared import Family
 from bertpipe.layout import base_model, base_tokenizer, corpus_dir, encoder_paths, read_start, start_file
-from bertpipe.stage import Stage
+from bertpipe.stage import Stage, deferred
 from bertpipe.vocab.params import VocabParams
+
+VERSION = "2"
+
+
+def own_inputs(cfg) -> dict:
+    """The glossary files vocab.glossaries names, keyed ``glossary:<index>``."""
+    return {f"glossary:{i}": cfg.path(g) for i, g in enumerate(cfg.params.vocab.glossaries)}
 
 
 def vocab_stage() -> Stage:
-    from bertpipe.vocab import stage as m
-
     def inputs(cfg: Config) -> dict:
         # The encoder to extend: the base, or the champion when new data arrived, as the start stage wrote it
         # (a file: walking the graph asks nothing of the registry).
@@ -22,11 +27,12 @@ def vocab_stage() -> Stage:
             "start": start_file(cfg),
             "model": model,
             "tokenizer": tokenizer,
-            **m.own_inputs(cfg),
+            **own_inputs(cfg),
         }
 
-    return Stage("vocab", m.VERSION, ("vocab", "model.language"), inputs, lambda c: c.work / "vocab", m.build,
-                 params_section="vocab", code=("vocab",), libs=(*MODEL_LIBS, "jieba"))
+    return Stage("vocab", VERSION, ("vocab", "model.language"), inputs, lambda c: c.work / "vocab",
+                 deferred("bertpipe.vocab.stage:build"), params_section="vocab", code=("vocab",),
+                 libs=(*MODEL_LIBS, "jieba"))
 
 
 VOCAB = Family("vocab", "Mine domain words, extend the tokenizer and initialise the new embeddings.",

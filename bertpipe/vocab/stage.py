@@ -16,14 +16,9 @@ from bertpipe.corpusio import iter_text_batches, read_texts, split_rows
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab import embeddings, extend, mining, report
 
-VERSION = "2"
 # Texts held in memory: train for the MLM-head fit, valid for the init comparison and the tokenizer stats (every
 # text of the bundled corpora's splits); mining streams the whole train split.
 HEAD_TEXTS = 50_000
-
-
-def own_inputs(cfg) -> dict:
-    return {f"glossary:{i}": cfg.path(g) for i, g in enumerate(cfg.params.vocab.glossaries)}
 
 
 def _glossaries(ctx) -> list[mining.GlossaryTerm]:

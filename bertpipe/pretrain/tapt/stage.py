@@ -23,8 +23,6 @@ from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.tapt.corpus import tapt_corpus
 from bertpipe.pretrain.train import Dist, eval_batches, safe_load, train
 
-VERSION = "1"
-
 
 def planned_steps(p, segments: int) -> int:
     """``epochs`` passes over ``segments`` in optimizer steps, at most ``max_steps`` (epochs 0: ``max_steps``)."""
