@@ -1,8 +1,11 @@
 """Faults a user meets on a real project: the MLflow sqlite store held locked by another
-process during register, a finetune killed half-way, the work dir filling up mid-stage. Real `bertpipe` processes,
-real signals, real sqlite locks, a real tmpfs. (Two
-`bertpipe run` at once in one project, each stage built by one of them: tests/test_pipeline_e2e.py, on the whole
-chain.)"""
+process during register, a finetune killed half-way, the work dir filling up mid-stage. Real signals, real sqlite
+locks, a real tmpfs. A `bertpipe` process of its own where the process boundary is the claim: the register that waits
+on another process's lock, the finetune that is SIGKILLed. The splits, the uninterrupted reference, the rerun after
+the kill and the finetune runs on the filling disk are commands whose output, exit status and files are the claim:
+they run in this process (``e2e_project.invoke``). (The same finetune in two processes gives the same bits:
+tests/test_finetune_determinism.py. Two `bertpipe run` at once in one project, each stage built by one of them:
+tests/test_pipeline_e2e.py, on the whole chain.)"""
 
 from __future__ import annotations
 
@@ -16,15 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_project import run
+from tests.e2e_project import env_for, invoke
 from tests.test_credentials import project
 from tests.test_kill_recovery import watch
 
 pytestmark = pytest.mark.slow
 
+
 def bertpipe(root: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in ``root``, a process of its own (``e2e_project.run``)."""
-    return run(["bertpipe", *argv], root, check=False, prefect="ephemeral")
+    """`bertpipe *argv` in ``root``, in this process (``e2e_project.invoke``), with no Prefect server configured."""
+    return invoke(list(argv), root, env_for(root, prefect="ephemeral"))
 
 
 LOCK_HOLDER = """
@@ -135,7 +139,8 @@ def reference(tmp_path_factory, zh_tokenizer_dir):
     base = tmp_path_factory.mktemp("reliability")
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
     root = finetune_project(base / "whole", zh_tokenizer_dir, enc)
-    assert bertpipe(root, "splits").returncode == 0
+    r = bertpipe(root, "splits")
+    assert r.returncode == 0, r.stderr[-3000:]
     r = bertpipe(root, "finetune", "--task", "long")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[{FT}] done in" in r.stderr, r.stderr[-3000:]
@@ -144,7 +149,8 @@ def reference(tmp_path_factory, zh_tokenizer_dir):
 
 def test_finetune_killed_half_way_reruns_to_the_uninterrupted_result(reference, zh_tokenizer_dir):
     root = finetune_project(reference["base"] / "killed", zh_tokenizer_dir, reference["enc"])
-    assert bertpipe(root, "splits").returncode == 0
+    r = bertpipe(root, "splits")
+    assert r.returncode == 0, r.stderr[-3000:]
     # Half-way, by progress rather than by the clock: the first of the two seeds is trained, scored and saved, the
     # second is training (a sleep of half the reference's build time missed when this run was faster than it).
     proc, lines, half_way, t = watch(["bertpipe", "finetune", "--task", "long"], root, "long/base seed 1: dev")
@@ -173,7 +179,8 @@ def test_work_dir_filling_up_mid_finetune_is_one_line_then_a_rerun_completes(ref
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        assert bertpipe(root, "splits").returncode == 0
+        r = bertpipe(root, "splits")
+        assert r.returncode == 0, r.stderr[-3000:]
         tasks = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in (work / "splits").rglob("*")
                  if p.is_file()}
         r = bertpipe(root, "finetune", "--task", "long")

@@ -1,5 +1,8 @@
 """`bertpipe models serve`: the real service (LitServe) on a free loopback port over a real MLflow registry, driven by
-real HTTP — single and concurrent requests, bad inputs, overload, an alias move, and a graceful SIGTERM."""
+real HTTP — single and concurrent requests, bad inputs, overload, an alias move, and a graceful SIGTERM. The tests
+that neither overload nor kill the service share one (the ``svc`` fixture: each start costs ~20 CPU-s, the service
+and its inference worker importing torch, transformers and mlflow); the overload with a killed worker and the
+SIGKILLed service each start their own."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from e2e_project import BIN, env_for  # noqa: E402
+from e2e_project import BIN, env_for, invoke  # noqa: E402
 from serve_registry import build_registry  # noqa: E402
 
 from bertpipe.serve.app import exposure_warning, predict_isolated, respond  # noqa: E402
@@ -234,7 +237,8 @@ class Service:
         raise AssertionError("service never became healthy:\n" + self.output())
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return (self.root / f"serve-{self.port}.log").read_text()[-4000:]
 
     def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60):
@@ -272,44 +276,131 @@ class Service:
         return self.proc.returncode
 
 
+@pytest.fixture(scope="module")
+def svc(registry):
+    """One `bertpipe models serve` for the tests that neither overload nor kill it, with settings that serve each
+    one's claims: the registry polled every 0.5 s (an alias move is seen at once), a 50 ms batch wait (concurrent
+    requests share batches), 16 requests admitted at once (16 concurrent clients all get in; the slow senders are more
+    than that), 1.5 s for a request's head and for its body (slow senders are timed out within the test)."""
+    shared = Service(registry, "serve.poll_s=0.5", "serve.batch_wait_ms=50", "serve.max_queue=16",
+                     "serve.body_timeout_s=1.5", "serve.head_timeout_s=1.5")
+    yield shared
+    rc = shared.stop()  # stopped already by test_the_shared_service_exits_0_on_sigterm unless that test was deselected
+    assert rc == 0, shared.output()
+
+
 @pytest.mark.slow
-def test_serves_batches_follows_alias_and_refuses_bad_input(registry):
-    svc = Service(registry, "serve.poll_s=0.5", "serve.batch_wait_ms=20")
+def test_serves_batches_follows_alias_and_refuses_bad_input(svc, registry):
+    status, health, _ = svc.get("/health")
+    assert status == 200 and health["version"] == "1" and health["task"] == "classification"
+    status, out, _ = svc.predict("这个产品很好")
+    assert status == 200 and out["version"] == "1" and out["label"] in ("neg", "pos") and 0 <= out["score"] <= 1
+    # Concurrent requests are answered one-to-one (batched inside), each with its own text's prediction.
+    texts = ["很好很好", "太坏了", "非常好", "坏透了"] * 8
+    with cf.ThreadPoolExecutor(16) as ex:
+        answers = list(ex.map(svc.predict, texts))
+    assert all(a[0] == 200 for a in answers)
+    alone = {t: svc.predict(t)[1]["label"] for t in set(texts)}
+    assert [a[1]["label"] for a in answers] == [alone[t] for t in texts]
+    # Bad input: a 4xx with a one-line reason, never a 5xx; the service stays up.
+    long_text = "好" * 30_000
+    for body, code in [(b"\xff\xfe", 400), (b"{", 400), (b'{"texts": ["a"]}', 422), (b'{"text": ""}', 422),
+                       (json.dumps({"text": long_text}).encode(), 413)]:
+        status, out, _ = svc.request("POST", "/predict", body)
+        assert status == code and "\n" not in out["error"], (body[:20], status, out)
+    assert svc.request("GET", "/predict")[0] == 405
+    # A text longer than the model's 64 positions is truncated, not an error.
+    assert svc.predict("好" * 500)[0] == 200
+    # Promote v2 with the real CLI while requests keep coming: none fails, and the service switches.
+    promote = invoke(["models", "promote", NAME, "2"], registry, env_for(registry))
+    assert promote.returncode == 0, promote.stderr
+    seen, deadline = [], time.monotonic() + 60
+    while time.monotonic() < deadline and (not seen or seen[-1] != "2"):
+        status, out, _ = svc.predict("很好")
+        assert status == 200, out
+        seen.append(out["version"])
+    assert seen[-1] == "2", seen
+    assert svc.get("/health")[1]["version"] == "2"
+
+
+def _slow_body(port: int) -> socket.socket:
+    """A connection that sends its headers and one byte of a 100-byte body, then nothing."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    return s
+
+
+@pytest.mark.slow
+def test_no_request_can_break_another(svc, registry):
+    """On real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker: test_overload_...);
+    lists of texts, typed OpenAPI, /metrics, the version in /info; connections without a request head time out;
+    schemathesis finds nothing the OpenAPI document does not say."""
+    # (3) a lone surrogate inside a burst of valid requests: it alone is refused, every other one answered.
+    bad = b'{"text": "\\ud800abc"}'
+    with cf.ThreadPoolExecutor(8) as ex:
+        futs = [ex.submit(svc.predict, "很好") for _ in range(6)] + [ex.submit(svc.request, "POST", "/predict", bad)]
+        futs += [ex.submit(svc.predict, "太坏了") for _ in range(6)]
+        answers = [f.result() for f in futs]
+    assert [a[0] for a in answers] == [200] * 6 + [400] + [200] * 6, answers
+    # (4) nesting 10,000 deep: a 4xx, not RecursionError -> 500
+    status, out, _ = svc.request("POST", "/predict", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
+    assert status == 400 and "\n" not in out["error"], out
+    # (5) more slow senders than max_queue: real requests still get through; the slow ones get 408.
+    slow = [_slow_body(svc.port) for _ in range(24)]
     try:
-        status, health, _ = svc.get("/health")
-        assert status == 200 and health["version"] == "1" and health["task"] == "classification"
-        status, out, _ = svc.predict("这个产品很好")
-        assert status == 200 and out["version"] == "1" and out["label"] in ("neg", "pos") and 0 <= out["score"] <= 1
-        # Concurrent requests are answered one-to-one (batched inside), each with its own text's prediction.
-        texts = ["很好很好", "太坏了", "非常好", "坏透了"] * 8
-        with cf.ThreadPoolExecutor(16) as ex:
-            answers = list(ex.map(svc.predict, texts))
-        assert all(a[0] == 200 for a in answers)
-        alone = {t: svc.predict(t)[1]["label"] for t in set(texts)}
-        assert [a[1]["label"] for a in answers] == [alone[t] for t in texts]
-        # Bad input: a 4xx with a one-line reason, never a 5xx; the service stays up.
-        long_text = "好" * 30_000
-        for body, code in [(b"\xff\xfe", 400), (b"{", 400), (b'{"texts": ["a"]}', 422), (b'{"text": ""}', 422),
-                           (json.dumps({"text": long_text}).encode(), 413)]:
-            status, out, _ = svc.request("POST", "/predict", body)
-            assert status == code and "\n" not in out["error"], (body[:20], status, out)
-        assert svc.request("GET", "/predict")[0] == 405
-        # A text longer than the model's 64 positions is truncated, not an error.
-        assert svc.predict("好" * 500)[0] == 200
-        # Promote v2 with the real CLI while requests keep coming: none fails, and the service switches.
-        promote = subprocess.run([str(BIN / "bertpipe"), "models", "promote", NAME, "2"], cwd=registry,
-                                 env=env_for(registry), capture_output=True, text=True, timeout=120)
-        assert promote.returncode == 0, promote.stderr
-        seen, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline and (not seen or seen[-1] != "2"):
-            status, out, _ = svc.predict("很好")
-            assert status == 200, out
-            seen.append(out["version"])
-        assert seen[-1] == "2", seen
-        assert svc.get("/health")[1]["version"] == "2"
+        time.sleep(0.3)
+        assert all(svc.predict("很好")[0] == 200 for _ in range(3))
+        for s in slow:
+            s.settimeout(10)
+            assert s.recv(100).startswith(b"HTTP/1.1 408"), "a slow body was not timed out"
     finally:
-        rc = svc.stop()
-    assert rc == 0, svc.output()
+        for s in slow:
+            s.close()
+    # A list of texts in one request, answered in order; typed schema; metrics; version in /info.
+    served = svc.get("/health")[1]["version"]  # the champion (the test above promotes v2)
+    status, out, _ = svc.request("POST", "/predict", json.dumps({"text": ["很好很好", "太坏了"]}).encode())
+    assert status == 200 and out["version"] == served and len(out["predictions"]) == 2, out
+    assert [p["label"] for p in out["predictions"]] == [svc.predict(t)[1]["label"] for t in ("很好很好", "太坏了")]
+    schema = svc.get("/openapi.json")[1]
+    assert "text" in schema["components"]["schemas"]["TextRequest"]["properties"]
+    assert "LabelResponse" in schema["components"]["schemas"]
+    assert svc.get("/info")[1]["model"]["version"] == served
+    metrics = svc.raw("/metrics")
+    assert 'bertpipe_requests_total{status="200"}' in metrics and 'bertpipe_requests_total{status="400"}' in metrics
+    assert "bertpipe_batch_size_count" in metrics and 'bertpipe_model_version{' in metrics
+    # A connection that sends nothing, or its head a byte at a time, is answered 408 and closed.
+    idle, trickle = (socket.create_connection(("127.0.0.1", svc.port), timeout=15) for _ in range(2))
+    try:
+        for ch in b"GET /health HTTP/1.1\r\nHost: x\r\n":
+            try:
+                trickle.send(bytes([ch]))
+            except OSError:  # closed by the server: what is checked below
+                break
+            time.sleep(0.2)
+        for s in (idle, trickle):
+            assert s.recv(100).startswith(b"HTTP/1.1 408"), "a connection without a request head stayed open"
+    finally:
+        idle.close()
+        trickle.close()
+    # The service against its own OpenAPI document: every documented operation, positive and negative data.
+    # schemathesis expects a schema-violating body to get 400 or 422; a text over serve.max_text_chars is 413
+    # here (as documented), so 413 is added to what that check accepts.
+    conf = registry / "schemathesis.toml"
+    conf.write_text("[checks.negative_data_rejection]\nexpected-statuses = [400, 405, 413, 422]\n")
+    st = subprocess.run([str(BIN / "st"), "--config-file", str(conf), "run", f"{svc.url}/openapi.json",
+                         "--checks", "all", "-w", "1",
+                         "--max-examples", "10", "--request-timeout", "30", "--suppress-health-check", "all",
+                         "--seed", "1"], cwd=registry, capture_output=True, text=True, timeout=300)
+    assert st.returncode == 0, st.stdout[-6000:]
+
+
+@pytest.mark.slow
+def test_the_shared_service_exits_0_on_sigterm(svc):
+    """SIGTERM ends the service the tests above used with status 0 and frees its port; stopped here rather than at
+    the module's end, so it does not idle beside the services of the tests below."""
+    assert svc.stop() == 0, svc.output()
+    with pytest.raises(OSError):
+        svc.get("/health")
 
 
 def wait_inflight(svc: Service, n: int, timeout: float = 60) -> None:
@@ -409,83 +500,6 @@ def test_mlflow_models_serve_answers_the_champion(registry):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _slow_body(port: int) -> socket.socket:
-    """A connection that sends its headers and one byte of a 100-byte body, then nothing."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-    return s
-
-
-@pytest.mark.slow
-def test_no_request_can_break_another(registry):
-    """On real HTTP: a lone surrogate in a burst, deep nesting, slow bodies (a killed worker: test_overload_...);
-    lists of texts, typed OpenAPI, /metrics, the version in /info; connections without a request head time out;
-    schemathesis finds nothing the OpenAPI document does not say."""
-    svc = Service(registry, "serve.max_queue=8", "serve.body_timeout_s=1.5", "serve.batch_wait_ms=50",
-                  "serve.head_timeout_s=1.5")
-    try:
-        # (3) a lone surrogate inside a burst of valid requests: it alone is refused, every other one answered.
-        bad = b'{"text": "\\ud800abc"}'
-        with cf.ThreadPoolExecutor(8) as ex:
-            futs = [ex.submit(svc.predict, "很好") for _ in range(6)] + [ex.submit(svc.request, "POST", "/predict", bad)]
-            futs += [ex.submit(svc.predict, "太坏了") for _ in range(6)]
-            answers = [f.result() for f in futs]
-        assert [a[0] for a in answers] == [200] * 6 + [400] + [200] * 6, answers
-        # (4) nesting 10,000 deep: a 4xx, not RecursionError -> 500
-        status, out, _ = svc.request("POST", "/predict", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
-        assert status == 400 and "\n" not in out["error"], out
-        # (5) more slow senders than max_queue: real requests still get through; the slow ones get 408.
-        slow = [_slow_body(svc.port) for _ in range(12)]
-        try:
-            time.sleep(0.3)
-            assert all(svc.predict("很好")[0] == 200 for _ in range(3))
-            for s in slow:
-                s.settimeout(10)
-                assert s.recv(100).startswith(b"HTTP/1.1 408"), "a slow body was not timed out"
-        finally:
-            for s in slow:
-                s.close()
-        # A list of texts in one request, answered in order; typed schema; metrics; version in /info.
-        served = svc.get("/health")[1]["version"]  # the champion (an earlier test of this module may promote v2)
-        status, out, _ = svc.request("POST", "/predict", json.dumps({"text": ["很好很好", "太坏了"]}).encode())
-        assert status == 200 and out["version"] == served and len(out["predictions"]) == 2, out
-        assert [p["label"] for p in out["predictions"]] == [svc.predict(t)[1]["label"] for t in ("很好很好", "太坏了")]
-        schema = svc.get("/openapi.json")[1]
-        assert "text" in schema["components"]["schemas"]["TextRequest"]["properties"]
-        assert "LabelResponse" in schema["components"]["schemas"]
-        assert svc.get("/info")[1]["model"]["version"] == served
-        metrics = svc.raw("/metrics")
-        assert 'bertpipe_requests_total{status="200"}' in metrics and 'bertpipe_requests_total{status="400"}' in metrics
-        assert "bertpipe_batch_size_count" in metrics and 'bertpipe_model_version{' in metrics
-        # A connection that sends nothing, or its head a byte at a time, is answered 408 and closed.
-        idle, trickle = (socket.create_connection(("127.0.0.1", svc.port), timeout=15) for _ in range(2))
-        try:
-            for ch in b"GET /health HTTP/1.1\r\nHost: x\r\n":
-                try:
-                    trickle.send(bytes([ch]))
-                except OSError:  # closed by the server: what is checked below
-                    break
-                time.sleep(0.2)
-            for s in (idle, trickle):
-                assert s.recv(100).startswith(b"HTTP/1.1 408"), "a connection without a request head stayed open"
-        finally:
-            idle.close()
-            trickle.close()
-        # The service against its own OpenAPI document: every documented operation, positive and negative data.
-        # schemathesis expects a schema-violating body to get 400 or 422; a text over serve.max_text_chars is 413
-        # here (as documented), so 413 is added to what that check accepts.
-        conf = registry / "schemathesis.toml"
-        conf.write_text("[checks.negative_data_rejection]\nexpected-statuses = [400, 405, 413, 422]\n")
-        st = subprocess.run([str(BIN / "st"), "--config-file", str(conf), "run", f"{svc.url}/openapi.json",
-                             "--checks", "all", "-w", "1",
-                             "--max-examples", "10", "--request-timeout", "30", "--suppress-health-check", "all",
-                             "--seed", "1"], cwd=registry, capture_output=True, text=True, timeout=300)
-        assert st.returncode == 0, st.stdout[-6000:]
-    finally:
-        rc = svc.stop()
-    assert rc == 0, svc.output()
 
 
 @pytest.mark.slow
