@@ -458,8 +458,7 @@ def test_overload_and_a_killed_worker_get_503_and_sigterm_finishes_in_flight(reg
 
 @pytest.mark.slow
 def test_unknown_model_is_one_line_error(registry):
-    proc = subprocess.run([str(BIN / "bertpipe"), "models", "serve", "no-such-model", "--port", str(free_port())],
-                          cwd=registry, env=env_for(registry), capture_output=True, text=True, timeout=120)
+    proc = invoke(["models", "serve", "no-such-model", "--port", str(free_port())], registry, env_for(registry))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "no-such-model" in lines[0], proc.stderr
