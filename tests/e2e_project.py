@@ -172,6 +172,22 @@ def start(cmd: list[str], root: Path, env: dict | None = None) -> Started:
     return Started(cmd, root, env if env is not None else env_for(root))
 
 
+def build_chain(root: Path, target: str | None = None) -> None:
+    """The project at ``root`` built in this process, stage by stage upstream first (``run_stage``): the whole chain,
+    or what ``target`` needs, as `dvc repro <target>` would build it. For a project a test starts from, where how it
+    was built is no part of the claim."""
+    from bertpipe.freshness import upstream_graph
+    from bertpipe.pipeline import all_stages, load_config
+    from bertpipe.stage import run_stage
+
+    cfg = load_config(root / "params.yaml")
+    stages = all_stages(cfg)
+    needed = upstream_graph(cfg, target) if target else stages
+    for name, stage in stages.items():
+        if name in needed:
+            run_stage(stage, cfg)
+
+
 def invoke(argv: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.cli.app``), in ``cwd``, with ``env`` as
     the whole environment while it runs (variables not in it are unset), like ``subprocess.run(..., text=True,

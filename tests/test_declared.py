@@ -4,7 +4,6 @@ were built under the stage's former name gets one line saying what to run. Quick
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -187,11 +186,11 @@ def test_the_graph_and_a_fresh_stage_import_no_model_or_tracking_library(tmp_pat
         encoding="utf-8")
     assert _imported(LIGHT_GRAPH, tmp_path, *HEAVY) == []
 
-    from bertpipe.stage import fingerprint, run_stage, write_json
+    from bertpipe.stage import NO_TRACKING, fingerprint, run_stage, write_json
 
     cfg = load_config(tmp_path / "params.yaml")
     stages = all_stages(cfg)
-    run_stage(stages["splits"], cfg, tracker_factory=lambda *a: contextlib.nullcontext())
+    run_stage(stages["splits"], cfg, tracker_factory=NO_TRACKING)
     # a finetune output whose manifest holds its current fingerprint (written, not trained: freshness is what counts)
     ft = stages["finetune/t/base"]
     out = ft.output(cfg)

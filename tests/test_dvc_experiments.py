@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from bertpipe.config import dvc_exp_project, dvc_exp_state
-from tests.e2e_project import copy_code, env_for
+from tests.e2e_project import build_chain, copy_code, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -110,15 +110,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     # Built in this process, then recorded as `dvc repro` records it: DVC's own runs of the stage commands are
     # what the tests below prove (`dvc exp run`, a copy's `dvc repro`), and one `dvc repro` of the whole chain is
     # test_pipeline_e2e's. The code is the repo's, the same files as the project's copy: the same fingerprints.
-    from bertpipe.freshness import upstream_graph
-    from bertpipe.pipeline import all_stages, load_config
-    from bertpipe.stage import run_stage
-
-    cfg = load_config(root / "params.yaml")
-    needed = upstream_graph(cfg, "evaluate")  # what `dvc repro evaluate` builds
-    for name, stage in all_stages(cfg).items():  # upstream first
-        if name in needed:
-            run_stage(stage, cfg)
+    build_chain(root, "evaluate")
     sh(["dvc", "commit", "-f", "-q", "--with-deps", "evaluate"], root)
     status = json.loads(sh(["dvc", "status", "--json", "--with-deps", "evaluate"], root))
     assert status == {"stages/start/dvc.yaml:start": ["always changed"]}, status  # start asks the registry each time

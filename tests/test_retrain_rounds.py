@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from bertpipe.vocab.embeddings import INITS
 from bertpipe.vocab.extend import moved_ids
-from tests.e2e_project import env_for, run, stop, wait_for
+from tests.e2e_project import build_chain, env_for, run, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
 
 pytestmark = pytest.mark.slow
@@ -113,24 +113,13 @@ def _cmd(cmd: list[str], root: Path, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
-def first_build(root: Path) -> None:
-    """The first round's whole chain, built in this process: what retraining starts from (registry v1, the token
-    ids). The flow's door is what the rounds after it prove; a whole `bertpipe run` is test_pipeline_e2e's."""
-    from bertpipe.pipeline import all_stages, load_config
-    from bertpipe.stage import run_stage
-
-    cfg = load_config(root / "params.yaml")
-    for stage in all_stages(cfg).values():  # upstream first
-        run_stage(stage, cfg)
-
-
 def _scheduled_run(root: Path, env: dict) -> str:
-    serve = subprocess.Popen(["bertpipe", "schedule", "--name", DEPLOYMENT], cwd=root, env=env, stdout=open(root / "serve.log", "w"),
-                             stderr=subprocess.STDOUT, start_new_session=True)
+    serve = subprocess.Popen(["bertpipe", "schedule", "--name", DEPLOYMENT], cwd=root, env=env,
+                             stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(lambda: DEPLOYMENT in (root / "serve.log").read_text(), 180, "the deployment")
-        proc = subprocess.run([sys.executable, "-c", TRIGGER, DEPLOYMENT], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run([sys.executable, "-c", TRIGGER, DEPLOYMENT], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=600)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")]
         assert line, proc.stdout + proc.stderr
         result = json.loads(line[-1][len("RESULT="):])
@@ -142,7 +131,9 @@ def _scheduled_run(root: Path, env: dict) -> str:
 
 def test_two_retrain_rounds_and_a_scheduled_run_between(project):
     root, env = project
-    first_build(root)
+    # The first round built in this process: what retraining starts from (registry v1, the token ids). The flow's
+    # door is what the rounds below prove; a whole `bertpipe run` is test_pipeline_e2e's.
+    build_chain(root)
     lin0, _ = _vocab(root)
     assert lin0["start"] == {"kind": "base"}
     tok0 = AutoTokenizer.from_pretrained(root / "work" / "pretrain" / "model")
