@@ -172,6 +172,9 @@ class Config:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def with_overrides(self, overrides: list[str]) -> "Config":
+        """This config with ``--set``-style overrides applied over every value, defaults included: a view (other
+        paths) for places and files, not for resolving a stage's settings (which tell a value set from a default,
+        ``bertpipe.training.params.resolve``; load the params file with the overrides for that)."""
         data = self.params.model_dump(mode="json")
         for item in overrides:
             _apply_override(data, item)

@@ -79,20 +79,18 @@ def code_in_project(cfg: Config) -> bool:
 
 
 def effective_files(cfg: Config) -> dict[str, dict]:
-    """{params_effective/<stage>.json: what the stage reads of the params, resolved and nested as in params.yaml,
-    and its code digest}: a profile edit or a code edit changes exactly the files of the stages it touches."""
+    """{params_effective/<stage>.json: the stage's resolved spec (``Stage.settings``: what its fingerprint
+    hashes), nested as in params.yaml, and its code digest}: a params, profile or code edit changes exactly the
+    files of the stages it touches."""
     out: dict[str, dict] = {}
-    shown: dict[str, object] = {}  # a section is read by many stages (finetune by every task x encoder): resolve once
     for name, st in all_stages(cfg).items():
         params: dict = {}
-        for sec in dict.fromkeys(st.sections):
-            if sec not in shown:
-                shown[sec] = cfg.section_shown(sec)
+        for sec, value in st.settings(cfg, shown=True).items():
             *parents, last = sec.split(".")
             node = params
             for part in parents:
                 node = node.setdefault(part, {})
-            node[last] = shown[sec]
+            node[last] = value
         out[effective_file(name)] = {CODE: st.code_identity()["digest"], "params": params}
     return out
 

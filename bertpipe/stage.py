@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import BaseModel
+
 from bertpipe.config import Config
 from bertpipe.diskfull import disk_full, full_line
 from bertpipe.errors import BertpipeError
@@ -104,7 +106,7 @@ class Stage:
 
     name: str  # e.g. "prepare", "finetune/sentiment/adapted"
     version: str  # a knob to force a rebuild for a reason the code digest cannot see; code changes need no bump
-    sections: tuple[str, ...]  # params sections hashed into the fingerprint; sections[0] is the stage's own
+    sections: tuple[str, ...]  # params sections it reads; sections[0] is the stage's own (see ``spec``)
     inputs: Callable[[Config], dict[str, Path | str]]
     output: Callable[[Config], Path]
     build: Callable[[StageContext], dict | None]  # a declare.py gives a Deferred: imported only when it runs
@@ -139,6 +141,11 @@ class Stage:
     # the tracking store), asked once the fingerprint matches: why that record is gone, or None. An output whose
     # record is gone (the store deleted, a new paths.state) is stale at every door that asks ``is_fresh``.
     lost: Callable[[Config, Path], str | None] | None = None
+    # The settings the stage reads, resolved: {params key: value} (a value may be a pydantic model). None: its
+    # ``sections`` as configured. A stage that reads only part of a section, or a section with per-task overrides
+    # folded in, says so here (splits: each task's data definition; finetune: the task's resolved training and
+    # search), so a setting it does not read cannot make it stale. See ``settings``.
+    spec: Callable[[Config], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.family = self.family or self.name.split("/")[0]
@@ -149,6 +156,14 @@ class Stage:
 
     def launch(self, cfg: Config, force: bool = False) -> "StageResult | None":
         return (self.launcher or run_stage)(self, cfg, force=force)
+
+    def settings(self, cfg: Config, shown: bool = False) -> dict[str, Any]:
+        """The stage's resolved spec as JSON values: what its fingerprint hashes, its manifest (``params``) and
+        MLflow run record, ``params_effective/`` holds and `bertpipe config --stage` prints. ``shown``: fit to
+        print or store (credentials in a tracking URI dropped)."""
+        if self.spec is None:
+            return {s: cfg.section_shown(s) if shown else cfg.section_dict(s) for s in self.sections}
+        return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in self.spec(cfg).items()}
 
     def code_identity(self) -> dict:
         from bertpipe.codeid import code_identity
@@ -259,7 +274,7 @@ def fingerprint(stage: Stage, cfg: Config, known: Callable[[str, Path | str], st
             "version": stage.version,
             "code": stage.code_identity()["digest"],
             "inputs": digests,
-            "params": {s: cfg.section_dict(s) for s in stage.sections},
+            "params": stage.settings(cfg),
         },
         sort_keys=True,
         ensure_ascii=False,
@@ -397,7 +412,7 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
                     "version": stage.version,
                     "fingerprint": fp,
                     "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
-                    "params": {s: cfg.section_shown(s) for s in stage.sections},
+                    "params": stage.settings(cfg, shown=True),
                     "metrics": metrics,
                     "counts": ctx.counts,
                     "started": started,

@@ -7,6 +7,8 @@ Prefect runs tasks in worker threads and two stages may log at the same time.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -317,7 +319,7 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
         "bertpipe.stage": stage.name,
         "bertpipe.stage_version": stage.version,
         "bertpipe.fingerprint": fingerprint,
-        "bertpipe.params_hash": cfg.section_hash(*stage.sections),
+        "bertpipe.params_hash": hashlib.sha256(json.dumps(stage.settings(cfg), sort_keys=True).encode()).hexdigest(),
         "bertpipe.base_model": cfg.params.model.base,
         "bertpipe.profile": cfg.params.profile or "(none)",
         "mlflow.source.git.commit": git_commit(cfg.root),
@@ -331,8 +333,7 @@ def stage_run(stage, cfg: Config, fingerprint: str) -> Iterator[StageRun]:
     mark_open(cfg, run.info.run_id)
     tracker = StageRun(cfg, run.info.run_id, c)
     params = {}
-    for s in stage.sections:
-        value = cfg.section_shown(s)
+    for s, value in stage.settings(cfg, shown=True).items():  # the resolved spec: what the stage trains with
         params.update(dict(flatten(value, f"{s}.")) if isinstance(value, dict) else {s: value})
     tracker.log_params(params)
     try:

@@ -8,6 +8,7 @@ from bertpipe.declared import Family
 from bertpipe.distill.params import DistillParams
 from bertpipe.layout import distill_out, distill_tasks, finetune_out, task_dir
 from bertpipe.stage import Stage, deferred
+from bertpipe.tasklib import reader_spec
 
 VERSION = "1"
 
@@ -20,7 +21,7 @@ def distill_stage(task: str) -> Stage:
     return Stage(f"distill/{task}", VERSION, ("distill", "finetune.train", f"finetune.tasks.{task}"), inputs,
                  lambda c: distill_out(c, task), deferred("bertpipe.distill.stage:build", task=task),
                  params_section="distill", code=("distill",), libs=MODEL_LIBS, cli=("distill", "--task", task),
-                 task=task)
+                 task=task, spec=lambda c: {"distill": c.params.distill, **reader_spec(c, task)})
 
 
 DISTILL = Family("distill", "Distill each finetuned task into a smaller student (or one with --task).",

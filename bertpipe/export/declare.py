@@ -8,6 +8,7 @@ from bertpipe.declared import Family
 from bertpipe.export.params import ExportParams
 from bertpipe.layout import corpus_dir, export_out, export_targets, task_dir
 from bertpipe.stage import Stage, deferred
+from bertpipe.tasklib import reader_spec
 
 VERSION = "1"
 
@@ -21,11 +22,12 @@ def export_stage(key: str) -> Stage:
         # a task model is checked on its test split, the encoder on domain texts
         return {**src, "task": task_dir(cfg, task)} if task else {**src, "corpus": corpus_dir(cfg, "domain")}
 
-    sections = ("export", f"finetune.tasks.{task}") if task else ("export",)
+    sections = ("export", "finetune.train", f"finetune.tasks.{task}") if task else ("export",)
     return Stage(f"export/{key}", VERSION, sections, inputs, lambda c: export_out(c, key),
                  deferred("bertpipe.export.stage:build", key=key, task=task), params_section="export",
                  code=("export",), libs=(*MODEL_LIBS, "numpy", "onnx", "onnxruntime"), cli=("export", "--model", key),
-                 task=task, model=key)
+                 task=task, model=key,
+                 spec=(lambda c: {"export": c.params.export, **reader_spec(c, task)}) if task else None)
 
 
 EXPORT = Family("export", "Export models register will log to ONNX + int8, checked against torch (or --model KEY).",

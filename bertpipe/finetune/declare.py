@@ -5,7 +5,7 @@ from __future__ import annotations
 from bertpipe.codeid import MODEL_LIBS
 from bertpipe.config import Config
 from bertpipe.declared import Family
-from bertpipe.finetune.params import FinetuneParams
+from bertpipe.finetune.params import FinetuneParams, spec
 from bertpipe.layout import encoder_dir, finetune_out, finetune_pairs, task_dir
 from bertpipe.stage import Stage, deferred
 from bertpipe.tasklib import task_params
@@ -31,6 +31,7 @@ def finetune_stage(task: str, encoder: str) -> Stage:
         cli=("finetune", "--task", task, "--encoder", encoder),
         task=task,
         encoder=encoder,
+        spec=lambda cfg: spec(cfg, task),
     )
 
 

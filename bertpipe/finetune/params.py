@@ -2,7 +2,8 @@
 (`finetune.search`), one entry per task (`finetune.tasks`) and the encoders to finetune. The models of the first
 three are the training library's (``bertpipe.training.params``), which every stage that trains or reads a task uses.
 
-The stage `finetune/<task>/<encoder>` hashes `finetune.train` and `finetune.tasks.<task>` only, so editing one task
+The stage `finetune/<task>/<encoder>` reads one task's settings, resolved (``task_settings``: the shared sections with
+the task's overrides folded in and a set value narrowing the search space that names it), so editing one task
 reruns only that task's finetunes.
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bertpipe.training.params import SearchParams, TaskParams, TrainParams
+from bertpipe.tasklib import task_params
+from bertpipe.training.params import SearchParams, TaskParams, TaskSettings, TrainParams, resolve
 
 
 class _Strict(BaseModel):
@@ -86,3 +88,16 @@ class FinetuneParams(_Strict):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", str(name)):
                 raise ValueError(f"task name {name!r} must be letters, digits, '_' or '-' (no dots or slashes)")
         return v
+
+
+def task_settings(cfg, task: str) -> TaskSettings:
+    """What ``finetune/<task>/<encoder>`` trains with: its spec (``spec``) and its build read this one resolution."""
+    fp = cfg.params.finetune
+    return resolve(task, task_params(cfg, task), fp.train, fp.search)
+
+
+def spec(cfg, task: str) -> dict[str, Any]:
+    """The finetune stage's spec, keyed as params.yaml's sections: the task (overrides folded in below), the
+    resolved training hyperparameters and the resolved search."""
+    s = task_settings(cfg, task)
+    return {f"finetune.tasks.{task}": s.task, "finetune.train": s.train, "finetune.search": s.search}

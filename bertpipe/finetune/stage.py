@@ -22,7 +22,7 @@ from bertpipe.scoring.metrics import PRIMARY
 from bertpipe.finetune import search as S
 from bertpipe.finetune.declare import VERSION
 from bertpipe.finetune.fit import Task, fit
-from bertpipe.finetune.params import FinetuneParams
+from bertpipe.finetune.params import task_settings
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.tasklib import SPLITS, SPLITS_JSON, read_task, split_info
 from bertpipe.training import degenerate as D
@@ -81,15 +81,14 @@ def build(ctx, task: str, encoder: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    fp: FinetuneParams = ctx.params
-    p = fp.tasks[task]
-    tp = p.train_params(fp.train)
+    settings = task_settings(ctx.cfg, task)  # what the stage's spec (its fingerprint) holds, resolved once
+    p, tp, sp = settings.task, settings.train, settings.search
+    for key, by in settings.narrowed.items():
+        ctx.log(f"{task}/{encoder} search: {key} is set by {by} ({getattr(tp, key)!r}): the space is narrowed to it")
     if tp.num_threads:
         torch.set_num_threads(tp.num_threads)
     device = pick_device(tp.device)
-    compile_key = (f"finetune.tasks.{task}.train_overrides.compile" if "compile" in p.train_overrides
-                   else "finetune.train.compile")
-    should_compile(tp.compile, 0, device, compile_key)  # `on` without a compiler fails before the data is read
+    should_compile(tp.compile, 0, device, settings.key("compile"))  # `on` without a compiler fails before the data is read
     tdir = Path(ctx.inputs["task"])
     data = read_task(tdir)  # the splits stage's output: cleaned, leak-checked, capped, labels mapped
     info = split_info(tdir)
@@ -105,10 +104,9 @@ def build(ctx, task: str, encoder: str) -> dict:
         raise BertpipeError(f"encoder {src}: no tokenizer could be loaded ({e})") from None
     if not getattr(tok, "is_fast", False):
         raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
-    key = (f"finetune.tasks.{task}.train_overrides.max_seq_len" if "max_seq_len" in p.train_overrides
-           else "finetune.train.max_seq_len")
     # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
-    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, key, ctx.log)})
+    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, settings.key("max_seq_len"),
+                                                            ctx.log)})
     splits = {s: featurize(tok, data[s], p, tp, label2id, counts, s) for s in SPLITS}
     describe(counts)
     sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in SPLITS)
@@ -125,7 +123,6 @@ def build(ctx, task: str, encoder: str) -> dict:
     task_run = Task(p, src, labels, splits, primary, pad, device, bf16,
                     D.majority_score(p.type, train_labels, dev_gold, labels), f"{task}/{encoder}",
                     log_metrics=ctx.log_metrics)
-    sp = p.search_params(fp.search)
     store = S.TrialStore(ctx.cfg.state / "trials" / task, _trial_identity(ctx, p))
     outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(task_run, ttp, seed, on_eval, f"trial{n}_"),
                        store, lambda m: ctx.log(f"{task}/{encoder} search: {m}"))

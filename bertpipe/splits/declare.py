@@ -32,9 +32,22 @@ def refuse_old_layout(cfg) -> None:
 
 
 def sections(cfg) -> tuple[str, ...]:
-    """The params the splits depend on: each task's definition, the caps, and the near-duplicate settings."""
+    """The params sections the splits read from (``spec`` says which part of each)."""
     tasks = tuple(f"finetune.tasks.{t}" for t in cfg.params.finetune.tasks)
-    return (*tasks, "finetune.train.max_train_examples", "finetune.train.max_eval_examples", "prepare.dedup")
+    return (*tasks, "finetune.train", "prepare.dedup")
+
+
+def spec(cfg) -> dict:
+    """What the splits depend on: each task's data definition (not how a model is fed, not its training or search
+    overrides) with its two caps resolved (``finetune.train`` < the task's ``train_overrides``), and the
+    near-duplicate settings. A training setting, even a task's own, never reruns the splits and what reads them."""
+    out: dict = {}
+    for t, p in cfg.params.finetune.tasks.items():
+        tp = p.train_params(cfg.params.finetune.train)
+        out[f"finetune.tasks.{t}"] = {**p.data_definition(), "caps": {
+            "max_train_examples": tp.max_train_examples, "max_eval_examples": tp.max_eval_examples}}
+    out["prepare.dedup"] = cfg.section_dict("prepare.dedup")
+    return out
 
 
 def task_files(cfg, task: str) -> dict[str, Path]:
@@ -55,7 +68,7 @@ def own_inputs(cfg) -> dict[str, Path]:
 def splits_stage(cfg) -> Stage:
     refuse_old_layout(cfg)
     return Stage("splits", VERSION, sections(cfg), own_inputs, splits_dir, deferred("bertpipe.splits.stage:build"),
-                 params_section="finetune", code=("splits",), libs=("numpy",))
+                 params_section="finetune", code=("splits",), libs=("numpy",), spec=spec)
 
 
 SPLITS = Family("splits", "Materialise every finetune task's train/dev/test splits into work/splits (caps applied).",

@@ -65,6 +65,15 @@ def task_settings(cfg, task: str, model=None, log=None):
     return p, tp
 
 
+def reader_spec(cfg, task: str) -> dict:
+    """The part of a stage's spec that a stage reading a task's models (distill, export) takes from the finetune
+    section: the task's definition and its training settings, overrides folded in (``task_settings``), never the
+    search or another task's settings."""
+    p, tp = task_settings(cfg, task)
+    return {f"finetune.tasks.{task}": p.model_copy(update={"train_overrides": {}, "search_overrides": {}}),
+            "finetune.train": tp}
+
+
 def write_split(path: Path, examples: Iterable) -> dict:
     """Write examples as jsonl; returns {"examples": n, "sha256": digest of the file's bytes}."""
     h = hashlib.sha256()

@@ -122,6 +122,12 @@ class SearchParams(_Strict):
         return v
 
 
+# TaskParams fields that say how examples are fed to a model (truncation, windows, QA spans): read by finetune and
+# what scores its models, never by the splits stage.
+FEEDING = ("truncation", "head_tokens", "stride", "window_aggregate", "label_all_pieces", "doc_stride",
+           "max_query_len", "max_answer_len", "n_best")
+
+
 class TaskParams(_Strict):
     type: Literal["classification", "pair_classification", "ner", "qa"]
     # jsonl | csv | tsv | conll | squad (SQuAD/CMRC JSON) | sqlite (`query`) | lines (`label_files`: one text a line)
@@ -191,6 +197,11 @@ class TaskParams(_Strict):
             raise ValueError("dev_ratio + test_ratio must leave data to train on")
         return self
 
+    def data_definition(self) -> dict[str, Any]:
+        """The fields that decide which examples the task has and how they are read (what the splits stage reads):
+        everything but how a model is fed (``FEEDING``) and the training/search overrides."""
+        return self.model_dump(mode="json", exclude={*FEEDING, "train_overrides", "search_overrides"})
+
     def train_params(self, shared: TrainParams) -> TrainParams:
         """The shared hyperparameters with this task's overrides applied (validated like the shared section)."""
         return with_overrides(shared, self.train_overrides)
@@ -208,3 +219,46 @@ class TaskParams(_Strict):
     def _search_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
         SearchParams.model_validate(v)
         return v
+
+
+class TaskSettings(BaseModel):
+    """What one task's finetune trains with, resolved once: the task (its overrides folded in below), the training
+    hyperparameters (``finetune.train`` < the task's ``train_overrides``) and the search (``finetune.search`` < the
+    task's ``search_overrides``), with the one rule between a set value and a search space applied (``resolve``)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    task: TaskParams
+    train: TrainParams
+    search: SearchParams
+    # {train key: the params key that set it}, e.g. {"lr": "finetune.tasks.ner.train_overrides.lr"}; a key set
+    # nowhere has its code default
+    set_by: dict[str, str] = Field(default_factory=dict)
+    # {space key: the setting that narrowed it}, e.g. {"lr": "finetune.train.lr"}
+    narrowed: dict[str, str] = Field(default_factory=dict)
+
+    def key(self, name: str) -> str:
+        """The params key to name in a message about train key ``name``."""
+        return self.set_by.get(name, f"finetune.train.{name}")
+
+
+def resolve(name: str, task: TaskParams, train: TrainParams, search: SearchParams) -> TaskSettings:
+    """One task's settings with the rule every door follows: a training hyperparameter that is set — in
+    ``finetune.train`` (by params.yaml, a profile, ``--set``, ``dvc exp run -S`` or a Prefect knob) or in the task's
+    ``train_overrides`` — is the value trained. A search space that names the same key is narrowed to that one value,
+    and the narrowing is recorded (``narrowed``, the stage's spec and log): a set value never silently loses to a
+    search, and a search never silently ignores a set value. A key set nowhere is searched over as the space says."""
+    resolved = task.train_params(train)
+    sp = task.search_params(search)
+    set_by = {k: f"finetune.train.{k}" for k in train.model_fields_set}
+    set_by.update({k: f"finetune.tasks.{name}.train_overrides.{k}" for k in task.train_overrides})
+    narrowed: dict[str, str] = {}
+    space = dict(sp.space)
+    for key in sp.space if sp.trials else ():  # trials: 0 searches nothing, so nothing is shadowed
+        if key in set_by:
+            space[key] = [getattr(resolved, key)]
+            narrowed[key] = set_by[key]
+    if narrowed:
+        sp = sp.model_copy(update={"space": space})
+    bare = task.model_copy(update={"train_overrides": {}, "search_overrides": {}})
+    return TaskSettings(task=bare, train=resolved, search=sp, set_by=set_by, narrowed=narrowed)
