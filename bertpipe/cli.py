@@ -219,16 +219,26 @@ def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set
         raise typer.Exit(1)
 
 
-@app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML.")
+@app.command("config", help="Print the resolved configuration (profile and --set applied) as YAML; with --stage, "
+             "exactly what that stage reads, resolved (what its fingerprint hashes and its manifest records).")
 @user_errors
 def config_cmd(
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
     section: Optional[str] = typer.Argument(None, help="Only this section, e.g. pretrain."),
+    stage: Optional[str] = typer.Option(None, "--stage", help="A stage, e.g. finetune/sentiment/base: its spec "
+                                        "(per-task overrides folded in, a set value narrowing a search space)."),
 ):
     import yaml
 
     cfg = load(params, profile, set_)
-    if section:
+    if stage:
+        from bertpipe.pipeline import all_stages
+
+        stages = all_stages(cfg)
+        if stage not in stages:
+            raise BertpipeError(f"config --stage {stage}: no such stage (`bertpipe stages` lists them)")
+        data = stages[stage].settings(cfg, shown=True)
+    elif section:
         _known_section(cfg, section)
         data = cfg.section_shown(section)
     else:

@@ -32,13 +32,16 @@ class Knobs(BaseModel):
                                            description="Optimizer steps of domain pretraining.")
     pretrain_lr: float | None = Field(None, gt=0, title="pretrain.lr", examples=[5e-4],
                                       description="Peak learning rate of domain pretraining.")
-    finetune_epochs: int | None = Field(None, ge=1, title="finetune.train.epochs", examples=[3],
-                                        description="Epochs of every task's finetune.")
-    finetune_lr: float | None = Field(None, gt=0, title="finetune.train.lr", examples=[3e-4],
-                                      description="Learning rate of every task's finetune.")
+    finetune_epochs: int | None = Field(
+        None, ge=1, title="finetune.train.epochs", examples=[3],
+        description="Epochs of every task's finetune (a task's own train_overrides.epochs wins).")
+    finetune_lr: float | None = Field(
+        None, gt=0, title="finetune.train.lr", examples=[3e-4],
+        description="Learning rate of every task's finetune (a task's own train_overrides.lr wins); a search space "
+                    "naming lr is narrowed to it.")
     finetune_max_train_examples: int | None = Field(
         None, ge=0, title="finetune.train.max_train_examples", examples=[6000],
-        description="Cap on each task's training examples (0: all).")
+        description="Cap on each task's training examples (0: all; a task's own train_overrides cap wins).")
 
     def overrides(self) -> list[str]:
         return [f"{KEYS[k]}={v!r}" for k, v in self.model_dump().items() if v is not None]
