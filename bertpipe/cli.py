@@ -203,10 +203,10 @@ _stage_commands()
 def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
                as_json: bool = JsonOpt,
                check: bool = typer.Option(False, "--check", help="Exit 1 when any stage is not fresh (for CI).")):
-    from bertpipe.freshness import expected
+    from bertpipe.freshness import plan
 
     cfg = load(params, profile, set_)
-    rows = expected(cfg)
+    rows = plan(cfg)
     if as_json:
         echo_json([{"stage": n, "state": f.state, "fingerprint": f.fingerprint, "reason": f.reason}
                    for n, f in rows.items()])

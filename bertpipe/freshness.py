@@ -1,4 +1,8 @@
-"""Is each stage fresh? Asked of the whole graph, so staleness propagates down it.
+"""The one plan of freshness: is each stage fresh, with its fingerprint and why not. Asked of the whole graph, so
+staleness propagates down it. `bertpipe stages`, a one-stage command's check of its upstream, the flow (its Prefect
+cache keys: ``tasks.stages.FreshOutput``; a run that lost its server) and ``run_stage`` read it or its per-stage
+rule (``bertpipe.stage.fingerprint`` over ``Stage.settings``, which is also what dvc.yaml's ``params_effective/``
+files hold), so every door agrees on what an edit reruns.
 
 A stage's *expected* fingerprint is the one it will have once every stage above it is up to date. It is computed
 in graph order with each upstream stage's expected fingerprint in place of its written manifest:
@@ -41,8 +45,8 @@ class Freshness:
         return self.state == "fresh"
 
 
-def expected(cfg: Config, stages: dict[str, Stage] | None = None, only: list[str] | None = None,
-             ) -> dict[str, Freshness]:
+def plan(cfg: Config, stages: dict[str, Stage] | None = None, only: list[str] | None = None,
+         ) -> dict[str, Freshness]:
     """Freshness of every stage (or of ``only`` and what they need), upstream first."""
     from bertpipe.pipeline import all_stages, producers
 
@@ -96,11 +100,6 @@ def _why(stage: Stage, manifest: dict) -> str:
     return "inputs or params changed"
 
 
-def expected_fingerprint(name: str, cfg: Config, stages: dict[str, Stage] | None = None) -> str:
-    """The fingerprint stage ``name`` will have once its upstream stages are fresh ("" while inputs are missing)."""
-    return expected(cfg, stages, only=[name])[name].fingerprint
-
-
 def upstream_graph(cfg: Config, name: str) -> dict[str, Stage]:
     """Stage ``name`` and every stage above it, made family by family from the inputs' places (a stage's output is
     ``work/<family>/...``): a one-stage command imports the modules of what it reads, never the whole chain's."""
@@ -124,7 +123,7 @@ def upstream_graph(cfg: Config, name: str) -> dict[str, Stage]:
                     up = path.relative_to(work).parts[0]
                     if up in COMMANDS and up not in families:
                         todo.append(up)
-    order = list(COMMANDS)  # FAMILIES order respects the dependencies: expected() visits upstream first anyway
+    order = list(COMMANDS)  # FAMILIES order respects the dependencies: plan() visits upstream first anyway
     return dict(sorted(graph.items(), key=lambda kv: order.index(kv[1].family)))
 
 
@@ -137,12 +136,12 @@ def refuse_stale_upstream(cfg: Config, name: str, baseline: Config) -> None:
     from bertpipe.pipeline import producers
 
     graph = upstream_graph(cfg, name)
-    states = expected(cfg, graph, only=[name])
+    states = plan(cfg, graph, only=[name])
     try:
         base_graph = upstream_graph(baseline, name)
         if name not in base_graph:
             return  # the stage exists only with these options (e.g. a profile's tapt encoder): nothing to compare
-        before = expected(baseline, base_graph, only=[name])
+        before = plan(baseline, base_graph, only=[name])
     except BertpipeError:
         return  # the params file alone does not resolve (e.g. its paths.raw is set by these options): nothing to compare
     bad = [f for n, f in states.items() if n != name and not f.fresh and n in before and before[n].fresh]

@@ -114,14 +114,14 @@ def _no_api_traceback(record: logging.LogRecord) -> bool:
 
 def outcome(cfg, until: str | None, started: float, error: BaseException) -> dict[str, dict]:
     """The results of a run whose flow call raised ``error`` because the Prefect API was gone (see module doc)."""
-    from bertpipe.freshness import expected
+    from bertpipe.freshness import plan
     from bertpipe.pipeline import all_stages, until_targets, upstream
     from bertpipe.stage import read_manifest
     from bertpipe_prefect.tasks.parallel import select
 
     stages = all_stages(cfg)
     graph = select({n: upstream(n, cfg, stages) for n in stages}, until_targets(list(stages), until))
-    states = expected(cfg, stages, only=list(graph))
+    states = plan(cfg, stages, only=list(graph))
     unfinished = [n for n in graph if not states[n].fresh]
     why = api_lost(error) or lost() or str(error)
     if unfinished:

@@ -53,8 +53,8 @@ def test_stages_check_passes_when_every_stage_is_fresh(tmp_path, monkeypatch):
     from bertpipe import freshness
 
     params = _project(tmp_path)
-    real = freshness.expected
-    monkeypatch.setattr(freshness, "expected",
+    real = freshness.plan
+    monkeypatch.setattr(freshness, "plan",
                         lambda cfg: {n: freshness.Freshness(n, "fresh", f.fingerprint) for n, f in real(cfg).items()})
     res = runner.invoke(app, ["stages", "--params", params, "--check"])
     assert res.exit_code == 0, res.output

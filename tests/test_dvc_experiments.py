@@ -55,12 +55,12 @@ STAGES = ("splits", "prepare", "vocab", "pretrain", "finetune/cls/base", "evalua
 PROBE = "bertpipe/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
 KEYS = """
 import json
-from bertpipe.freshness import expected
+from bertpipe.freshness import plan
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe_prefect.tasks.stages import cache_key
 cfg = load_config("params.yaml")
 stages = all_stages(cfg)
-print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in expected(cfg, stages).items()}))
+print(json.dumps({n: cache_key(stages[n], f.fingerprint) for n, f in plan(cfg, stages).items()}))
 """
 
 

@@ -5,7 +5,7 @@ door, narrowing a search space that names it.
 
 The finished project is simulated as in test_fingerprint_scope (every stage's manifest written with the fingerprint
 ``bertpipe.freshness`` expects, in graph order); each edit is the config a door would load (``--set``, params.yaml's
-own keys, a Prefect knob) and ``expected`` is asked which stages are stale against it.
+own keys, a Prefect knob) and ``plan`` is asked which stages are stale against it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.freshness import expected
+from bertpipe.freshness import plan
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe_prefect.flows.knobs import KEYS, Knobs
 from tests.e2e_project import invoke
@@ -58,7 +58,7 @@ def finished(tmp_path_factory, sample_raw):
 
 def _stale(params: Path, overrides: list[str]) -> set[str]:
     cfg = load_config(params, None, overrides)
-    return {n for n, s in expected(cfg, all_stages(cfg)).items() if not s.fresh}
+    return {n for n, s in plan(cfg, all_stages(cfg)).items() if not s.fresh}
 
 
 def _finetunes(cfg, task: str | None = None) -> set[str]:

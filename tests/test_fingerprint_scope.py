@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bertpipe import codeid
-from bertpipe.freshness import expected
+from bertpipe.freshness import plan
 from bertpipe.pipeline import all_stages, load_config, upstream
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,13 +73,13 @@ def finish(cfg, stages) -> None:
             else:
                 p.mkdir(parents=True)
             assert p.exists(), p
-        fp = expected(cfg, stages, only=[name])[name]
+        fp = plan(cfg, stages, only=[name])[name]
         assert fp.state != "waiting", fp
         out = st.output(cfg)
         out.mkdir(parents=True, exist_ok=True)
         (out / "manifest.json").write_text(json.dumps({"fingerprint": fp.fingerprint,
                                                       "code": {"digest": st.code_identity()["digest"]}}))
-    assert all(f.fresh for f in expected(cfg, stages).values())
+    assert all(f.fresh for f in plan(cfg, stages).values())
 
 
 def below(names: set[str], cfg, stages) -> set[str]:
@@ -121,7 +121,7 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
     f = checkout / "bertpipe/pretrain/train.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
-    states = expected(cfg, stages)
+    states = plan(cfg, stages)
     stale = {n for n, s in states.items() if not s.fresh}
     assert stale == below({"base", "pretrain"}, cfg, stages), stale
     assert {"splits", "prepare"}.isdisjoint(stale)
@@ -160,7 +160,7 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
     f = checkout / "bertpipe/training/loop.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
-    stale = {n for n, s in expected(cfg, stages).items() if not s.fresh}
+    stale = {n for n, s in plan(cfg, stages).items() if not s.fresh}
     assert {"splits", "prepare", "base", "vocab", "pretrain"}.isdisjoint(stale), stale
     assert any(n.startswith("finetune/") for n in stale) and any(n.startswith("distill/") for n in stale)
     assert "evaluate" in stale

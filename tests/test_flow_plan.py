@@ -139,13 +139,13 @@ def test_base_encoder_only_registers_the_encoder_and_stages_says_why_a_stage_wai
     from typer.testing import CliRunner
 
     from bertpipe.cli import app
-    from bertpipe.freshness import expected
+    from bertpipe.freshness import plan
 
     g = demo_graph(tmp_path, sample_raw, {"finetune": {"encoders": ["base"]}})
     assert not any(n.endswith("/adapted") for n in g)
     assert sorted(g["register"]) == ["base", "evaluate", "export/encoder", "prepare", "pretrain", "vocab"]
     cfg = load_config(tmp_path / "params.yaml")
-    assert expected(cfg)["register"].state == "stale"
+    assert plan(cfg)["register"].state == "stale"
 
     # a task whose data file is missing: the splits stage waits on it, everything below waits on splits; each says so
     params = write_project(tmp_path / "p2", sample_raw, {"finetune": {"tasks": {"mine": {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bertpipe.codeid import code_files, code_identity
 from bertpipe.pipeline import load_config
-from bertpipe.freshness import expected
+from bertpipe.freshness import plan
 from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -36,7 +36,7 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
     (tmp_path / "params.yaml").write_text("paths: {work: w, state: s}\nmodel: {base: some/hub-id}\n")
     cfg = load_config(tmp_path / "params.yaml")
     stages = chain(tmp_path)
-    assert {n: f.state for n, f in expected(cfg, stages).items()} == {"a": "stale", "b": "stale", "c": "stale"}
+    assert {n: f.state for n, f in plan(cfg, stages).items()} == {"a": "stale", "b": "stale", "c": "stale"}
     built = {n: run_stage(st, cfg, tracker_factory=NO_TRACKING).fingerprint for n, st in stages.items()}
     # each manifest records the environment it ran in: every installed distribution, as `pip list` names them
     import hashlib
@@ -50,11 +50,11 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
     pins = sorted({f"{re.sub(r'[-_.]+', '-', d['name']).lower()}=={d['version']}" for d in listed})
     env = read_manifest(tmp_path / "w" / "a")["environment"]
     assert env == {"distributions": len(pins), "digest": hashlib.sha256("\n".join(pins).encode()).hexdigest()[:32]}
-    fresh = expected(cfg, stages)
+    fresh = plan(cfg, stages)
     assert all(f.fresh for f in fresh.values()) and {n: f.fingerprint for n, f in fresh.items()} == built
 
     changed = cfg.with_overrides(["prepare.dedup.threshold=0.5"])
-    after = expected(changed, stages)
+    after = plan(changed, stages)
     assert {n: f.state for n, f in after.items()} == {"a": "stale", "b": "stale", "c": "stale"}, after
     assert after["b"].reason == "upstream a stale" and after["c"].reason == "upstream b stale"
     # Each on its own (the manifests on disk) b and c look fresh: the upstream rule is what makes them stale.
@@ -63,7 +63,7 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
     run_stage(stages["a"], changed, tracker_factory=NO_TRACKING)
     assert run_stage(stages["b"], changed, tracker_factory=NO_TRACKING).fingerprint == after["b"].fingerprint
     # c reads a file under b's output: b wrote the same bytes, so c is fresh again and its run skips.
-    assert expected(changed, stages)["c"].fresh
+    assert plan(changed, stages)["c"].fresh
     assert run_stage(stages["c"], changed, tracker_factory=NO_TRACKING).skipped
 
 
@@ -88,7 +88,7 @@ def test_code_identity_follows_imports_and_is_recorded(tmp_path):
     st = chain(tmp_path)["a"]
     plain = run_stage(st, cfg, tracker_factory=NO_TRACKING)
     st.code = ("vocab",)
-    assert not is_fresh(st, cfg)[0] and expected(cfg, {"a": st})["a"].reason == "code changed"
+    assert not is_fresh(st, cfg)[0] and plan(cfg, {"a": st})["a"].reason == "code changed"
     res = run_stage(st, cfg, tracker_factory=NO_TRACKING)
     assert res.fingerprint != plain.fingerprint
     assert read_manifest(res.out)["code"]["files"] == code_identity(("vocab",), ())["files"]

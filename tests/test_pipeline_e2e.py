@@ -274,7 +274,7 @@ def test_a_finetune_param_stales_only_finetune_and_what_follows_for_the_cli_and_
     follows them (their students, the exports of both, evaluate, register) and of nothing above them: the flow
     rebuilds exactly what has no cached result under its key (a stage rebuilt for a missing record:
     test_front_doors; the whole flow cached under unchanged keys: the test above)."""
-    from bertpipe.freshness import expected
+    from bertpipe.freshness import plan
     from bertpipe.pipeline import all_stages, load_config
     from bertpipe_prefect.tasks.stages import cache_key
 
@@ -287,7 +287,7 @@ def test_a_finetune_param_stales_only_finetune_and_what_follows_for_the_cli_and_
 
     def keys(cfg) -> dict[str, str]:
         stages = all_stages(cfg)
-        return {n: cache_key(stages[n], f.fingerprint) for n, f in expected(cfg, stages).items()}
+        return {n: cache_key(stages[n], f.fingerprint) for n, f in plan(cfg, stages).items()}
 
     cfg = load_config(project / "params.yaml")
     before, after = keys(cfg), keys(cfg.with_overrides([over]))

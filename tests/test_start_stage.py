@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from bertpipe.errors import BertpipeError
-from bertpipe.freshness import expected
+from bertpipe.freshness import plan
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import read_manifest, run_stage
 from bertpipe.layout import read_start, start_dir, start_file
@@ -107,14 +107,14 @@ def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
     (cfg.work / "vocab" / "model").mkdir(parents=True, exist_ok=True)
 
     v = _register(cfg, None)  # a champion without lineage: continued from
-    assert expected(cfg, stages)["vocab"].fresh  # the graph does not ask the registry ...
+    assert plan(cfg, stages)["vocab"].fresh  # the graph does not ask the registry ...
     again = run_stage(stages["start"], cfg, tracker_factory=NO_TRACKING)  # ... the start stage's run does
     rec = read_start(start_file(cfg))
     assert not again.skipped and again.fingerprint == first.fingerprint  # same inputs, other registry answer
     assert (rec["kind"], rec["version"]) == ("champion", v) and start_file(cfg).read_bytes() != before
     exported = cache_dir(cfg, _client(cfg).get_model_version(NAME, v))
     assert stages["vocab"].inputs(cfg)["model"] == exported and rec["model_digest"]
-    states = expected(cfg, stages)
+    states = plan(cfg, stages)
     stale = {n for n, f in states.items() if not f.fresh}
     assert "vocab" in stale and "pretrain" in stale
     assert {"splits", "prepare", "base", "start"}.isdisjoint(stale), stale
