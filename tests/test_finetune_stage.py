@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import load_config
@@ -16,6 +17,7 @@ from bertpipe.finetune import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
+from tests.e2e_project import invoke
 
 torch.set_num_threads(1)
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -125,6 +127,14 @@ def test_documents_far_beyond_max_seq_len(project):
     preds = [json.loads(x) for x in (res.out / "predictions_test.jsonl").read_text(encoding="utf-8").splitlines()]
     assert all(p["windows"] >= 6 for p in preds)  # ~700 pieces in windows of 126, every 48
     assert win["counts"]["train_features"] > 6 * win["counts"]["train_examples"]
+    # The manifest records the stage's resolved spec (the task's overrides folded in): what `bertpipe config
+    # --stage` prints and the fingerprint hashes.
+    spec = json.loads((res.out / "manifest.json").read_text(encoding="utf-8"))["params"]
+    assert spec["finetune.train"]["max_seq_len"] == 128 and spec["finetune.train"]["epochs"] == 1
+    shown = invoke(["config", "--params", str(project / "params.yaml"), "--stage", "finetune/long_window/base"],
+                   project)
+    assert shown.returncode == 0, shown.stderr
+    assert yaml.safe_load(shown.stdout) == spec
 
 
 def test_cmrc_format_fixture_trains_and_reports(tmp_path, zh_tokenizer_dir):
