@@ -28,7 +28,8 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
         f"paths: {{work: work, state: state}}\nmodel: {{base: {enc}}}\n"
         "finetune:\n  encoders: [base]\n  train: {lr: 1.0e-2, epochs: 6, batch_size: 8, max_seq_len: 32, "
         "seeds: [7], early_stopping: {patience: 0}}\n"
-        "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl}}\n"
+        "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl, "
+        "train_overrides: {eval_batch_size: 16}}}\n"
         "register: {floor: none, register_encoder: false}\n", encoding="utf-8")
     cfg = load_config(tmp_path / "params.yaml")
     run_stage(splits_stage(cfg), cfg)
@@ -48,6 +49,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     run = c.get_run(v.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["bertpipe.stage"] == "finetune/sentiment/base"
     assert float(run.data.params["finetune.train.lr"]) == 1e-2
+    assert run.data.params["finetune.train.eval_batch_size"] == "16"  # the resolved spec: the task's override in
     curve = c.get_metric_history(v.run_id, "seed7_train_loss")
     assert len(curve) >= 2 and curve[0].step < curve[-1].step
     assert "curves.png" in {f.path for f in c.list_artifacts(v.run_id)}
