@@ -171,11 +171,6 @@ def grad_scaler(device: torch.device, p: Precision) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=p.scaled)
 
 
-def bf16_ok(device: torch.device) -> bool:
-    """Whether bf16 is native here (what ``precision: auto`` picks bf16 on)."""
-    return choose_precision("auto", device_caps(device)).bf16
-
-
 def no_weight_decay(name: str, param: torch.Tensor) -> bool:
     """Biases, norms (LayerNorm and friends) and other vectors are not decayed; matrices and embeddings are."""
     return param.ndim < 2 or "norm" in name.lower()

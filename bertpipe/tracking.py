@@ -402,15 +402,6 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
     mark_closed(cfg, run.info.run_id)
 
 
-def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
-    """Save a matplotlib figure as PNG under the stage output and queue it for MLflow."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    if tracker is not None:
-        tracker.defer_artifact(path, "figures")
-    return path
-
-
 @contextlib.contextmanager
 def fluent_mlflow(cfg: Config) -> Iterator[Any]:
     """mlflow's fluent API (needed by ``mlflow.transformers.log_model``) pointed at this project's store.
