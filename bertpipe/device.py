@@ -154,11 +154,6 @@ def precision_for(requested: str, device: torch.device) -> Precision:
     return p
 
 
-def legacy_request(precision: str, bf16: bool) -> str:
-    """finetune's older ``bf16: false`` switch meant fp32; ``precision`` wins when it is set."""
-    return precision if precision != "auto" or bf16 else "fp32"
-
-
 def autocast(device: torch.device, p: Precision):
     """The autocast context of a forward pass under ``p`` (a no-op in fp32)."""
     if p.autocast is None:
