@@ -156,26 +156,22 @@ def client(cfg: Config, create: bool = True):
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     # Opening an sqlite store creates and migrates its tables; two flow runs starting at once would race on that,
     # so this process's first open of the store happens under a file lock.
-    import fcntl
+    from filelock import FileLock
 
     from bertpipe import mlflow_store
 
     lock = db.with_name(db.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            mlflow_store.ensure(db)
-            if _own_store(cfg, db):
-                moved = mlflow_store.relocate(db, cfg.state / mlflow_store.ARTIFACTS_DIR)
-                if moved:
-                    print(f"[tracking] {db}: artifact locations of {', '.join(moved)} (a copied or moved project) "
-                          f"now point at {cfg.state / mlflow_store.ARTIFACTS_DIR}", file=sys.stderr, flush=True)
-            c = MlflowClient(tracking_uri=uri, registry_uri=uri)
-            c.search_experiments(max_results=1)
-            c.search_registered_models(max_results=1)
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with FileLock(lock):
+        mlflow_store.ensure(db)
+        if _own_store(cfg, db):
+            moved = mlflow_store.relocate(db, cfg.state / mlflow_store.ARTIFACTS_DIR)
+            if moved:
+                print(f"[tracking] {db}: artifact locations of {', '.join(moved)} (a copied or moved project) "
+                      f"now point at {cfg.state / mlflow_store.ARTIFACTS_DIR}", file=sys.stderr, flush=True)
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        c.search_experiments(max_results=1)
+        c.search_registered_models(max_results=1)
     _READY.add(uri)
     return c
 
