@@ -14,7 +14,6 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from bertpipe.pipeline import load_config  # noqa: E402
 from bertpipe.evaluate.params import EvaluateParams  # noqa: E402
-from bertpipe.training import taskfiles as D  # noqa: E402
+from bertpipe.splits.stage import materialise  # noqa: E402
 from bertpipe.scoring import baselines as BL  # noqa: E402
 from bertpipe.scoring import bootstrap as B  # noqa: E402
 from bertpipe.scoring import fair_mlm as F  # noqa: E402
@@ -30,15 +29,13 @@ from bertpipe.scoring import windows as W  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:
-    """Each demo task's train/test examples after the demo caps, as finetune (and the splits stage) use them."""
+    """Each demo task's train/test examples after the demo caps, as the splits stage materialises them for finetune."""
     cfg = load_config(REPO / "params.yaml", overrides=["profile=demo", f"paths.raw={raw}"])
     ft = cfg.params.finetune
     out = {}
     for name, p in ft.tasks.items():
-        tp = p.train_params(ft.train)
-        data = D.load_task(p, cfg.path, Counter())
-        out[name] = (p.type, {"train": D.cap(data["train"], tp.max_train_examples, p.split_seed),
-                              "test": D.cap(data["test"], tp.max_eval_examples, p.split_seed)})
+        data, *_ = materialise(name, p, ft.train, cfg.path, cfg.params.prepare.dedup)
+        out[name] = (p.type, {"train": data["train"], "test": data["test"]})
     return out
 
 

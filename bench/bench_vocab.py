@@ -37,7 +37,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 hf_logging.set_verbosity_error()  # long articles exceed 512 tokens; irrelevant when only tokenising
 
 from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer  # noqa: E402
-from bertpipe.vocab.mining import mine  # noqa: E402
+from bertpipe.vocab.mining import mine_batches  # noqa: E402
 from bertpipe.vocab.params import VocabParams  # noqa: E402
 
 CJK_CLASS = (
@@ -146,7 +146,7 @@ def main() -> None:
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; eval {len(texts)} texts, {n_chars} chars")
 
     t0 = time.time()
-    mined = mine(mine_texts, base, "zh", VocabParams(top_k=max(sizes), min_freq=2, unk_char_min_freq=0))
+    mined = mine_batches([mine_texts], base, "zh", VocabParams(top_k=max(sizes), min_freq=2, unk_char_min_freq=0))
     words = [c.word for c in mined.candidates]
     print(f"mined {len(words)} words from {mined.n_chars} chars in {time.time() - t0:.1f}s")
 

@@ -66,7 +66,7 @@ def fto(group: str, build: str, task: str, encoder: str = "adapted", **over) -> 
 fto("sent", "e0", "sentiment", lr=1e-3, max_train_examples=6000, epochs=3)  # the recipe: 0.634 claimed
 fto("sent", "e0", "sentiment", lr=3e-4, max_train_examples=3000, epochs=3)
 fto("sent", "e0", "sentiment", lr=1e-4, max_train_examples=3000, epochs=3)
-fto("sent", "e0", "sentiment", lr=1e-3, max_train_examples=3000, epochs=3, bf16=False)
+fto("sent", "e0", "sentiment", lr=1e-3, max_train_examples=3000, epochs=3, precision="fp32")
 
 fto("sent2", "e0", "sentiment", lr=3e-4, max_train_examples=6000, epochs=3)
 fto("law", "e0", "law_department", lr=3e-4, max_train_examples=6000, epochs=3)

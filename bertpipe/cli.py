@@ -380,9 +380,8 @@ def dvc_yaml_cmd(
                                    "params and code digest, which its DVC stage depends on (dvc.yaml's first stage "
                                    "runs this when params.yaml, profiles.yaml or the project's code changes)."),
 ):
-    from bertpipe.dvcfile import (EFFECTIVE, OLD_EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective,
-                                  leftover_files, refuse_foreign, render_effective, render_files, split_stages,
-                                  stale_root_locks)
+    from bertpipe.dvcfile import (EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective, leftover_files,
+                                  refuse_foreign, render_effective, render_files, split_stages)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -426,15 +425,6 @@ def dvc_yaml_cmd(
     if split:
         typer.echo(f"note: git-track the stages' own files (`git add {SPLIT_DIR}/ {EFFECTIVE}/`): a `dvc exp run "
                    "--temp` copy holds only tracked files")
-    old = stale_root_locks(cfg.root, split)
-    if old:  # the user's file: said, not edited. DVC reads a lock entry only for a stage of the dvc.yaml beside it,
-        # and keeps entries it does not know when it rewrites the lock (dvc/dvcfile.py Lockfile.dump_stages)
-        typer.echo(f"note: dvc.lock still holds {', '.join(old)}, which has a dvc.yaml of its own under "
-                   f"{SPLIT_DIR}/; DVC ignores that entry (and keeps it): delete it from dvc.lock, or leave it")
-    for name in OLD_EFFECTIVE:  # the user's tracked file: said, not deleted
-        if (cfg.root / name).exists():
-            typer.echo(f"note: dvc.yaml does not read {name} (each stage depends on its file in {EFFECTIVE}/): "
-                       f"`git rm {name}`")
 
 
 @app.command("gc", help="Remove token stores (paths.state/tokstore) that no stage output uses, keeping the most "

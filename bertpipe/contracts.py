@@ -101,7 +101,6 @@ def render() -> str:
         'name = "the runner sits above tracking, tracking above its run markers, all above config"',
         'type = "layers"',
         'layers = ["bertpipe.stage", "bertpipe.tracking", "bertpipe.orphans", "bertpipe.config"]',
-        'unmatched_ignore_imports_alerting = "warn"',
     ]
     return "\n".join(blocks) + "\n"
 

@@ -65,8 +65,3 @@ def split_rows(corpus: Path | str, split: str) -> int:
     import pyarrow.parquet as pq
 
     return sum(pq.ParquetFile(p).metadata.num_rows for p in split_files(corpus, split))
-
-
-def split_bytes(corpus: Path | str, split: str) -> int:
-    """Bytes on disk of the split's files (for progress and throughput lines)."""
-    return sum(p.stat().st_size for p in split_files(corpus, split))

@@ -154,11 +154,6 @@ def precision_for(requested: str, device: torch.device) -> Precision:
     return p
 
 
-def legacy_request(precision: str, bf16: bool) -> str:
-    """finetune's older ``bf16: false`` switch meant fp32; ``precision`` wins when it is set."""
-    return precision if precision != "auto" or bf16 else "fp32"
-
-
 def autocast(device: torch.device, p: Precision):
     """The autocast context of a forward pass under ``p`` (a no-op in fp32)."""
     if p.autocast is None:
@@ -169,11 +164,6 @@ def autocast(device: torch.device, p: Precision):
 def grad_scaler(device: torch.device, p: Precision) -> torch.amp.GradScaler:
     """A GradScaler that is active only for fp16 (disabled, it passes losses and steps through unchanged)."""
     return torch.amp.GradScaler(device.type, enabled=p.scaled)
-
-
-def bf16_ok(device: torch.device) -> bool:
-    """Whether bf16 is native here (what ``precision: auto`` picks bf16 on)."""
-    return choose_precision("auto", device_caps(device)).bf16
 
 
 def no_weight_decay(name: str, param: torch.Tensor) -> bool:

@@ -43,7 +43,6 @@ from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import all_stages
 
 EFFECTIVE = "params_effective"  # git-tracked folder: one <dvc stage>.json per stage (resolved params, code digest)
-OLD_EFFECTIVE = ("params_effective.json", "params.effective.json")  # one-file forms dvc.yaml does not read: said
 CODE = "code"  # a stage file's key of its code digest
 DVCIGNORE = ("__pycache__/", "*.pyc")  # in .dvcignore when a code folder is a dep: bytecode is no code change
 SPLIT_DIR = "stages"  # the external stages' own dvc.yaml files: stages/<dvc stage name>/dvc.yaml
@@ -59,11 +58,6 @@ def effective_file(name: str) -> str:
     return f"{EFFECTIVE}/{dvc_stage_name(name)}.json"
 
 
-def cli_args(name: str, cfg: Config) -> list[str]:
-    """The `bertpipe` subcommand that runs stage ``name`` (the Stage's ``command``)."""
-    return list(all_stages(cfg)[name].command)
-
-
 def code_dirs(cfg: Config) -> list[str]:
     """The folders of bertpipe's code that the project itself holds (a checkout, a copy of one, a `dvc exp run`
     copy of one: each has them at the same place), relative to the project. An installed package's code is not in
@@ -72,10 +66,6 @@ def code_dirs(cfg: Config) -> list[str]:
     tops = sorted({f.split("/")[0] for st in all_stages(cfg).values() for f in st.code_identity()["files"]})
     root = cfg.root.resolve()
     return [t for t in tops if (root / t / "__init__.py").is_file()]
-
-
-def code_in_project(cfg: Config) -> bool:
-    return bool(code_dirs(cfg))
 
 
 def effective_files(cfg: Config) -> dict[str, dict]:
@@ -238,20 +228,6 @@ def refuse_foreign(root: Path, generated: dict[str, str]) -> None:
         if path.exists() and not path.read_text(encoding="utf-8").startswith(HEADER):
             raise BertpipeError(f"{path}: not written by `bertpipe dvc-yaml` (no generated header), and the stage "
                                 f"{path.parent.name} needs this path for its own dvc.yaml; move it elsewhere and rerun")
-
-
-def stale_root_locks(root: Path, names: list[str]) -> list[str]:
-    """Of ``names`` (stages in a file of their own), those the root dvc.lock also holds (a dvc.yaml that held them
-    wrote them there)."""
-    lock = root / "dvc.lock"
-    if not lock.exists():
-        return []
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the lock is ~2,000 lines: libyaml when present
-    try:
-        data = yaml.load(lock.read_text(encoding="utf-8"), Loader=loader)
-    except yaml.YAMLError:
-        return []  # DVC itself reports a broken lock
-    return sorted(set(names) & set((data.get("stages") or {}) if isinstance(data, dict) else {}))
 
 
 def leftover_effective(root: Path, generated: dict[str, str]) -> list[str]:

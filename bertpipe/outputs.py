@@ -5,7 +5,6 @@ a stage wrote), and clean-up after a killed build (leftover temp dirs, an output
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -34,13 +33,11 @@ def output_lock(out: Path, lock_dir: Path | None = None) -> Iterator[None]:
         lock = out.parent / f".{out.name}.lock"
     else:
         lock = Path(lock_dir) / (hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:24] + ".lock")
+    from filelock import FileLock  # imported when a stage builds, not by every command that reads outputs
+
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with FileLock(lock):
+        yield
 
 
 def missing_parents(out: Path, root: Path) -> list[Path]:

@@ -28,7 +28,6 @@ from bertpipe.outputs import atomic_file
 TASK_FILE = "CLS_IsClimate.json"
 TEXT_FILE = "SA_Intensity.json"
 LABELS = {"pos": "climate", "neg": "other"}  # the package's label names -> the task's
-DERIVED = ("is_climate_train.jsonl", "is_climate_test.jsonl", "corpus.jsonl")
 SPLITS = {"train": "is_climate_train.jsonl", "valid": "is_climate_test.jsonl"}
 
 

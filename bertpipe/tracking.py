@@ -158,26 +158,22 @@ def client(cfg: Config, create: bool = True):
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
     # Opening an sqlite store creates and migrates its tables; two flow runs starting at once would race on that,
     # so this process's first open of the store happens under a file lock.
-    import fcntl
+    from filelock import FileLock
 
     from bertpipe import mlflow_store
 
     lock = db.with_name(db.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            mlflow_store.ensure(db)
-            if _own_store(cfg, db):
-                moved = mlflow_store.relocate(db, cfg.state / mlflow_store.ARTIFACTS_DIR)
-                if moved:
-                    print(f"[tracking] {db}: artifact locations of {', '.join(moved)} (a copied or moved project) "
-                          f"now point at {cfg.state / mlflow_store.ARTIFACTS_DIR}", file=sys.stderr, flush=True)
-            c = MlflowClient(tracking_uri=uri, registry_uri=uri)
-            c.search_experiments(max_results=1)
-            c.search_registered_models(max_results=1)
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with FileLock(lock):
+        mlflow_store.ensure(db)
+        if _own_store(cfg, db):
+            moved = mlflow_store.relocate(db, cfg.state / mlflow_store.ARTIFACTS_DIR)
+            if moved:
+                print(f"[tracking] {db}: artifact locations of {', '.join(moved)} (a copied or moved project) "
+                      f"now point at {cfg.state / mlflow_store.ARTIFACTS_DIR}", file=sys.stderr, flush=True)
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        c.search_experiments(max_results=1)
+        c.search_registered_models(max_results=1)
     _READY.add(uri)
     return c
 
@@ -401,15 +397,6 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
             os.environ[PARENT_ENV] = previous
     c.set_terminated(run.info.run_id, "FINISHED")
     mark_closed(cfg, run.info.run_id)
-
-
-def log_figure_file(tracker: StageRun | None, fig, path: Path) -> Path:
-    """Save a matplotlib figure as PNG under the stage output and queue it for MLflow."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    if tracker is not None:
-        tracker.defer_artifact(path, "figures")
-    return path
 
 
 @contextlib.contextmanager

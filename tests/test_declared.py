@@ -1,6 +1,5 @@
 """A stage is its package: a leaf stage added as one package (with its declare.py) and one entry in the graph's
-list is in the graph, the CLI's commands, the params model and the import-linter contracts; a project whose splits
-were built under the stage's former name gets one line saying what to run. Quick: no training."""
+list is in the graph, the CLI's commands, the params model and the import-linter contracts. Quick: no training."""
 
 from __future__ import annotations
 
@@ -11,9 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from bertpipe.cli import app
 from bertpipe.pipeline import all_stages, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,27 +102,6 @@ def test_a_leaf_stage_is_one_package_and_one_line_in_the_list(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "hello 1", proc.stdout
-
-
-def test_splits_built_under_the_former_stage_name_get_one_line(tmp_path):
-    old = tmp_path / "work" / "tasks"
-    (old / "t").mkdir(parents=True)
-    (old / "t" / "train.jsonl").write_text("{}\n", encoding="utf-8")
-    (old / "manifest.json").write_text(json.dumps({"stage": "tasks", "fingerprint": "x"}), encoding="utf-8")
-    params = tmp_path / "params.yaml"
-    params.write_text("paths: {work: work, state: state}\nmodel: {base: some/hub-id}\nfinetune: {tasks: {}}\n",
-                      encoding="utf-8")
-    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
-    for argv in (["splits"], ["stages"]):
-        res = CliRunner().invoke(app, [*argv, "--params", str(params)])
-        lines = res.output.strip().splitlines()
-        assert res.exit_code == 2 and len(lines) == 1, res.output
-        assert lines[0].startswith(f"error: {old}:") and "remove" in lines[0] and "bertpipe run" in lines[0], lines
-    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
-    assert not (tmp_path / "work" / "splits").exists()
-    # a work/tasks that is not the former stage's output (no such manifest) is left alone
-    (old / "manifest.json").unlink()
-    assert "splits" in all_stages(load_config(params))
 
 
 def test_the_composed_params_travel_to_another_process(tmp_path):

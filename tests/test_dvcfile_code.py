@@ -17,8 +17,8 @@ import yaml
 from typer.testing import CliRunner
 
 from bertpipe.cli import app
-from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, OLD_EFFECTIVE, dvc_files, dvc_stage_name, dvc_yaml,
-                              effective_file, effective_files, render_effective, render_files)
+from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, dvc_files, dvc_stage_name, dvc_yaml, effective_file,
+                              effective_files, render_effective, render_files)
 from bertpipe.pipeline import all_stages, load_config
 from tests.e2e_project import REPO, write_project
 
@@ -56,14 +56,11 @@ def test_an_installed_package_tracks_no_code_folder_and_dvc_yaml_ignores_work(tm
     assert {f"work/splits/{t}" for t in cfg.params.finetune.tasks} <= set(register), register
 
 
-def test_the_old_params_file_is_said_and_kept(tmp_path, monkeypatch, sample_raw):
+def test_the_effective_files_are_written_and_those_of_stages_the_graph_lost_go(tmp_path, monkeypatch, sample_raw):
     write_project(tmp_path, sample_raw)
-    old = tmp_path / OLD_EFFECTIVE[0]
-    old.write_text("{}\n")
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(tmp_path / "params.yaml")])
     assert res.exit_code == 0, res.output
-    assert f"`git rm {OLD_EFFECTIVE[0]}`" in res.output and old.read_text() == "{}\n"
     cfg = load_config(tmp_path / "params.yaml")
     for rel, data in effective_files(cfg).items():
         assert json.loads((tmp_path / rel).read_text()) == data
@@ -114,19 +111,6 @@ def test_the_external_stages_have_files_of_their_own_and_check_compares_every_fi
     res = CliRunner().invoke(app, gen)
     assert res.exit_code == 0 and not (tmp_path / "stages" / "gone" / "dvc.yaml").exists(), res.output
     assert (tmp_path / "stages" / "mine" / "dvc.yaml").read_text() == "stages: {}\n"
-
-
-def test_a_start_entry_left_in_the_root_lock_is_said_and_kept(tmp_path, monkeypatch, sample_raw):
-    params = write_project(tmp_path, sample_raw)
-    lock = "schema: '2.0'\nstages:\n  params:\n    cmd: x\n  start:\n    cmd: bertpipe start\n"
-    (tmp_path / "dvc.lock").write_text(lock)  # a dvc.yaml that held start wrote this entry
-    monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
-    assert res.exit_code == 0 and "dvc.lock still holds start" in res.output, res.output
-    assert (tmp_path / "dvc.lock").read_text() == lock
-    (tmp_path / "dvc.lock").write_text(lock.replace("  start:\n    cmd: bertpipe start\n", ""))
-    res = CliRunner().invoke(app, ["dvc-yaml", "--params", str(params)])
-    assert res.exit_code == 0 and "dvc.lock" not in res.output, res.output
 
 
 def test_a_file_of_the_users_where_a_sub_file_goes_is_refused_and_kept(tmp_path, monkeypatch, sample_raw):

@@ -48,7 +48,7 @@ def test_tokenizer_kind_and_token_types_are_read_from_the_checkpoint(family, fam
 def test_vocab_extension_makes_domain_words_one_token_and_leaves_other_text_alone(family, family_dirs, sample_raw):
     base = _tok(family_dirs[family])
     texts = law_texts(sample_raw, 400)
-    mined = mining.mine(texts[:300], base, "zh", VocabParams(top_k=40, min_freq=5, hmm=False))
+    mined = mining.mine_batches([texts[:300]], base, "zh", VocabParams(top_k=40, min_freq=5, hmm=False))
     zh_words = [c.word for c in mined.candidates]
     assert len(zh_words) >= 10, zh_words
     # Latin words the base splits (mined on an English corpus they would come from language "en").

@@ -16,9 +16,14 @@ from bertpipe.training.params import TaskParams
 FIX = Path(__file__).parent / "data" / "finetune"
 
 
-def _load(p: TaskParams, root: Path) -> tuple[dict, Counter]:
+def _split(p: TaskParams, resolve) -> tuple[dict, Counter]:
+    """Read, clean and split a task by its own groups: the splits stage's steps before near-duplicate handling."""
     counts: Counter = Counter()
-    return D.load_task(p, lambda s: root / s, counts), counts
+    return D.split_missing(D.read_files(p, resolve, counts), p, counts), counts
+
+
+def _load(p: TaskParams, root: Path) -> tuple[dict, Counter]:
+    return _split(p, lambda s: root / s)
 
 
 def _write(path: Path, text: str, newline: str = "\n") -> Path:
@@ -193,8 +198,7 @@ def _sample_resolver(sample_raw: Path):
 
 def test_law_department_is_split_by_law(sample_raw):
     p = default_tasks()["law_department"]
-    counts: Counter = Counter()
-    data = D.load_task(p, _sample_resolver(sample_raw), counts)
+    data, counts = _split(p, _sample_resolver(sample_raw))
     laws = {s: {e.group for e in data[s]} for s in D.SPLITS}
     assert laws["test"] and laws["dev"] and not (laws["train"] & laws["test"]) and not (laws["train"] & laws["dev"])
     labels = D.label_list(p, data, counts)
@@ -204,8 +208,7 @@ def test_law_department_is_split_by_law(sample_raw):
 
 def test_sentiment_sample_has_no_duplicates_or_conflicts(sample_raw):
     p = default_tasks()["sentiment"]
-    counts: Counter = Counter()
-    data = D.load_task(p, _sample_resolver(sample_raw), counts)
+    data, counts = _split(p, _sample_resolver(sample_raw))
     texts = [e.text.strip() for s in D.SPLITS for e in data[s]]
     assert len(texts) == len(set(texts)) and counts["train_duplicates_dropped"] > 0
     assert D.label_list(p, data, counts) == ["neg", "pos"]

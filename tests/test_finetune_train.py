@@ -44,7 +44,7 @@ def _snapshot(model):
 
 
 def test_gradual_unfreezing_changes_only_the_phase_parameters(encoder, feats):
-    tp = TrainParams(lr=1e-3, epochs=3, batch_size=16, warmup_ratio=0.0, seeds=[0], bf16=False,
+    tp = TrainParams(lr=1e-3, epochs=3, batch_size=16, warmup_ratio=0.0, seeds=[0], precision="fp32",
                      unfreeze=[{"epochs": 1, "top_layers": 0}, {"epochs": 1, "top_layers": 2}],
                      early_stopping={"patience": 0})
     model = _model(encoder)
@@ -85,7 +85,7 @@ def test_layer_wise_lr_decay_groups(encoder):
 
 
 def test_early_stopping_restores_the_best_weights(encoder, feats):
-    tp = TrainParams(lr=1e-3, epochs=10, batch_size=16, seeds=[0], bf16=False, evals_per_epoch=1,
+    tp = TrainParams(lr=1e-3, epochs=10, batch_size=16, seeds=[0], precision="fp32", evals_per_epoch=1,
                      early_stopping={"patience": 2})
     model = _model(encoder)
     seen = []
@@ -103,7 +103,7 @@ def test_early_stopping_restores_the_best_weights(encoder, feats):
 
 
 def test_grad_accumulation_counts_optimizer_steps(encoder, feats):
-    tp = TrainParams(lr=1e-3, epochs=1, batch_size=8, grad_accum=2, seeds=[0], bf16=True)
+    tp = TrainParams(lr=1e-3, epochs=1, batch_size=8, grad_accum=2, seeds=[0])
     res = TR.train(_model(encoder), feats, tp, lambda m: (0.0, {}), 0, seed=0)
     assert res.steps == 4  # 64 examples / (8 x 2)
     assert res.losses and all(loss > 0 for _, loss in res.losses)

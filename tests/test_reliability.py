@@ -99,7 +99,7 @@ model: {{base: {enc}, tokenizer: {tok}}}
 prepare: {{general: {{enabled: false}}, domain: {{sources: [{{path: corpus.txt, format: txt, name: t}}]}}}}
 finetune:
   encoders: [base]
-  train: {{lr: 1.0e-3, epochs: 2, batch_size: 16, max_seq_len: 64, seeds: [1, 2], bf16: false, num_threads: 1}}
+  train: {{lr: 1.0e-3, epochs: 2, batch_size: 16, max_seq_len: 64, seeds: [1, 2], precision: fp32, num_threads: 1}}
   tasks:
     long: {{type: classification, format: jsonl, train: long.jsonl}}
 flow: {{max_parallel: 1}}

@@ -7,7 +7,7 @@ import pytest
 from bertpipe.errors import BertpipeError
 from bertpipe.vocab.extend import load_tokenizer
 from bertpipe.vocab.count import is_cjk_word
-from bertpipe.vocab.mining import GlossaryTerm, mine, read_glossary, unk_forms
+from bertpipe.vocab.mining import GlossaryTerm, mine_batches, read_glossary, unk_forms
 from bertpipe.vocab.params import VocabParams
 from tests.test_vocab_helpers import legal_texts
 
@@ -64,7 +64,7 @@ def test_missing_and_binary_glossary(tmp_path):
 
 def test_candidates_are_filtered_and_ranked(zh, legal):
     p = VocabParams(top_k=200, min_freq=5, max_len=4)
-    r = mine(legal, zh, "zh", p)
+    r = mine_batches([legal], zh, "zh", p)
     assert 50 < len(r.candidates) <= 200 and r.n_candidates >= len(r.candidates)
     words = [c.word for c in r.candidates]
     assert len(set(words)) == len(words)
@@ -78,16 +78,16 @@ def test_candidates_are_filtered_and_ranked(zh, legal):
 
 
 def test_savings_score_and_top_k(zh, legal):
-    r = mine(legal, zh, "zh", VocabParams(top_k=30, min_freq=5, score="savings"))
+    r = mine_batches([legal], zh, "zh", VocabParams(top_k=30, min_freq=5, score="savings"))
     assert len(r.candidates) == 30
     for c in r.candidates:
         assert c.score == c.freq * (len(c.pieces) - 1)
-    assert mine(legal, zh, "zh", VocabParams(top_k=0)).candidates == []
+    assert mine_batches([legal], zh, "zh", VocabParams(top_k=0)).candidates == []
 
 
 def test_glossary_terms_always_kept(zh, legal):
     gl = [GlossaryTerm("量子纠缠态", None, None, "g:1"), GlossaryTerm("法", None, None, "g:2")]
-    r = mine(legal, zh, "zh", VocabParams(top_k=5, min_freq=5), gl)
+    r = mine_batches([legal], zh, "zh", VocabParams(top_k=5, min_freq=5), gl)
     words = {c.word: c for c in r.candidates}
     assert words["量子纠缠态"].glossary and len(r.candidates) == 6
     assert r.glossary_in_base == ["法"]
@@ -96,7 +96,7 @@ def test_glossary_terms_always_kept(zh, legal):
 def test_english_mining_lowercases_and_skips_numbers(minilm_dir):
     tok = load_tokenizer(minilm_dir)
     texts = ["The Indemnitor shall indemnify the indemnitee; indemnitor 2023 x9y9z9."] * 5
-    r = mine(texts, tok, "en", VocabParams(top_k=10, min_freq=3))
+    r = mine_batches([texts], tok, "en", VocabParams(top_k=10, min_freq=3))
     words = [c.word for c in r.candidates]
     assert "indemnitor" in words and "indemnitee" in words
     assert all(w.isalpha() and w == w.lower() for w in words)
@@ -119,16 +119,14 @@ def test_two_workers_mine_exactly_what_one_does(zh, legal):
     gl = [GlossaryTerm("量子纠缠态", None, None, "g:1"), GlossaryTerm("法", None, None, "g:2")]
     texts = legal + ["㸃㸃字 罕见的㸃"] * 3
     p = VocabParams(top_k=100, min_freq=3)
-    one = mine(texts, zh, "zh", p, gl, workers=1)
+    one = mine_batches([texts], zh, "zh", p, gl, workers=1)
     # Small chunks: the texts go to the 2 processes in many pieces, merged in the parent.
-    two = mine(texts, zh, "zh", p, gl, workers=2, chunk_chars=5_000)
+    two = mine_batches([texts], zh, "zh", p, gl, workers=2, chunk_chars=5_000)
     assert _mined(two) == _mined(one)
     assert len(one.candidates) > 50 and dict(one.unk_forms)["㸃"] == 9 and one.undercount == 0
 
 
 def test_max_chars_streams_a_prefix_of_the_batches(zh, legal):
-    from bertpipe.vocab.mining import mine_batches
-
     p = VocabParams(top_k=50, min_freq=3, max_chars=20_000)
     batches = [legal[i : i + 7] for i in range(0, len(legal), 7)]
     streamed = mine_batches(iter(batches), zh, "zh", p, workers=1, chunk_chars=3_000)
@@ -139,15 +137,16 @@ def test_max_chars_streams_a_prefix_of_the_batches(zh, legal):
         taken.append(t)
         total += len(t)
     assert streamed.n_texts == len(taken) < len(legal)
-    assert _mined(streamed) == _mined(mine(taken, zh, "zh", VocabParams(top_k=50, min_freq=3), workers=1))
+    assert _mined(streamed) == _mined(mine_batches([taken], zh, "zh", VocabParams(top_k=50, min_freq=3), workers=1))
 
 
 def test_pruned_counts_keep_the_frequent_words_and_bound_the_error(zh, legal):
     p = VocabParams(top_k=20, min_freq=3)
-    exact = mine(legal, zh, "zh", p, workers=1)
-    pruned = mine(legal, zh, "zh", p, workers=1, chunk_chars=2_000, max_words=400)
+    exact = mine_batches([legal], zh, "zh", p, workers=1)
+    pruned = mine_batches([legal], zh, "zh", p, workers=1, chunk_chars=2_000, max_words=400)
     assert exact.undercount == 0 < pruned.undercount
-    true = {c.word: c.freq for c in mine(legal, zh, "zh", VocabParams(top_k=100_000, min_freq=1), workers=1).candidates}
+    every = mine_batches([legal], zh, "zh", VocabParams(top_k=100_000, min_freq=1), workers=1)
+    true = {c.word: c.freq for c in every.candidates}
     for c in pruned.candidates:  # a kept count is low by at most the bound, never high
         assert true[c.word] - pruned.undercount <= c.freq <= true[c.word]
     # Frequent words rank the same way: the top of the pruned ranking is in the exact top 20.

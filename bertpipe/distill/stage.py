@@ -53,7 +53,7 @@ def build(ctx, task: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.device import legacy_request, pick_device, precision_for
+    from bertpipe.device import pick_device, precision_for
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
     from bertpipe.scoring.metrics import PRIMARY
@@ -81,7 +81,7 @@ def build(ctx, task: str) -> dict:
     tok = AutoTokenizer.from_pretrained(str(teacher_dir))
     splits = {s: featurize(tok, data[s], p, stp, label2id, counts, s) for s in ("train", "dev", "test")}
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    prec = precision_for(legacy_request(stp.precision, stp.bf16), device)
+    prec = precision_for(stp.precision, device)
     bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
     ctx.counts.update(prec.record())
     ctx.log(f"{ctx.name}: precision {prec.words()}")

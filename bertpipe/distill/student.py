@@ -41,11 +41,6 @@ def student_config(teacher_config, dp: DistillParams):
 _LAYER_KEY = re.compile(r"^(\w+\.(?:encoder|transformer)\.layer)\.(\d+)\.(.*)$")
 
 
-def _encoder_layers(model: torch.nn.Module):
-    base = getattr(model, model.base_model_prefix)
-    return base.encoder.layer
-
-
 def make_student(teacher: torch.nn.Module, dp: DistillParams, seed: int) -> tuple[torch.nn.Module, dict]:
     """(student, how it was initialised)."""
     torch.manual_seed(seed)

@@ -36,10 +36,6 @@ from bertpipe.evaluate.params import EvaluateParams
 from bertpipe.scoring import bootstrap as B
 
 
-def own_inputs(cfg) -> dict:
-    return {}
-
-
 def _stat(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "values": values}

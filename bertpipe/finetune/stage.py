@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from bertpipe.device import legacy_request, pick_device, precision_for
+from bertpipe.device import pick_device, precision_for
 from bertpipe.errors import BertpipeError
 from bertpipe.execution import should_compile
 from bertpipe.scoring.metrics import PRIMARY
@@ -113,7 +113,7 @@ def build(ctx, task: str, encoder: str) -> dict:
     ctx.log(f"{task}/{encoder}: {sizes}")
     primary = PRIMARY[p.type]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    prec = precision_for(legacy_request(tp.precision, tp.bf16), device)
+    prec = precision_for(tp.precision, device)
     bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
     ctx.counts.update(prec.record())
     ctx.log(f"{ctx.name}: precision {prec.words()}")

@@ -12,7 +12,6 @@ from pathlib import Path
 from torch import nn
 
 from bertpipe import families
-from bertpipe.device import bf16_ok  # noqa: F401 (one precision rule for every stage; imported from here)
 from bertpipe.errors import BertpipeError
 from bertpipe.execution import encoder_mask
 from bertpipe.pretrain.masking import IGNORE

@@ -24,10 +24,6 @@ from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.train import elastic_restarts, eval_batches, safe_load, setup_distributed, train
 
 
-def own_inputs(cfg) -> dict:
-    return {}
-
-
 def build(ctx) -> dict:
     d = setup_distributed()
     try:

@@ -29,10 +29,6 @@ from bertpipe.registry.versions import export_model
 from bertpipe.stage import StageContext, write_json
 
 
-def own_inputs(cfg) -> dict:
-    return {}
-
-
 def _champion_score(ctx: StageContext, client, c: Candidate, champ):
     """(champion value on this test set, re-scored?, note, champion predictions or None)."""
     tags = champ.tags or {}

@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bertpipe.declared import Family
-from bertpipe.errors import BertpipeError
 from bertpipe.layout import splits_dir
-from bertpipe.outputs import MANIFEST
 from bertpipe.stage import Stage, deferred
 from bertpipe.tasklib import SPLITS as SPLIT_NAMES
 from bertpipe.tasklib import task_params
 
 VERSION = "1"
-OLD_NAME = "tasks"  # the stage's former name (see refuse_old_layout)
-
-
-def refuse_old_layout(cfg) -> None:
-    """A project whose splits were built under the stage's former name (``work/tasks/``, its manifest naming stage
-    ``tasks``) gets one line saying what to run: the new output is ``work/splits/`` and every stage reading it
-    rebuilds once, so the old directory is only left to remove."""
-    old = cfg.work / OLD_NAME
-    try:
-        stage = json.loads((old / MANIFEST).read_text(encoding="utf-8")).get("stage")
-    except (OSError, ValueError, AttributeError):
-        return
-    if stage == OLD_NAME:
-        raise BertpipeError(f"{old}: task splits from before the `tasks` stage was renamed `splits` (output "
-                            f"{splits_dir(cfg)}); remove {old} (rm -r {old}) and run `bertpipe run` to rebuild")
 
 
 def sections(cfg) -> tuple[str, ...]:
@@ -66,7 +48,6 @@ def own_inputs(cfg) -> dict[str, Path]:
 
 
 def splits_stage(cfg) -> Stage:
-    refuse_old_layout(cfg)
     return Stage("splits", VERSION, sections(cfg), own_inputs, splits_dir, deferred("bertpipe.splits.stage:build"),
                  params_section="finetune", code=("splits",), libs=("numpy",), spec=spec)
 

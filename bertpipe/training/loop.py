@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from bertpipe.device import Precision, adamw, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
+from bertpipe.device import Precision, adamw, autocast, grad_scaler, precision_for, weight_decay_groups
 from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
 from bertpipe.training.batches import batches, collate
 from bertpipe.training.params import TrainParams
@@ -134,7 +134,7 @@ def train(
 
     set_seed(seed)
     device = next(model.parameters()).device
-    prec = precision_for(legacy_request(tp.precision, tp.bf16), device)
+    prec = precision_for(tp.precision, device)
     scaler = grad_scaler(device, prec)
     res = TrainResult(bf16=prec.bf16, precision=prec)
     layers = n_layers(model)

@@ -51,7 +51,6 @@ class TrainParams(_Strict):
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     unfreeze: list[UnfreezePhase] = Field(default_factory=list, max_length=20)
     evals_per_epoch: int = Field(1, ge=1, le=100)
-    bf16: bool = True  # false: fp32 (the older switch; `precision` says more)
     # auto: bf16 where the device has bf16 units, fp16 + GradScaler on older GPUs, fp32 elsewhere (bertpipe/device.py)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     max_seq_len: int = Field(256, ge=16, le=8192)

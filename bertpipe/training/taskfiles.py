@@ -354,13 +354,6 @@ def split_missing(
     return data
 
 
-def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
-    """Read, clean and split a task's data by its own groups: {train, dev, test} (dev/test may be empty).
-
-    The ``splits`` stage (bertpipe.splits.stage) adds near-duplicate handling and the caps on top."""
-    return split_missing(read_files(p, resolve, counts), p, counts)
-
-
 def label_list(p: TaskParams, data: dict[str, list[Example]], counts: Counter) -> list[str]:
     """The label set, inferred from train; dev/test labels unseen in train raise or map to ``unknown_label_name``."""
     if p.type == "qa":

@@ -130,13 +130,6 @@ def unk_forms(texts: Sequence[str], tokenizer, min_freq: int) -> list[tuple[str,
     return _unk_entries(missing, tokenizer, mode, min_freq)
 
 
-def mine(texts: Sequence[str], tokenizer, language: str, params, glossary: Sequence[GlossaryTerm] = (),
-         **kw) -> MiningResult:
-    """``mine_batches`` over one list of texts."""
-    texts = list(texts)
-    return mine_batches([texts], tokenizer, language, params, glossary, total_chars=sum(map(len, texts)), **kw)
-
-
 def mine_batches(
     batches: Iterable[Sequence[str]],
     tokenizer,
