@@ -240,6 +240,12 @@ CASES = [
          r"finetune\.tasks\.t: the dev split is empty: .*10,000 of the 10,000 labels have fewer than 3 examples",
          task("t", **CLS), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论内容", "label": f"c{i}"}) + "\n"
                                               for i in range(10_000)).encode()}),
+    Case("finetune-blank-label", FT, r"t\.csv:4: field 'label' is empty",
+         task("t", type="classification", format="csv", train="t.csv"),
+         {"t.csv": ("text,label\n" + "".join(f"第{i}条评论,{['pos', 'neg', ' '][i % 3]}\n" for i in range(60))).encode()}),
+    Case("finetune-repeated-id", FT, r"t\.jsonl:2: id '7' repeats the id of .*t\.jsonl:1", task("t", **CLS),
+         {"t.jsonl": "".join(json.dumps({"id": 7, "text": f"第{i}条评论", "label": "ab"[i % 2]}) + "\n"
+                             for i in range(90)).encode()}),
     Case("finetune-test-ratio-zero", FT, r"finetune\.tasks\.t: no test file and test_ratio is 0",
          task("t", **CLS, test_ratio=0), {"t.jsonl": "".join(json.dumps({"text": f"第{i}条评论", "label": "ab"[i % 2]})
                                                            + "\n" for i in range(40)).encode()}),
