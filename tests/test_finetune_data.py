@@ -118,12 +118,17 @@ def _cls(train: str) -> TaskParams:
 
 
 @pytest.mark.parametrize("name, content, error", [
+    # an empty, blank or NaN label would be a class of its own
     ("a.csv", "text,label\n好评,pos\n差评,\n", r"a\.csv:3: field 'label' is empty"),
     ("a.csv", "text,label\n好评,pos\n差评, \n", r"a\.csv:3: field 'label' is empty"),
     ("a.jsonl", '{"text": "好评", "label": "pos"}\n{"text": "差评", "label": ""}\n', r"a\.jsonl:2: field 'label' is empty"),
     ("a.jsonl", '{"text": "好评", "label": "pos"}\n{"text": "差评", "label": NaN}\n', r"a\.jsonl:2: field 'label' is nan"),
+    # one number spelled two ways would be two classes
+    ("a.jsonl", '{"text": "好", "label": 1}\n{"text": "差", "label": "1.0"}\n',
+     r"a\.jsonl:2: label '1\.0' is the number of label '1' \(.*a\.jsonl:1\)"),
+    ("a.csv", "text,label\n好,01\n差,2\n中,1\n", r"a\.csv:4: label '1' is the number of label '01'"),
 ])
-def test_an_empty_or_blank_label_is_an_error_not_a_class(tmp_path, name, content, error):
+def test_a_label_that_is_no_class_of_its_own_is_an_error(tmp_path, name, content, error):
     _write(tmp_path / name, content)
     with pytest.raises(BertpipeError, match=error):
         _load(_cls(name), tmp_path)
@@ -136,17 +141,6 @@ def test_a_number_is_one_class_whatever_its_json_type(tmp_path):
     data, counts = _load(_cls("a.jsonl"), tmp_path)
     assert [e.label for e in data["train"]] == ["1", "1", "1", "2", "2", "2", "0.5", "true", "true"]
     assert D.label_list(_cls("a.jsonl"), data, counts) == ["0.5", "1", "2", "true"]
-
-
-@pytest.mark.parametrize("name, content, error", [
-    ("a.jsonl", '{"text": "好", "label": 1}\n{"text": "差", "label": "1.0"}\n',
-     r"a\.jsonl:2: label '1\.0' is the number of label '1' \(.*a\.jsonl:1\)"),
-    ("a.csv", "text,label\n好,01\n差,2\n中,1\n", r"a\.csv:4: label '1' is the number of label '01'"),
-])
-def test_one_number_spelled_two_ways_is_an_error(tmp_path, name, content, error):
-    _write(tmp_path / name, content)
-    with pytest.raises(BertpipeError, match=error):
-        _load(_cls(name), tmp_path)
 
 
 def test_a_repeated_id_is_an_error_naming_both_rows(tmp_path):

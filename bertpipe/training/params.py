@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator,
-                      model_validator)
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from bertpipe.switches import CompileSetting
 
@@ -85,12 +83,7 @@ def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(v) - set(TrainParams.model_fields))
     if unknown:
         raise ValueError(f"unknown finetune.train key(s) {unknown}")
-    try:  # each value as the model it becomes part of, so a bad one is refused here, not when a stage applies it
-        TrainParams.model_validate(v)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise PydanticCustomError("train_override", "{key}: {msg} (got {got})", {
-            "key": ".".join(map(str, first["loc"])), "msg": first["msg"], "got": repr(first.get("input"))}) from None
+    TrainParams.model_validate(v)  # as the model it becomes part of: refused here, not when a stage applies it
     return v
 
 
@@ -101,6 +94,11 @@ TrainOverrides = Annotated[dict[str, Any], AfterValidator(_known_train_keys)]
 def with_overrides(shared: TrainParams, overrides: dict[str, Any]) -> TrainParams:
     """The shared hyperparameters with ``overrides`` applied (validated like the shared section)."""
     return TrainParams.model_validate({**shared.model_dump(), **overrides}) if overrides else shared
+
+
+# finetune.train keys the stage applies once, before any trial: a value in the space would change nothing
+_BEFORE_SEARCH = {"max_seq_len": "the splits are featurised once", "max_train_examples": "the splits stage caps train",
+                  **dict.fromkeys(("bf16", "precision"), "dev is scored at the stage's precision")}
 
 
 class SearchParams(_Strict):
@@ -131,6 +129,9 @@ class SearchParams(_Strict):
                                                               "unfreeze", "max_eval_examples", "eval_batch_size",
                                                               "compile"):
                 raise ValueError(f"space: {key!r} is not a finetune.train hyperparameter to search")
+            if key in _BEFORE_SEARCH:
+                raise ValueError(f"space: {key!r} is applied before the search ({_BEFORE_SEARCH[key]}), so every "
+                                 "trial would run with the value finetune.train gives; set it there")
             if not isinstance(values, list) or not values:
                 raise ValueError(f"space.{key}: a non-empty list of values to try")
             for value in values:  # each value must make a valid finetune.train
