@@ -118,6 +118,51 @@ def test_numbers_stay_allowed_as_labels_and_texts(tmp_path):
     assert [(e.text, e.label) for e in data["train"]] == [("好评", "1"), ("2024", "0"), ("差评", "0")]
 
 
+def _cls(train: str) -> TaskParams:
+    return TaskParams(type="classification", format=train.rsplit(".", 1)[1], train=train, dev_ratio=0, test_ratio=0)
+
+
+@pytest.mark.parametrize("name, content, error", [
+    # an empty, blank or NaN label would be a class of its own
+    ("a.csv", "text,label\n好评,pos\n差评,\n", r"a\.csv:3: field 'label' is empty"),
+    ("a.csv", "text,label\n好评,pos\n差评, \n", r"a\.csv:3: field 'label' is empty"),
+    ("a.jsonl", '{"text": "好评", "label": "pos"}\n{"text": "差评", "label": ""}\n', r"a\.jsonl:2: field 'label' is empty"),
+    ("a.jsonl", '{"text": "好评", "label": "pos"}\n{"text": "差评", "label": NaN}\n', r"a\.jsonl:2: field 'label' is nan"),
+    # one number spelled two ways would be two classes
+    ("a.jsonl", '{"text": "好", "label": 1}\n{"text": "差", "label": "1.0"}\n',
+     r"a\.jsonl:2: label '1\.0' is the number of label '1' \(.*a\.jsonl:1\)"),
+    ("a.csv", "text,label\n好,01\n差,2\n中,1\n", r"a\.csv:4: label '1' is the number of label '01'"),
+])
+def test_a_label_that_is_no_class_of_its_own_is_an_error(tmp_path, name, content, error):
+    _write(tmp_path / name, content)
+    with pytest.raises(BertpipeError, match=error):
+        _load(_cls(name), tmp_path)
+
+
+def test_a_number_is_one_class_whatever_its_json_type(tmp_path):
+    rows = [(1, "好"), ("1", "好评"), (1.0, "很好"), (2, "差"), ("2", "差评"), (2.0, "很差"), (0.50, "中"),
+            (True, "是"), ("true", "是的")]
+    _write(tmp_path / "a.jsonl", "".join(json.dumps({"text": t, "label": y}) + "\n" for y, t in rows))
+    data, counts = _load(_cls("a.jsonl"), tmp_path)
+    assert [e.label for e in data["train"]] == ["1", "1", "1", "2", "2", "2", "0.5", "true", "true"]
+    assert D.label_list(_cls("a.jsonl"), data, counts) == ["0.5", "1", "2", "true"]
+
+
+def test_a_repeated_id_is_an_error_naming_both_rows(tmp_path):
+    _write(tmp_path / "a.jsonl", "".join(json.dumps({"id": 7, "text": f"第{i}条", "label": "ab"[i % 2]}) + "\n"
+                                         for i in range(90)))
+    with pytest.raises(BertpipeError, match=r"a\.jsonl:2: id '7' repeats the id of .*a\.jsonl:1; give every example "
+                                            r"its own id"):
+        _load(_cls("a.jsonl"), tmp_path)
+    # ids are per file: the same id in train and in test is two examples
+    _write(tmp_path / "b.jsonl", json.dumps({"id": 1, "text": "差评", "label": "b"}) + "\n")
+    _write(tmp_path / "a.jsonl", "".join(json.dumps({"id": i, "text": f"第{i}条", "label": "ab"[i % 2]}) + "\n"
+                                         for i in range(4)))
+    data, _ = _load(TaskParams(type="classification", format="jsonl", train="a.jsonl", test="b.jsonl",
+                               dev_ratio=0), tmp_path)
+    assert len(data["train"]) == 4 and len(data["test"]) == 1
+
+
 def test_overlapping_ner_spans_are_an_error_naming_both(tmp_path):
     """Each character takes one tag: the later span overwrote the earlier one's. A repeated span is kept once."""
     spans = [{"start": 3, "end": 6, "label": "LOC"}, {"start": 4, "end": 6, "label": "ORG"}]

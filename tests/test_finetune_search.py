@@ -188,3 +188,84 @@ def test_a_run_the_search_found_degenerate_is_not_trained_again(project, capfd):
     assert "seed 1: degenerate on dev in the search" in err, err[-2000:]
     assert "seed 1: degenerate on dev (" not in err, err[-2000:]  # seed 1 at lr 1e-6 was not trained a second time
     assert m["per_seed"]["1"]["trained_seed"] == 1001
+
+
+def _scripted(curves: dict[float, list[float]], ran: list[float]):
+    """What a trial "trains" in the store tests: its dev score at each evaluation, by lr, reported as training
+    reports it (how a trial trains is not what they are about; test_a_search_chooses_on_dev trains for real)."""
+    from bertpipe.finetune.fit import Fit
+    from bertpipe.training.loop import TrainResult
+
+    def run(ttp, seed, on_eval, number):
+        ran.append(ttp.lr)
+        res = TrainResult()
+        for i, value in enumerate(curves[ttp.lr]):
+            on_eval(value, i, True)
+            res.steps, res.best_primary = res.steps + 10, max(res.best_primary, value)
+        return Fit(None, res, seed)
+    return run
+
+
+# 0.003 ranks below 0.01 at the first evaluation: successive halving (reduction factor 2) stops it there when it
+# runs second, as it does at search seed 1
+CURVES = {1e-2: [0.8, 0.85, 0.9], 3e-3: [0.5, 0.7, 0.95]}
+
+
+def _study(store, space: list[float], prune: bool = True):
+    from bertpipe.finetune.search import search
+    from bertpipe.training.params import SearchParams, TrainParams
+
+    ran: list[float] = []
+    sp = SearchParams(trials=len(space), space={"lr": space}, prune=prune, seed=1)
+    out = search(sp, TrainParams(lr=1e-4, seeds=[1]), 1, _scripted(CURVES, ran), store, lambda m: None)
+    return out, {t.config["lr"]: (t.state, t.cached) for t in out.trials}, ran
+
+
+def test_a_pruned_trial_is_replayed_in_its_own_study_only(tmp_path):
+    from bertpipe.finetune.search import TrialStore
+
+    store = TrialStore(tmp_path / "a", {"task": "cls"})
+    _, trials, ran = _study(store, [1e-2, 3e-3])
+    assert trials == {1e-2: ("complete", False), 3e-3: ("pruned", False)} and ran == [1e-2, 3e-3]
+    _, trials, ran = _study(store, [1e-2, 3e-3])  # the same study again (a rerun after a kill): nothing trains
+    assert trials == {1e-2: ("complete", True), 3e-3: ("pruned", True)} and ran == []
+    # the space narrowed to the pruned value: alone, nothing stops it; it trains and is chosen
+    out, trials, ran = _study(store, [3e-3])
+    assert trials == {3e-3: ("complete", False)} and ran == [3e-3] and out.config == {"lr": 3e-3}
+    # without pruning, over a store where 0.003 was pruned: it trains to the end and wins
+    store = TrialStore(tmp_path / "b", {"task": "cls"})
+    _study(store, [1e-2, 3e-3])
+    out, trials, ran = _study(store, [1e-2, 3e-3], prune=False)
+    assert trials == {1e-2: ("complete", True), 3e-3: ("complete", False)} and out.config == {"lr": 3e-3}
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '{"state": "complete", "dev": 0.9}', '{"state": "compl', "null",
+                                     '{"state": "complete", "dev": "high", "curve": [], "steps": 1, "seconds": 1, '
+                                     '"reason": ""}'])
+def test_a_stored_trial_of_another_shape_is_trained_again_and_replaced(tmp_path, content):
+    from bertpipe.finetune.search import TrialStore
+
+    store = TrialStore(tmp_path, {"task": "cls"})
+    _study(store, [1e-2, 3e-3], prune=False)
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2
+    for f in files:
+        f.write_text(content)
+    out, trials, ran = _study(store, [1e-2, 3e-3], prune=False)
+    assert trials == {1e-2: ("complete", False), 3e-3: ("complete", False)} and sorted(ran) == [3e-3, 1e-2]
+    assert all(json.loads(f.read_text())["state"] == "complete" for f in files)
+    assert _study(store, [1e-2, 3e-3], prune=False)[2] == []  # replaced by records that are read back
+
+
+@pytest.mark.parametrize("key, values", [("max_seq_len", [64, 1024]), ("max_train_examples", [10, 100]),
+                                         ("precision", ["fp32", "bf16"]), ("bf16", [True, False])])
+def test_a_key_applied_before_the_search_is_refused_in_the_space(tmp_path, key, values):
+    """Features are cut to max_seq_len once per split, train is capped by the splits stage, dev is scored at the
+    stage's precision: a trial given another value would run as every other one, and the record would say chosen."""
+    from bertpipe.errors import BertpipeError
+
+    (tmp_path / "params.yaml").write_text(f"finetune: {{search: {{trials: 2, space: {{{key}: {values}}}}}}}\n")
+    with pytest.raises(BertpipeError) as e:
+        load_config(tmp_path / "params.yaml")
+    assert f"finetune.search.space: Value error, space: '{key}' is applied before the search" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -63,8 +63,24 @@ def configure(tp: TrainParams, config: dict[str, Any]) -> TrainParams:
     return TrainParams.model_validate({**tp.model_dump(), **config})
 
 
+def _replayable(rec: Any) -> bool:
+    """Whether a stored record holds what ``search`` replays; anything else (another shape, a file cut short) is
+    read as no record, and the trial trains again and overwrites it."""
+    if not (isinstance(rec, dict) and isinstance(rec.get("curve"), list) and isinstance(rec.get("sound", []), list)):
+        return False
+    numbers = all(isinstance(v, (int, float)) for v in rec["curve"]) and isinstance(rec.get("seconds"), (int, float))
+    if not (numbers and isinstance(rec.get("steps"), int) and isinstance(rec.get("reason"), str)):
+        return False
+    if rec.get("state") == "complete":
+        return isinstance(rec.get("dev"), (int, float))
+    return rec.get("state") in ("pruned", "degenerate") and rec.get("dev") is None
+
+
 class TrialStore:
-    """One JSON file per trial under ``root``, named by the digest of what the trial is."""
+    """One JSON file per trial under ``root``, named by the digest of what the trial is.
+
+    A pruned trial is replayed only within its own study (``study``: the search settings): whether it is stopped
+    depends on the other trials and the pruner, which the trial itself does not hold."""
 
     def __init__(self, root: Path, identity: dict):
         self.root = root
@@ -75,19 +91,22 @@ class TrialStore:
                           default=str)
         return self.root / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
 
-    def get(self, tp: TrainParams, seed: int) -> dict | None:
+    def get(self, tp: TrainParams, seed: int, study: dict) -> dict | None:
         try:
-            return json.loads(self.path(tp, seed).read_text(encoding="utf-8"))
+            rec = json.loads(self.path(tp, seed).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
+        if not _replayable(rec) or (rec["state"] == "pruned" and rec.get("study") != study):
+            return None
+        return rec
 
-    def put(self, tp: TrainParams, seed: int, rec: dict) -> None:
+    def put(self, tp: TrainParams, seed: int, rec: dict, study: dict) -> None:
         """Atomically: two runs of one project may store the same trial at once."""
         from bertpipe.outputs import atomic_write_text
 
         path = self.path(tp, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(rec, sort_keys=True, indent=1))
+        atomic_write_text(path, json.dumps({**rec, "study": study}, sort_keys=True, indent=1))
 
 
 def ranked(value: float, sound: bool) -> float:
@@ -115,6 +134,7 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
     pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=sp.min_evals, reduction_factor=sp.reduction_factor)
               if sp.prune else optuna.pruners.NopPruner())
     study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    settings = sp.model_dump(mode="json", exclude={"retries"})  # what decides which trials run and which are pruned
     trials: list[Trial] = []
     best: dict = {}
 
@@ -123,7 +143,7 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         ttp = configure(tp, config)
         t = Trial(ot.number, config, "pruned", None)
         trials.append(t)
-        cached = store.get(ttp, seed)
+        cached = store.get(ttp, seed, settings)
         if cached is not None:
             t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "steps", "seconds", "reason")})
             t.sound, t.cached = cached.get("sound") or [True] * len(t.curve), True
@@ -149,18 +169,18 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
             f = run(ttp, seed, on_eval, t.number)
         except optuna.TrialPruned:
             t.seconds = time.time() - started
-            store.put(ttp, seed, t.record())
+            store.put(ttp, seed, t.record(), settings)
             log(f"trial {t.number} {config}: pruned after {len(t.curve)} dev evaluations "
                 f"({t.curve[-1]:.4f} at the last)")
             raise
         t.seconds, t.steps = time.time() - started, f.result.steps
         if f.degenerate:
             t.state, t.reason = "degenerate", f.degenerate
-            store.put(ttp, seed, t.record())
+            store.put(ttp, seed, t.record(), settings)
             log(f"trial {t.number} {config}: degenerate ({f.degenerate})")
             raise Degenerate(f.degenerate)
         t.state, t.dev = "complete", f.result.best_primary
-        store.put(ttp, seed, t.record())
+        store.put(ttp, seed, t.record(), settings)
         log(f"trial {t.number} {config}: dev {t.dev:.4f} ({t.steps} steps, {t.seconds:.0f}s)")
         if not best or t.dev > best["dev"]:
             best.update(dev=t.dev, number=t.number, fit=f)

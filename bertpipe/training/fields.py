@@ -1,8 +1,10 @@
-"""Fields of a task record read as what they must be: text (a string or a number, never a list's repr), and NER
-spans that do not overlap. Every error names the record's ``file:line``."""
+"""Fields of a task record read as what they must be: text (a string or a number, never a list's repr), a class label
+(one spelling per number, never empty), and NER spans that do not overlap. Every error names the record's
+``file:line``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bertpipe.errors import BertpipeError
@@ -30,6 +32,23 @@ def text(rec: dict, key: str, where: str, required: bool = True) -> str | None:
     """Field ``key`` as text (see ``scalar_text``); None when it is missing and not ``required``."""
     v = get(rec, key, where, required)
     return None if v is None else scalar_text(v, where, f"field {key!r}")
+
+
+def label(rec: dict, key: str, where: str) -> str:
+    """Field ``key`` as a class name. A number (JSON, SQLite) is one class whatever its type: an integral one is
+    spelled without a fraction (1 and 1.0 are "1"), any other as its shortest decimal (0.50 is "0.5"); a boolean as
+    JSON spells it (true and "true" are "true"). An empty or blank label is an error: it would become a class."""
+    v = get(rec, key, where)
+    if isinstance(v, bool):
+        v = "true" if v else "false"
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise BertpipeError(f"{where}: field {key!r} is {v}; expected a label")
+        v = int(v) if v.is_integer() else v
+    out = scalar_text(v, where, f"field {key!r}")
+    if not out.strip():
+        raise BertpipeError(f"{where}: field {key!r} is empty; every example needs a label (label the row or remove it)")
+    return out
 
 
 def disjoint(spans: list[tuple[int, int, str]], where: str) -> list[tuple[int, int, str]]:

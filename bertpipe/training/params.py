@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from bertpipe.switches import CompileSetting
 
@@ -21,7 +21,7 @@ class _Strict(BaseModel):
 class EarlyStopping(_Strict):
     # Evaluations without an improvement of the dev primary metric before training stops; 0 disables stopping.
     # The best checkpoint is restored either way.
-    patience: int = Field(2, ge=0, le=100)
+    patience: int = Field(2, ge=0, le=100, strict=True)
     min_delta: float = Field(0.0, ge=0.0, le=1.0)
 
 
@@ -33,32 +33,32 @@ class UnfreezePhase(_Strict):
     """
 
     epochs: float = Field(1.0, gt=0.0, le=100.0)
-    top_layers: int = Field(0, ge=-1, le=1000)
+    top_layers: int = Field(0, ge=-1, le=1000, strict=True)
 
 
 class TrainParams(_Strict):
     lr: float = Field(3e-5, gt=0.0, le=1.0)  # recipes: 2e-5..5e-5 for base-size encoders
     head_lr: float = Field(0.0, ge=0.0, le=1.0)  # 0: same as lr; freshly initialised heads often like more
     epochs: float = Field(3.0, gt=0.0, le=100.0)
-    batch_size: int = Field(32, ge=1, le=4096)
-    grad_accum: int = Field(1, ge=1, le=1024)
+    batch_size: int = Field(32, ge=1, le=4096, strict=True)
+    grad_accum: int = Field(1, ge=1, le=1024, strict=True)
     warmup_ratio: float = Field(0.1, ge=0.0, le=1.0)
     weight_decay: float = Field(0.01, ge=0.0, le=1.0)
     max_grad_norm: float = Field(1.0, ge=0.0, le=1000.0)  # 0 disables clipping
     # Layer-wise lr decay: layer i of L gets lr * decay^(L - i), embeddings lr * decay^(L + 1); 1.0 disables it.
     layer_lr_decay: float = Field(1.0, gt=0.0, le=1.0)
-    seeds: list[int] = Field(default_factory=lambda: [42], min_length=1, max_length=20)
+    seeds: list[StrictInt] = Field(default_factory=lambda: [42], min_length=1, max_length=20)
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     unfreeze: list[UnfreezePhase] = Field(default_factory=list, max_length=20)
-    evals_per_epoch: int = Field(1, ge=1, le=100)
+    evals_per_epoch: int = Field(1, ge=1, le=100, strict=True)
     # auto: bf16 where the device has bf16 units, fp16 + GradScaler on older GPUs, fp32 elsewhere (bertpipe/device.py)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    max_seq_len: int = Field(256, ge=16, le=8192)
-    eval_batch_size: int = Field(64, ge=1, le=4096)
+    max_seq_len: int = Field(256, ge=16, le=8192, strict=True)
+    eval_batch_size: int = Field(64, ge=1, le=4096, strict=True)
     # Caps for demos and smoke runs (0 = no cap): a deterministic sample per split, drawn before tokenisation.
-    max_train_examples: int = Field(0, ge=0)
-    max_eval_examples: int = Field(0, ge=0)
-    num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
+    max_train_examples: int = Field(0, ge=0, strict=True)
+    max_eval_examples: int = Field(0, ge=0, strict=True)
+    num_threads: int = Field(0, ge=0, le=1024, strict=True)  # torch intra-op threads; 0 leaves torch's default
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Class imbalance (classification): the loss weights each class by n / (k * count) (balanced), by the square root
     # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.
@@ -69,11 +69,20 @@ class TrainParams(_Strict):
     # unquoted on/off means the word written.
     compile: CompileSetting = "auto"
 
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            raise ValueError(f"seed(s) {twice} listed more than once; each seed is one run")
+        return v
+
 
 def _known_train_keys(v: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(v) - set(TrainParams.model_fields))
     if unknown:
         raise ValueError(f"unknown finetune.train key(s) {unknown}")
+    TrainParams.model_validate(v)  # as the model it becomes part of: refused here, not when a stage applies it
     return v
 
 
@@ -84,6 +93,11 @@ TrainOverrides = Annotated[dict[str, Any], AfterValidator(_known_train_keys)]
 def with_overrides(shared: TrainParams, overrides: dict[str, Any]) -> TrainParams:
     """The shared hyperparameters with ``overrides`` applied (validated like the shared section)."""
     return TrainParams.model_validate({**shared.model_dump(), **overrides}) if overrides else shared
+
+
+# finetune.train keys the stage applies once, before any trial: a value in the space would change nothing
+_BEFORE_SEARCH = {"max_seq_len": "the splits are featurised once", "max_train_examples": "the splits stage caps train",
+                  "precision": "dev is scored at the stage's precision"}
 
 
 class SearchParams(_Strict):
@@ -97,14 +111,14 @@ class SearchParams(_Strict):
     grid); a larger one is sampled (TPE).
     """
 
-    trials: int = Field(0, ge=0, le=1000)
+    trials: int = Field(0, ge=0, le=1000, strict=True)
     space: dict[str, list[Any]] = Field(default_factory=dict)
     prune: bool = True
-    min_evals: int = Field(1, ge=1, le=1000)  # dev evaluations a trial gets before it can be stopped
-    reduction_factor: int = Field(2, ge=2, le=10)
-    seed: int = 0
+    min_evals: int = Field(1, ge=1, le=1000, strict=True)  # dev evaluations a trial gets before it can be stopped
+    reduction_factor: int = Field(2, ge=2, le=10, strict=True)
+    seed: int = Field(0, strict=True)
     # A seed whose run is degenerate is trained again with another seed (seed + 1000 * k), at most this often.
-    retries: int = Field(1, ge=0, le=10)
+    retries: int = Field(1, ge=0, le=10, strict=True)
 
     @field_validator("space")
     @classmethod
@@ -114,6 +128,9 @@ class SearchParams(_Strict):
                                                               "unfreeze", "max_eval_examples", "eval_batch_size",
                                                               "compile"):
                 raise ValueError(f"space: {key!r} is not a finetune.train hyperparameter to search")
+            if key in _BEFORE_SEARCH:
+                raise ValueError(f"space: {key!r} is applied before the search ({_BEFORE_SEARCH[key]}), so every "
+                                 "trial would run with the value finetune.train gives; set it there")
             if not isinstance(values, list) or not values:
                 raise ValueError(f"space.{key}: a non-empty list of values to try")
             for value in values:  # each value must make a valid finetune.train

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -17,7 +18,8 @@ from bertpipe.errors import BertpipeError, utf8_error
 from bertpipe.sqlite_io import reading
 from bertpipe.tasklib import Example
 from bertpipe.training import tagging
-from bertpipe.training.fields import disjoint as _disjoint, get as _get, scalar_text as _scalar_text, text as _text
+from bertpipe.training.fields import (disjoint as _disjoint, get as _get, label as _label, scalar_text as _scalar_text,
+                                      text as _text)
 from bertpipe.training.params import TaskParams
 
 SPLITS = ("train", "dev", "test")
@@ -80,7 +82,7 @@ def _classification(records: Iterator[tuple[str, dict]], p: TaskParams, prefix: 
             id=f"{prefix}{ex_id if ex_id is not None else n}",
             text=_text(rec, p.text_field, where),
             text_pair=_text(rec, p.text_pair_field, where) if p.type == "pair_classification" else None,
-            label=_text(rec, p.label_field, where),
+            label=_label(rec, p.label_field, where),
             group=_text(rec, p.group_field, where) if p.group_field else None,
             where=where,
         )
@@ -322,6 +324,31 @@ def cap(exs: list[Example], n: int, seed: int) -> list[Example]:
     return [ex for i, ex in enumerate(exs) if i in keep]
 
 
+def _unique_ids(exs: list[Example], prefix: str) -> None:
+    """An id names one example: rows sharing one would silently become one leakage group (and one prediction id)."""
+    first: dict[str, Example] = {}
+    for ex in exs:
+        seen = first.setdefault(ex.id, ex)
+        if seen is not ex:
+            raise BertpipeError(f"{ex.where}: id {ex.id.removeprefix(prefix)!r} repeats the id of {seen.where}; give "
+                                "every example its own id (group_field keeps related rows in one split)")
+
+
+def _one_spelling_per_number(files: dict[str, list[Example]]) -> None:
+    """Label texts that read as one number ("1", "1.0", "01") are one class spelled two ways: an error, not two
+    classes (``fields.label`` spells JSON and SQLite numbers one way already)."""
+    spelling: dict[float, Example] = {}
+    for ex in (ex for exs in files.values() for ex in exs):
+        try:
+            number = float(ex.label or "")
+        except ValueError:
+            continue
+        seen = spelling.setdefault(number, ex)
+        if seen.label != ex.label and math.isfinite(number):
+            raise BertpipeError(f"{ex.where}: label {ex.label!r} is the number of label {seen.label!r} "
+                                f"({seen.where}); spell each label one way so that they are one class")
+
+
 def read_files(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
     """Read and clean the files a task names: {split: examples} for the splits that have a file."""
     files: dict[str, list[Example]] = {}
@@ -332,6 +359,9 @@ def read_files(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -
             name = getattr(p, split)
             if name:
                 files[split] = _read_file(resolve(name), p, counts, prefix=f"{split}:")
+                _unique_ids(files[split], f"{split}:")
+    if p.type in ("classification", "pair_classification"):
+        _one_spelling_per_number(files)
     return {s: _clean(exs, p, counts, s) for s, exs in files.items()}
 
 
