@@ -258,7 +258,7 @@ def test_a_stored_trial_of_another_shape_is_trained_again_and_replaced(tmp_path,
 
 
 @pytest.mark.parametrize("key, values", [("max_seq_len", [64, 1024]), ("max_train_examples", [10, 100]),
-                                         ("precision", ["fp32", "bf16"]), ("bf16", [True, False])])
+                                         ("precision", ["fp32", "bf16"])])
 def test_a_key_applied_before_the_search_is_refused_in_the_space(tmp_path, key, values):
     """Features are cut to max_seq_len once per split, train is capped by the splits stage, dev is scored at the
     stage's precision: a trial given another value would run as every other one, and the record would say chosen."""
