@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_pretrain import SIZES, matmul_peak  # noqa: E402
 
-from bertpipe.finetune.synthetic import FILLER, KEYS  # noqa: E402
+from tests.synthetic import FILLER, KEYS  # noqa: E402
 from bertpipe.tasklib import Example  # noqa: E402
 from bertpipe.training import features as F  # noqa: E402
 from bertpipe.training import heads as H  # noqa: E402
@@ -132,7 +132,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from bertpipe.device import precision_for
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     prec = precision_for(args.precision, torch.device("cpu"))
     peak32, _ = matmul_peak(torch.float32)

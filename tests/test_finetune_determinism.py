@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.pipeline import load_config
 from bertpipe.splits.declare import splits_stage

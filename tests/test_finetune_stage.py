@@ -12,7 +12,7 @@ import torch
 
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import load_config
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
