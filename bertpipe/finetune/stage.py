@@ -15,6 +15,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from bertpipe.cores import use_training_threads
 from bertpipe.device import legacy_request, pick_device, precision_for
 from bertpipe.errors import BertpipeError
 from bertpipe.execution import should_compile
@@ -78,14 +79,13 @@ def _trial_identity(ctx, p) -> dict:
 
 
 def build(ctx, task: str, encoder: str) -> dict:
-    import torch
     from transformers import AutoTokenizer
 
     fp: FinetuneParams = ctx.params
     p = fp.tasks[task]
     tp = p.train_params(fp.train)
-    if tp.num_threads:
-        torch.set_num_threads(tp.num_threads)
+    # The same count in every door (bertpipe.cores): the weights depend on it, the fingerprint holds only the setting
+    ctx.counts["torch_threads"] = use_training_threads(tp.num_threads)
     device = pick_device(tp.device)
     compile_key = (f"finetune.tasks.{task}.train_overrides.compile" if "compile" in p.train_overrides
                    else "finetune.train.compile")
