@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertpipe.pipeline import load_config  # noqa: E402
-from bertpipe.finetune import synthetic as S  # noqa: E402
+from tests import synthetic as S  # noqa: E402
 from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
 from bertpipe.inference.speed import batched, dir_size, time_calls  # noqa: E402
 from bertpipe.pipeline import all_stages  # noqa: E402

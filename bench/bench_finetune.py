@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_pretrain import SIZES, matmul_peak  # noqa: E402
+from bench_pretrain import SIZES, precision_peak  # noqa: E402
 
-from bertpipe.finetune.synthetic import FILLER, KEYS  # noqa: E402
+from tests.synthetic import FILLER, KEYS  # noqa: E402
 from bertpipe.tasklib import Example  # noqa: E402
 from bertpipe.training import features as F  # noqa: E402
 from bertpipe.training import heads as H  # noqa: E402
@@ -132,12 +132,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from bertpipe.device import precision_for
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     prec = precision_for(args.precision, torch.device("cpu"))
-    peak32, _ = matmul_peak(torch.float32)
-    peak16, _ = matmul_peak(torch.bfloat16)
-    peak = peak16 if prec.bf16 else peak32
+    peak, _ = precision_peak(prec)
     with tempfile.TemporaryDirectory() as tmp:
         enc = tiny_encoder(Path(tmp) / "enc", Path(args.raw) / "bert-base-chinese", layers=args.layers,
                            hidden=args.hidden)
@@ -168,8 +166,8 @@ def main() -> None:
               f"{' -> '.join(f'{x:.2f}' for x in loads)} (one per round; shared machine: compare the ratio, not the "
               "absolute rates)")
         print(f"model {L} layers, hidden {h}; {len(feats)} examples (mean {mean_len:.0f} tokens), batch {args.batch},"
-              f" {args.steps} steps, {args.rounds} rounds; precision {prec.words()}; matmul peak (best of "
-              f"{'/'.join(map(str, SIZES))}) fp32 {peak32 / 1e9:.1f}, bf16 {peak16 / 1e9:.1f} GFLOP/s")
+              f" {args.steps} steps, {args.rounds} rounds; precision {prec.words()}; {prec.dtype} matmul peak (best "
+              f"of {'/'.join(map(str, SIZES))}) {peak / 1e9:.1f} GFLOP/s")
         print(f"{'':30s} {'examples/s (median; each round)':>40s} {'dev acc':>8s} {'MFU':>6s}")
         for name, rs in runs.items():
             rates = [r["examples"] / r["seconds"] for r in rs]

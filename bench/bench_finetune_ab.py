@@ -186,7 +186,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:

@@ -44,7 +44,7 @@ def _raw() -> Path:
 
 def _project(root: Path, raw: Path, n_train: int) -> None:
     from bertpipe.pipeline import load_config
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     tiny_encoder(root / "encoder", raw / "bert-base-chinese", layers=2, hidden=128, seed=0)
     tasks = load_config(REPO / "params.yaml", profile="").params.finetune.model_dump(mode="json")["tasks"]

@@ -57,6 +57,15 @@ def matmul_peak(dtype, sizes=SIZES, seconds: float = 1.5) -> tuple[float, dict]:
     return max(per.values()), per
 
 
+def precision_peak(prec) -> tuple[float, dict]:
+    """``matmul_peak`` in the dtype the run computes in (``prec``: bertpipe.device's choice), the peak its MFU is
+    measured against, and no other: a bf16 matmul on a CPU without bf16 units is emulated (10+ minutes at 4096²
+    before the run's first step)."""
+    import torch
+
+    return matmul_peak(prec.autocast or torch.float32)
+
+
 def model_config(args, vocab: int):
     from transformers import BertConfig
 
@@ -286,9 +295,7 @@ def main() -> None:
     from bertpipe.device import precision_for
 
     prec = precision_for(args.precision, torch.device("cpu"))
-    peak32, per32 = matmul_peak(torch.float32)
-    peak16, per16 = matmul_peak(torch.bfloat16)  # emulated (slow) where the CPU has no bf16 units
-    peak = peak16 if prec.bf16 else peak32
+    peak, per = precision_peak(prec)
     cfg = model_config(args, len(tok))
     h, v = cfg.hidden_size, cfg.vocab_size
     per_layer = 4 * h * h + 2 * h * cfg.intermediate_size
@@ -315,22 +322,20 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load avg (1 min) {load:.2f}")
     print(f"model: {cfg.num_hidden_layers} layers, hidden {h}, vocab {v}; seq {args.seq}, batch {args.batch}, "
-          f"{args.steps} steps; matmul peak (best of {'/'.join(map(str, SIZES))}) fp32 {peak32 / 1e9:.1f} GFLOP/s, "
-          f"bf16 {peak16 / 1e9:.1f} GFLOP/s")
-    print("matmul GFLOP/s by size: fp32 " + ", ".join(f"{n}: {f / 1e9:.0f}" for n, f in per32.items())
-          + "; bf16 " + ", ".join(f"{n}: {f / 1e9:.0f}" for n, f in per16.items()))
+          f"{args.steps} steps; {prec.dtype} matmul peak (best of {'/'.join(map(str, SIZES))}) "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    print(f"{prec.dtype} matmul GFLOP/s by size: " + ", ".join(f"{n}: {f / 1e9:.0f}" for n, f in per.items()))
     print(f"precision (both sides): {prec.words()}")
     print(f"mean non-padding tokens per example: plain {plain_len:.1f}, bertpipe (packed) {packed_len:.1f}")
     print(f"{'':18s} {'tokens':>9s} {'seconds':>8s} {'tok/s':>8s} {'loss@end':>9s} {'loss@same tokens':>17s} "
-          f"{'peak MB':>8s} {'MFU':>6s} {'MFU fp32':>9s}" + (f" {'MFU bf16':>9s}" if prec.bf16 else ""))
+          f"{'peak MB':>8s} {'MFU':>6s}")
     for which, r in results.items():
         tps = r["tokens"] / r["seconds"]
         r["tokens_per_s"] = tps
         same = r["loss_at_end"] if which == "plain" else r["loss_same_tokens"]
         print(f"{which:18s} {r['tokens']:9.0f} {r['seconds']:8.1f} {tps:8.0f} {r['loss_at_end']:9.3f} "
               f"{same if same is not None else math.nan:17.3f} {r['peak_rss_mb']:8.0f} "
-              f"{tps * flops_per_token / peak:6.1%} "
-              f"{tps * flops_per_token / peak32:9.1%}" + (f" {tps * flops_per_token / peak16:9.1%}" if prec.bf16 else ""))
+              f"{tps * flops_per_token / peak:6.1%}")
     ratio = results["bertpipe"]["tokens_per_s"] / results["plain"]["tokens_per_s"]
     print(f"speed ratio (non-padding tokens/s): {ratio:.2f}x; bertpipe's loss after the plain run's "
           f"{results['plain']['tokens']:.0f} tokens is taken at step {match} "

@@ -3,7 +3,7 @@
     python bench/gpu_stages.py [--smoke] [--device auto] [--json out.json]   # or as part of bench/gpu_check.sh
 
 It builds a project in a temp dir from nothing the GPU machine lacks (no corpus or tokenizer download): a WordPiece
-tokenizer over the characters of ``bertpipe.finetune.synthetic``'s texts, a randomly initialised BERT saved with it
+tokenizer over the characters of ``tests.synthetic``'s texts, a randomly initialised BERT saved with it
 (``model.base``: that save_pretrained dir), a synthetic domain corpus and a keyword classification task; then runs
 ``python -m bertpipe.cli splits|prepare|start|vocab|pretrain|finetune`` with ``tracking.uri: none`` (no MLflow) and
 reports each stage's wall time, pretrain's tokens/s and finetune's examples/s (from their manifests) and the device
@@ -61,7 +61,7 @@ def tokenizer(out: Path) -> Path:
     """A real BertTokenizerFast (WordPiece, BERT's special ids) over the characters the synthetic texts use."""
     from transformers import BertTokenizerFast
 
-    from bertpipe.finetune.synthetic import FILLER, KEYS
+    from tests.synthetic import FILLER, KEYS
 
     chars = list(dict.fromkeys(FILLER + list(KEYS.values()) + PUNCT + list("0123456789abcdefghijklmnopqrstuvwxyz")))
     vocab = SPECIAL + chars + [f"##{c}" for c in chars]
@@ -72,7 +72,7 @@ def tokenizer(out: Path) -> Path:
 
 def corpus(n: int, chars: int, seed: int = 0) -> list[dict]:
     """Domain documents of recurring two- to four-character "words" (so vocab mining finds some) in sentences."""
-    from bertpipe.finetune.synthetic import FILLER
+    from tests.synthetic import FILLER
 
     rng = random.Random(seed)
     words = ["".join(rng.choice(FILLER) for _ in range(rng.randint(2, 4))) for _ in range(300)]
@@ -88,7 +88,7 @@ def corpus(n: int, chars: int, seed: int = 0) -> list[dict]:
 def write_project(root: Path, s: dict, device: str) -> Path:
     import yaml
 
-    from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
+    from tests.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     # a randomly initialised BERT with an MLM head of the section's shape, saved with its tokenizer
     enc = tiny_encoder(root / "base", tokenizer(root / "tokenizer"), layers=s["layers"], hidden=s["hidden"],

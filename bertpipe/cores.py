@@ -1,4 +1,5 @@
-"""How many cores this machine lends, and how many torch threads a training stage computes with.
+"""How many cores this machine lends, and how many torch threads a stage that computes recorded numbers (pretrain,
+tapt, finetune, distill, evaluate, export) computes with.
 
 ``training_threads`` is the one rule every door follows (the CLI, DVC, the flow in its own process or in a child
 process beside other stages): CPU kernels split their reductions by thread count, so another count gives other
@@ -49,3 +50,13 @@ def training_threads(setting: int, processes: int = 1, alone: bool = False) -> i
         return setting
     n = usable_cores()
     return max(1, n // (1 if alone else auto_workers(n)) // max(1, processes))
+
+
+def use_training_threads(setting: int, processes: int = 1, alone: bool = False) -> int:
+    """Set this process's torch intra-op threads to ``training_threads(...)``, whatever the door left them at (a
+    flow's child starts with OMP_NUM_THREADS at its slot's share, the CLI with every core); returns the count."""
+    import torch
+
+    threads = training_threads(setting, processes, alone)
+    torch.set_num_threads(threads)
+    return threads

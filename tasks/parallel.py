@@ -230,7 +230,8 @@ def slot(key: str, priority: int, name: str = "") -> Iterator[list[str]]:
 
 def child_env(threads: int, devices: list[str] | None = None) -> dict[str, str]:
     """The environment of a stage's child process: its share of the cores, set before torch starts its pools, and
-    its slot's GPUs (``devices``, default: those of the slot this thread holds; none held: unchanged)."""
+    its slot's GPUs (``devices``, default: those of the slot this thread holds; none held: unchanged). A stage that
+    computes recorded numbers then sets torch's count itself (``bertpipe.cores``), as it does in every door."""
     env = dict(os.environ)
     devices = devices if devices is not None else getattr(_held, "devices", None)
     if devices:

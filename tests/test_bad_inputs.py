@@ -269,7 +269,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory, sample_raw, zh_tokenizer_dir):
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     base = tmp_path_factory.mktemp("bad-inputs")
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32)

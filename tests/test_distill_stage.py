@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe.distill.declare import distill_stage
 from bertpipe.export.declare import export_stage

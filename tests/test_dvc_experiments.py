@@ -85,7 +85,7 @@ def evaluate_runs(root: Path) -> int:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, zh_tokenizer_dir):
-    from bertpipe.finetune import synthetic as S
+    from tests import synthetic as S
 
     root = tmp_path_factory.mktemp("dvcexp")
     copy_code(root)

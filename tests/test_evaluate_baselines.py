@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.tasklib import Example
 from bertpipe.scoring import baselines as BL
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertpipe.evaluate.params import EvaluateParams
-from bertpipe.finetune.synthetic import tiny_encoder
+from tests.synthetic import tiny_encoder
 from bertpipe.scoring import fair_mlm as F
 from bertpipe.scoring import windows as W
 from bertpipe.scoring.encoder_gate import encoder_gate_score

@@ -15,7 +15,7 @@ import torch
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import family_stages, load_config
 from bertpipe.evaluate.stage import compare, interval, verdict
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.layout import finetune_pairs
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage

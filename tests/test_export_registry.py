@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import run_stage
 

@@ -1,23 +1,29 @@
 """A finetune's output is a function of its fingerprint: two processes that used the global RNGs differently before
-the stage give identical metrics and weights. And an encoder with fewer positions than finetune.train.max_seq_len
+the stage give identical metrics and weights, and so do the three doors, each of which leaves torch at another thread
+count (bertpipe.cores: one count for all). And an encoder with fewer positions than finetune.train.max_seq_len
 trains with the length clamped (a notice), instead of failing with a tensor size error."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.pipeline import load_config
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage
-from tests.e2e_project import env_for
+from bertpipe.cores import usable_cores
+from bertpipe.dvcfile import dvc_stage_name
+from bertpipe_prefect.tasks.parallel import child_env
+from tests.e2e_project import env_for, invoke, run
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -51,19 +57,20 @@ def _long_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def _project(root, zh_tokenizer_dir, seeds: str):
+def _project(root, zh_tokenizer_dir, seeds: str, extra: str = ""):
+    """A one-task project over a tiny encoder, its splits built; ``extra``: more top-level YAML."""
     enc = S.tiny_encoder(root / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)
     S.write_jsonl(root / "long.jsonl", _long_rows(160, seed=3))
     (root / "params.yaml").write_text(
         f"""
-paths: {{work: work, state: state}}
+paths: {{work: work, state: state, raw: {zh_tokenizer_dir.parent}}}
 model: {{base: {enc}}}
 finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 1, batch_size: 16, max_seq_len: 128, seeds: {seeds}, precision: fp32}}
   tasks:
     long: {{type: classification, format: jsonl, train: long.jsonl}}
-""",
+{extra}""",
         encoding="utf-8",
     )
     cfg = load_config(root / "params.yaml")
@@ -92,3 +99,40 @@ def test_same_finetune_in_two_processes_after_different_rng_use_is_identical(tmp
     assert results[0] == results[1]
     assert set(results[0]["per_seed"]) == {"3", "4"} and results[0]["per_seed"]["3"]["steps"] > 0
     assert "finetune.train.max_seq_len=128 exceeds the model's 64 positions; using 64" in logs[0]
+
+
+@pytest.mark.slow  # a child process and `dvc repro`
+def test_the_cli_a_flow_child_and_dvc_repro_train_the_same_weights(tmp_path, zh_tokenizer_dir):
+    """CPU kernels split reductions by torch's thread count, and each door leaves torch at its own: a `bertpipe`
+    process at every core, the flow's child at its slot's share (OMP_NUM_THREADS, tasks.parallel.child_env), DVC's
+    command as a process of its own. Every door trains with the one count bertpipe.cores gives the stage."""
+    import torch
+
+    cfg = _project(tmp_path, zh_tokenizer_dir, "[1]", extra="tracking: {uri: none}")
+    out = tmp_path / "work" / "finetune" / "long" / "base"
+    argv = ["finetune", "--task", "long", "--encoder", "base"]
+
+    def built() -> str:
+        digest = hashlib.sha256((out / "model" / "model.safetensors").read_bytes()).hexdigest()
+        shutil.rmtree(out)  # the next door builds it again
+        return digest
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(usable_cores())  # where a `bertpipe` process starts
+    try:
+        res = invoke(argv, tmp_path, env=env_for(tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    assert res.returncode == 0, res.stderr[-3000:]
+    weights = {"cli": built()}
+    child = {**env_for(tmp_path), **{k: v for k, v in child_env(1).items() if k.endswith("_NUM_THREADS")}}
+    run([sys.executable, "-m", "bertpipe.cli", *argv], tmp_path, env=child)
+    weights["flow child"] = built()
+    run(["dvc", "init", "-q", "--no-scm"], tmp_path)
+    assert weights["cli"] == weights["flow child"], weights
+    dvc_yaml = invoke(["dvc-yaml"], tmp_path, env=env_for(tmp_path))  # prepare's sources: the real samples
+    assert dvc_yaml.returncode == 0, dvc_yaml.stderr
+    run(["dvc", "repro", "-q", dvc_stage_name(finetune_stage("long", "base").name)], tmp_path)
+    weights["dvc repro"] = built()
+    assert len(set(weights.values())) == 1, weights
+    assert cfg.params.finetune.train.num_threads == 0  # the count is bertpipe.cores's, not a setting

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertpipe.pipeline import load_config
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage
 from bertpipe.register.gate import Floor, degenerate_reason, judge

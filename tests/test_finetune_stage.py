@@ -13,7 +13,7 @@ import yaml
 
 from bertpipe.errors import BertpipeError
 from bertpipe.pipeline import load_config
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage

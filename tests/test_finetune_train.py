@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder
+from tests.synthetic import keyword_classification, tiny_encoder
 from bertpipe.tasklib import Example
 from bertpipe.training import batches as B
 from bertpipe.training import loop as TR

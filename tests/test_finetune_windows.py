@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertpipe.training import windows as W
-from bertpipe.finetune.synthetic import FILLER
+from tests.synthetic import FILLER
 
 
 @pytest.fixture(scope="module")

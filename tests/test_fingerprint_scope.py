@@ -1,7 +1,8 @@
 """A stage's fingerprint covers the code that computes its output and nothing else (bertpipe.codeid's rule).
 
 Quick: a copy of the package in a temp dir is edited and the real demo graph's code digests and freshness are
-recomputed against it; no stage runs. A "finished" project is simulated by writing each stage's manifest with the
+recomputed against it; no stage runs. And no digest names a file that only tests or benches import (editing a test
+fixture retrains nothing). A "finished" project is simulated by writing each stage's manifest with the
 fingerprint `bertpipe.freshness` expects, in graph order, so every stage starts fresh.
 """
 
@@ -164,3 +165,41 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
     assert {"splits", "prepare", "base", "vocab", "pretrain"}.isdisjoint(stale), stale
     assert any(n.startswith("finetune/") for n in stale) and any(n.startswith("distill/") for n in stale)
     assert "evaluate" in stale
+
+
+def _production_files(stages) -> set[str]:
+    """What the doors run, by the import graph (codeid's parser, infrastructure followed too): the CLI, the Prefect
+    door (flows/, tasks/) and every stage's build, external and launcher, with what they import, transitively."""
+    roots = [REPO / "bertpipe" / "cli.py"]
+    roots += [f for door in ("flows", "tasks") for f in sorted((REPO / door).glob("*.py"))]
+    for st in stages.values():
+        for fn in (st.build, st.external, st.launcher):
+            if fn is not None:
+                module = fn.target.partition(":")[0] if hasattr(fn, "target") else fn.__module__
+                roots.append(codeid._module_file(module))
+    seen: set[str] = set()
+    while roots:
+        f = roots.pop().resolve()
+        rel = f.relative_to(codeid.ORIGIN).as_posix()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for mod in codeid._parse(rel, f.read_text(encoding="utf-8"))[1]:
+            parts = mod.split(".")  # importing bertpipe.a.b runs bertpipe/a/__init__.py too
+            roots += [m for i in range(1, len(parts) + 1) if (m := codeid._module_file(".".join(parts[:i])))]
+    return seen
+
+
+def test_no_stage_digest_names_a_file_only_tests_or_benches_import(tmp_path):
+    """A stage's code is its packages' modules and their imports: a test fixture kept in a stage package would be
+    part of every digest of that stage, so editing it would rebuild every output, though no door ever runs it."""
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copy(REPO / "profiles.yaml", tmp_path / "profiles.yaml")
+    cfg = load_config(tmp_path / "params.yaml", overrides=["finetune.encoders=[base,adapted,tapt]"])
+    stages = all_stages(cfg)
+    assert {"tapt", "distill", "export", "register"} <= {st.family for st in stages.values()}
+    production = _production_files(stages)
+    assert "bertpipe/finetune/stage.py" in production and "bertpipe/training/loop.py" in production
+    for name, st in stages.items():
+        extra = set(st.code_identity()["files"]) - production
+        assert not extra, f"{name}'s code digest names {sorted(extra)}, which no door imports"

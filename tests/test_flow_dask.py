@@ -70,7 +70,7 @@ def test_the_flow_on_a_two_worker_cluster_builds_what_the_local_runner_builds(tm
                                                                               zh_tokenizer_dir):
     from distributed import Client, LocalCluster
 
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     local = make_project(tmp_path / "local", sample_raw, enc, zh_tokenizer_dir)

@@ -135,7 +135,7 @@ def interrupt(root: Path, stage: str, sig: int, delay: float) -> str:
 
 @pytest.mark.slow
 def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw, zh_tokenizer_dir):
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     whole = make_project(tmp_path / "whole", sample_raw, enc, zh_tokenizer_dir)

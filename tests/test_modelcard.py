@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from bertpipe import modelcard
 from bertpipe.pipeline import load_config
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 
 
 def test_card_round_trips_and_the_dir_still_loads(tmp_path, zh_tokenizer_dir):

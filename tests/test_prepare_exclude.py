@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bertpipe.errors import BertpipeError
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import run_stage
 from bertpipe.layout import task_dir

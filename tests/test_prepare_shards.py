@@ -16,7 +16,7 @@ import pytest
 
 from bertpipe.cleaning.dedup import normal_form
 from bertpipe.cleaning.exclude import EvalTexts
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.prepare.declare import prepare_stage
 from bertpipe.prepare.corpus import prepare_corpus
 from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams

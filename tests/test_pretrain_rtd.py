@@ -83,7 +83,7 @@ def test_discriminator_learns_and_encoder_is_saved_headless(rtd_base):
 
 
 def test_rtd_encoder_finetunes_in_the_finetune_stage(rtd_base, tmp_path):
-    from bertpipe.finetune import synthetic as S
+    from tests import synthetic as S
     from bertpipe.finetune.declare import finetune_stage
     from bertpipe.splits.declare import splits_stage
 

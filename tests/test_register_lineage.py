@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bertpipe.pipeline import load_config
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.finetune.declare import finetune_stage
 from bertpipe.splits.declare import splits_stage
 from bertpipe.stage import run_stage

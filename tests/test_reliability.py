@@ -87,7 +87,7 @@ FT = "finetune/long/base"
 
 
 def finetune_project(root: Path, tok: Path, enc: Path) -> Path:
-    from bertpipe.finetune import synthetic as S
+    from tests import synthetic as S
     from tests.test_finetune_determinism import _long_rows
 
     root.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def no_running_runs(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, zh_tokenizer_dir):
     """An uninterrupted `bertpipe splits` + `bertpipe finetune`."""
-    from bertpipe.finetune.synthetic import tiny_encoder
+    from tests.synthetic import tiny_encoder
 
     base = tmp_path_factory.mktemp("reliability")
     enc = tiny_encoder(base / "enc", zh_tokenizer_dir, layers=1, hidden=32, positions=64)

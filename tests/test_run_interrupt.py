@@ -34,7 +34,7 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.P
     """`bertpipe run` (a temporary Prefect server) of a project whose long pretrain runs beside the base encoder's
     finetune, each stage in its own process; returned once ``until(run)`` holds (default: both stage processes
     exist)."""
-    from bertpipe.finetune.synthetic import keyword_classification, tiny_encoder, write_jsonl
+    from tests.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
     root = make_project(tmp_path / "p", sample_raw, enc, zh_tokenizer_dir)

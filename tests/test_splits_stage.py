@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.pipeline import all_stages, load_config
 from bertpipe.stage import fingerprint, run_stage
 from bertpipe.layout import task_dir

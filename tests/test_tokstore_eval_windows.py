@@ -14,7 +14,7 @@ import torch
 
 from bertpipe.evaluate import stage as evaluate_stage
 from bertpipe.evaluate.params import EvaluateParams
-from bertpipe.finetune.synthetic import tiny_encoder
+from tests.synthetic import tiny_encoder
 from bertpipe.scoring import encoder_gate as G
 from bertpipe.scoring import fair_mlm as F
 from bertpipe.scoring import windows as W

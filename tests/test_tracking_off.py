@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from bertpipe.cli import app
-from bertpipe.finetune.synthetic import FILLER, KEYS, keyword_classification, tiny_encoder, write_jsonl
+from tests.synthetic import FILLER, KEYS, keyword_classification, tiny_encoder, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

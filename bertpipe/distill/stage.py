@@ -50,9 +50,9 @@ def report_md(task: str, primary: str, rows: list[dict], speed_ratio: float, qua
 
 
 def build(ctx, task: str) -> dict:
-    import torch
     from transformers import AutoTokenizer
 
+    from bertpipe.cores import use_training_threads
     from bertpipe.device import pick_device, precision_for
     from bertpipe.distill.loss import Distiller
     from bertpipe.distill.student import make_student
@@ -68,8 +68,7 @@ def build(ctx, task: str) -> dict:
     dp = ctx.params
     p, tp = task_settings(ctx.cfg, task, Path(ctx.inputs["teacher"]) / "model", ctx.log)
     stp = with_overrides(tp, dp.train_overrides)
-    if stp.num_threads:
-        torch.set_num_threads(stp.num_threads)
+    ctx.counts["torch_threads"] = use_training_threads(stp.num_threads)  # the same in every door (bertpipe.cores)
     device = pick_device(stp.device)
     teacher_dir = Path(ctx.inputs["teacher"]) / "model"
     if not (teacher_dir / "config.json").is_file():

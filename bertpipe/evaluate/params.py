@@ -19,4 +19,4 @@ class EvaluateParams(BaseModel):
     bootstrap_seed: int = 0
     # where the encoder comparison runs: auto (cuda when available), cpu, mps, cuda, cuda:N
     device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
-    num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0 leaves torch's default
+    num_threads: int = Field(0, ge=0, le=1024)  # torch intra-op threads; 0: bertpipe.cores's share, every door

@@ -30,6 +30,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+from bertpipe.cores import use_training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
@@ -280,10 +281,7 @@ def _flat(result: dict) -> dict[str, float]:
 
 def build(ctx) -> dict:
     p: EvaluateParams = ctx.params
-    if p.num_threads:
-        import torch
-
-        torch.set_num_threads(p.num_threads)
+    ctx.counts["torch_threads"] = use_training_threads(p.num_threads)  # the same in every door (bertpipe.cores)
     results = {}
     dirs = {}
     for key, src in ctx.sources.items():  # the finetune stages behind the inputs (bertpipe.evaluate.declare)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertpipe.cores import use_training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.export.onnx import export_onnx, quantize_int8
 from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch
@@ -110,6 +111,9 @@ def build(ctx, key: str, task: str | None) -> dict:
     from bertpipe.training.choice import SELECTION_FILE, choose
 
     ep = ctx.params
+    # the parity numbers checks.json records depend on the thread count: the same in every door (bertpipe.cores);
+    # export has no setting of its own, so it takes the share
+    ctx.counts["torch_threads"] = use_training_threads(0)
     finetunes = {k.split("/", 1)[1]: Path(v) for k, v in ctx.inputs.items() if k.startswith("finetune/")}
     choice = choose(finetunes) if finetunes else None
     if choice is not None:

@@ -15,6 +15,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from bertpipe.cores import use_training_threads
 from bertpipe.device import pick_device, precision_for
 from bertpipe.errors import BertpipeError
 from bertpipe.execution import should_compile
@@ -78,15 +79,14 @@ def _trial_identity(ctx, p) -> dict:
 
 
 def build(ctx, task: str, encoder: str) -> dict:
-    import torch
     from transformers import AutoTokenizer
 
     settings = task_settings(ctx.cfg, task)  # what the stage's spec (its fingerprint) holds, resolved once
     p, tp, sp = settings.task, settings.train, settings.search
     for key, by in settings.narrowed.items():
         ctx.log(f"{task}/{encoder} search: {key} is set by {by} ({getattr(tp, key)!r}): the space is narrowed to it")
-    if tp.num_threads:
-        torch.set_num_threads(tp.num_threads)
+    # The same count in every door (bertpipe.cores): the weights depend on it, the fingerprint holds only the setting
+    ctx.counts["torch_threads"] = use_training_threads(tp.num_threads)
     device = pick_device(tp.device)
     should_compile(tp.compile, 0, device, settings.key("compile"))  # `on` without a compiler fails before the data is read
     tdir = Path(ctx.inputs["task"])

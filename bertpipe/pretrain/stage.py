@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bertpipe.cores import training_threads
+from bertpipe.cores import use_training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.execution import should_compile
 from bertpipe.modelinfo import clamp_seq_len
@@ -76,8 +76,7 @@ def _build(ctx, d) -> dict:
     p = ctx.params
     # The same count in every door (bertpipe.cores): the weights depend on it, the fingerprint holds only p.threads
     # base has only light neighbours in the graph (the flow runs it on every core), pretrain runs beside finetunes
-    threads = training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), alone=ctx.name == "base")
-    torch.set_num_threads(threads)
+    threads = use_training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), alone=ctx.name == "base")
     ctx.counts["torch_threads"] = threads
     should_compile(p.compile, p.max_steps, d.device, f"{ctx.name}.compile")  # a bad setting fails before the data
     language = ctx.cfg.params.model.language

@@ -58,7 +58,7 @@ class TrainParams(_Strict):
     # Caps for demos and smoke runs (0 = no cap): a deterministic sample per split, drawn before tokenisation.
     max_train_examples: int = Field(0, ge=0, strict=True)
     max_eval_examples: int = Field(0, ge=0, strict=True)
-    num_threads: int = Field(0, ge=0, le=1024, strict=True)  # torch intra-op threads; 0 leaves torch's default
+    num_threads: int = Field(0, ge=0, le=1024, strict=True)  # torch intra-op threads; 0: bertpipe.cores's share
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Class imbalance (classification): the loss weights each class by n / (k * count) (balanced), by the square root
     # of that (sqrt), or not at all (none). NER and QA train unweighted whatever this says.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from bertpipe.cores import use_training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report
@@ -33,8 +34,7 @@ def planned_steps(p, segments: int) -> int:
 
 def build(ctx, task: str) -> dict:
     p = ctx.params
-    if p.threads:
-        torch.set_num_threads(p.threads)
+    ctx.counts["torch_threads"] = use_training_threads(p.threads)  # the same in every door (bertpipe.cores)
     ref = Path(ctx.inputs["model"])
     mlm, tok, fresh = model.load_checkpoint(ref, log=ctx.log)
     p = p.model_copy(update={"max_seq_len": clamp_seq_len(p.max_seq_len, mlm, f"{ctx.name}.max_seq_len", ctx.log)})

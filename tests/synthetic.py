@@ -1,4 +1,5 @@
-"""Tiny encoders and learnable synthetic tasks, for tests and smoke runs of the finetune and evaluate stages."""
+"""Tiny encoders and learnable synthetic tasks, for tests, benches and smoke runs of the finetune and evaluate
+stages (outside the package: no stage imports them, so editing them rebuilds nothing)."""
 
 from __future__ import annotations
 
