@@ -322,6 +322,12 @@ def cap(exs: list[Example], n: int, seed: int) -> list[Example]:
     return [ex for i, ex in enumerate(exs) if i in keep]
 
 
+def resolved(p: TaskParams, resolve: Callable[[str], Path]) -> TaskParams:
+    """``p`` with its file names resolved (``{raw}`` expanded), as every message about them names them."""
+    names = {s: str(resolve(getattr(p, s))) for s in SPLITS if getattr(p, s)}
+    return p.model_copy(update={**names, "label_files": {k: str(resolve(v)) for k, v in p.label_files.items()}})
+
+
 def read_files(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
     """Read and clean the files a task names: {split: examples} for the splits that have a file."""
     files: dict[str, list[Example]] = {}
@@ -358,6 +364,7 @@ def load_task(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) ->
     """Read, clean and split a task's data by its own groups: {train, dev, test} (dev/test may be empty).
 
     The ``splits`` stage (bertpipe.splits.stage) adds near-duplicate handling and the caps on top."""
+    p = resolved(p, resolve)
     return split_missing(read_files(p, resolve, counts), p, counts)
 
 
