@@ -1,6 +1,7 @@
 """DVC as its users drive it, in a temp git repo with a tiny project built once and committed to DVC, then, in file
 order:
 
+- README's `dvc exp run -S` examples edit the demo's params.yaml (DVC's own override code) and take effect;
 - `dvc exp run -S KEY=VALUE` changes the effective value (the file's top-level key beats the active profile's), the
   fingerprints of exactly the stages that read the key move, `dvc exp show` has a bounded set of readable columns,
   `metrics show` / `metrics diff` see the per-task metrics files, `plots show` renders images only (offline), and
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 from bertpipe.config import dvc_exp_project, dvc_exp_state
-from tests.e2e_project import build_chain, copy_code, env_for
+from tests.e2e_project import REPO, build_chain, copy_code, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -81,6 +82,41 @@ def fingerprints(root: Path) -> dict[str, str]:
 def evaluate_runs(root: Path) -> int:
     with sqlite3.connect(root / ".bertpipe" / "mlflow.db") as db:
         return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = 'evaluate'").fetchone()[0]
+
+
+def readme_set_params() -> list[str]:
+    """The values of every ``-S`` of a ``dvc exp run`` in README's code blocks."""
+    import re
+    import shlex
+
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S):
+        for line in block.splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:3] == ["dvc", "exp", "run"]:
+                out += [argv[i + 1] for i, a in enumerate(argv) if a in ("-S", "--set-param")]
+    return out
+
+
+def test_readme_set_params_apply_to_the_demo_params_file(tmp_path):
+    """Each README `dvc exp run -S` edits the demo's params.yaml as DVC edits it (DVC's own override code) and sets
+    the effective value, whatever the profile says."""
+    from dvc.utils.hydra import apply_overrides
+
+    from bertpipe.pipeline import load_config
+
+    overrides = readme_set_params()
+    assert overrides, "README shows no dvc exp run -S"
+    for name in ("params.yaml", "profiles.yaml"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    apply_overrides(tmp_path / "params.yaml", overrides)
+    params = load_config(tmp_path / "params.yaml").params
+    for item in overrides:
+        key, value = item.lstrip("+").split("=", 1)
+        node = params
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == yaml.safe_load(value), (item, node)
 
 
 @pytest.fixture(scope="module")
