@@ -152,13 +152,17 @@ def _run_family(family: str, params: str, profile, set_, force: bool, **wanted: 
     from bertpipe.pipeline import family_stages
 
     cfg = load(params, profile, set_)
-    names = [n for n, st in family_stages(cfg, family).items()
-             if all(v is None or getattr(st, k) == v for k, v in wanted.items())]
+    family_of = family_stages(cfg, family)
+    names = [n for n, st in family_of.items() if all(v is None or getattr(st, k) == v for k, v in wanted.items())]
     if not names:
-        given = " ".join(f"--{k} {v}" for k, v in wanted.items()) or "(any)"
+        given = {k: v for k, v in wanted.items() if v is not None}
         what = "task" if family == "finetune" else "stage"
-        raise BertpipeError(f"no {family} {what} matches {given} in this config's pipeline (params: "
-                            f"{'finetune.tasks' if family in ('finetune', 'tapt') else family})")
+        section = "finetune.tasks" if family in ("finetune", "tapt") else family
+        # what each option given could have matched, so the fix is in the message
+        known = "".join(f"; --{k}: {', '.join(sorted({str(getattr(st, k)) for st in family_of.values()})) or 'none'}"
+                        for k in given)
+        raise BertpipeError(f"no {family} {what} matches {' '.join(f'--{k} {v}' for k, v in given.items()) or '(any)'}"
+                            f" in this config's pipeline (params: {section}{known})")
     for n in names:
         _run_one(n, params, profile, set_, force)
 

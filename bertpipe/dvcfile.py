@@ -20,7 +20,7 @@ non-editable install. ``--check`` compares ``params_effective/`` too.
 
 Stage outputs are *persistent* outs: DVC then does not delete them before running, so the command's own fingerprint
 check decides whether work is needed, as in the other doors. Top-level ``metrics:`` and ``plots:`` name evaluate's
-per-task metrics files and its images (bertpipe.evaluate.dvcplots): image plots render offline, where DVC's Vega
+summary metrics file and its images (bertpipe.evaluate.dvcplots): image plots render offline, where DVC's Vega
 plots load their library from a CDN.
 
 A stage with an external input (``Stage.external``: start, which asks the MLflow registry) is ``always_changed``, so
@@ -173,9 +173,10 @@ def _metrics_and_plots(cfg: Config) -> dict:
     if ev is None:
         return {}
     out = os.path.relpath(ev.output(cfg), cfg.root)
-    metrics = [f"{out}/{dvcplots.METRICS}/{t}.json" for t in sorted(cfg.params.finetune.tasks)]
-    # images only (SVG confusion matrices with the class names, the report's PNGs): DVC renders them offline
-    plots = [f"{out}/{dvcplots.PLOTS}/{dvcplots.IMAGES}", f"{out}/figures"]
+    metrics = [f"{out}/{dvcplots.SUMMARY}"]  # the few numbers a run is judged by (bertpipe.evaluate.dvcplots)
+    # images only (SVG confusion matrices with the class names, training curves, the report's bar chart): DVC
+    # renders them offline
+    plots = [f"{out}/{dvcplots.PLOTS}/{dvcplots.IMAGES}", f"{out}/figures/primary.png"]
     return {"metrics": metrics, "plots": plots}
 
 

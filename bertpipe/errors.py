@@ -12,6 +12,11 @@ class BertpipeError(Exception):
         # Keep it one line: multi-line messages get folded so the CLI contract holds.
         super().__init__(" ".join(str(message).split()))
 
+    def __reduce__(self):
+        # The message alone: a flow persists a failed stage's error (Prefect pickles it; distributed's tblib adds the
+        # traceback and the exception it was raised under), and it is rebuilt from its one line.
+        return type(self), (str(self),)
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so ``finally``/``except BaseException`` blocks clean up as for Ctrl-C

@@ -9,6 +9,7 @@ comparison, the start rule) import these from here, never from each other or fro
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from bertpipe.config import Config
@@ -27,8 +28,7 @@ def base_model(cfg: Config) -> Path | str:
     needs its own code is refused here, before any stage works towards loading it."""
     if base_is_scratch(cfg):
         return cfg.work / "base" / "model"
-    p = cfg.path(cfg.params.model.base)
-    ref = p if p.exists() else cfg.params.model.base
+    ref = _local_or_hub(cfg, cfg.params.model.base, "model.base", "a save_pretrained directory")
     refuse_remote_code(ref, "model.base")
     return ref
 
@@ -37,10 +37,25 @@ def base_tokenizer(cfg: Config) -> Path | str:
     tok = cfg.params.model.tokenizer.strip()
     if not tok:
         return base_model(cfg)
-    p = cfg.path(tok)
-    ref = p if p.exists() else tok
+    ref = _local_or_hub(cfg, tok, "model.tokenizer", "a tokenizer directory (vocab.txt and tokenizer_config.json)")
     refuse_remote_code(ref, "model.tokenizer")
     return ref
+
+
+# A Hugging Face hub id: ``name`` or ``namespace/name``. Anything else (``{raw}/...``, ``./x``, ``~/x``, an absolute
+# path, two or more slashes) can only be a local path.
+HUB_ID = re.compile(r"\w[\w.-]*(/\w[\w.-]*)?")
+
+
+def _local_or_hub(cfg: Config, value: str, key: str, local: str) -> Path | str:
+    """``value`` as an existing local path, else as a hub id (kept as a string); a missing path that cannot be a hub
+    id is an error naming the path it was expanded to."""
+    p = cfg.path(value)
+    if p.exists():
+        return p
+    if "{raw}" in value or not HUB_ID.fullmatch(value):
+        raise BertpipeError(f"{key}: {p}: does not exist (expected {local}, or a Hugging Face hub id)")
+    return value
 
 
 def corpus_dir(cfg: Config, name: str) -> Path:

@@ -100,14 +100,16 @@ def gone(why: str, say: bool = True) -> None:
 
 
 def quiet_engine_tracebacks() -> None:
-    """Prefect's engine logs the lost API with a traceback when it cannot record the flow's state; that record
-    keeps its one line (the outcome line follows from the stages)."""
+    """Prefect's engine logs the lost API with a traceback when it cannot record the flow's state, and a stage's
+    user error (BertpipeError) with one when the flow fails with it; those records keep their one line (the outcome
+    line follows from the stages; a user error is its own one line)."""
     for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
-        logging.getLogger(name).addFilter(_no_api_traceback)
+        logging.getLogger(name).addFilter(_no_engine_traceback)
 
 
-def _no_api_traceback(record: logging.LogRecord) -> bool:
-    if record.exc_info and record.exc_info[1] is not None and api_lost(record.exc_info[1]) is not None:
+def _no_engine_traceback(record: logging.LogRecord) -> bool:
+    e = record.exc_info[1] if record.exc_info else None
+    if e is not None and (isinstance(e, BertpipeError) or api_lost(e) is not None):
         record.exc_info, record.exc_text = None, None
     return True
 

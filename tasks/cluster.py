@@ -98,7 +98,10 @@ def cluster_executor() -> Iterator[tuple[Any, int]]:
         from distributed import get_worker, worker_client
 
         get_worker()
+        on_cluster = True
     except (ImportError, ValueError):
+        on_cluster = False
+    if not on_cluster:  # yielded outside the except: the stage's own errors must not chain to the probe's
         yield None, 1
         return
     with worker_client() as client:

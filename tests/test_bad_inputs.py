@@ -177,6 +177,11 @@ CASES = [
          r"model\.base: .*enc: this checkpoint needs code of its own .*remote code is not run",
          {"model": {"base": "enc"}, **task("t", **CLS)}, {"t.jsonl": b'{"text": "a", "label": "x"}\n'},
          setup=remote_code_base),
+    # a missing local path is "does not exist", expanded ({raw} is paths.raw), never a complaint about hub repo ids
+    Case("run-tokenizer-raw-missing", ["run"], r"model\.tokenizer: /.*/data/tokenizer: does not exist",
+         {"paths": {"raw": "data"}, "model": {"tokenizer": "{raw}/tokenizer"}}, setup=lambda c, sh: (c / "data").mkdir()),
+    Case("run-base-dot-path-missing", ["run"], r"model\.base: /.*/my-bert: does not exist",
+         {"model": {"base": "./my-bert"}}),
     # ---- data new-laws
     Case("new-laws-since-garbage", ["data", "new-laws", "--since", "garbage", "--out", "n.jsonl"],
          r"--since 'garbage': expected a date as YYYY-MM-DD"),
@@ -239,7 +244,15 @@ CASES = [
     Case("finetune-missing-label", FT, r"t\.jsonl:1: missing field 'label'", task("t", **CLS),
          {"t.jsonl": '{"text": "好"}\n'.encode()}, slow=True),
     Case("finetune-empty-file", FT, r"t\.jsonl.*no training examples", task("t", **CLS), {"t.jsonl": b""}, slow=True),
-    Case("finetune-no-such-task", ["finetune", "--task", "nope"], r"no finetune task matches --task nope"),
+    Case("finetune-no-such-task", ["finetune", "--task", "nope"],
+         r"no finetune task matches --task nope in this config's pipeline \(params: finetune\.tasks; --task: none\)$"),
+    Case("finetune-no-such-encoder", ["finetune", "--task", "t", "--encoder", "tapt"],
+         r"no finetune task matches --task t --encoder tapt .*; --task: t; --encoder: base\)$", task("t", **CLS),
+         {"t.jsonl": b'{"text": "a", "label": "x"}\n'}),
+    Case("finetune-one-label-raw", FT, r": /.*/data/t\.jsonl: classification needs at least two labels",
+         {"paths": {"raw": "data"}, **task("t", **{**CLS, "train": "{raw}/t.jsonl"})},
+         {"data/t.jsonl": "".join(json.dumps({"text": f"第{i}条评论", "label": "pos"}) + "\n"
+                                  for i in range(40)).encode()}),
     Case("finetune-list-text", FT, r"t\.jsonl:2: field 'text' holds a list; expected a string", task("t", **CLS),
          {"t.jsonl": '{"text": "好", "label": "pos"}\n{"text": ["a", "b"], "label": "neg"}\n'.encode()}),
     Case("finetune-list-label", FT, r"t\.jsonl:1: field 'label' holds a list; expected a string", task("t", **CLS),

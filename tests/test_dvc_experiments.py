@@ -1,9 +1,10 @@
 """DVC as its users drive it, in a temp git repo with a tiny project built once and committed to DVC, then, in file
 order:
 
+- README's `dvc exp run -S` examples edit the demo's params.yaml (DVC's own override code) and take effect;
 - `dvc exp run -S KEY=VALUE` changes the effective value (the file's top-level key beats the active profile's), the
   fingerprints of exactly the stages that read the key move, `dvc exp show` has a bounded set of readable columns,
-  `metrics show` / `metrics diff` see the per-task metrics files, `plots show` renders images only (offline), and
+  `metrics show` / `metrics diff` see the one summary metrics file, `plots show` renders images only (offline), and
   a `--temp` experiment's runs land in the project's own MLflow store;
 - a copy of the project, run with the original's code, repros one stage and leaves the original's files alone;
 - a code change makes exactly the stage it belongs to, and what depends on it, stale, for every front door (last:
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 from bertpipe.config import dvc_exp_project, dvc_exp_state
-from tests.e2e_project import build_chain, copy_code, env_for
+from tests.e2e_project import REPO, build_chain, copy_code, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -83,6 +84,41 @@ def evaluate_runs(root: Path) -> int:
         return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = 'evaluate'").fetchone()[0]
 
 
+def readme_set_params() -> list[str]:
+    """The values of every ``-S`` of a ``dvc exp run`` in README's code blocks."""
+    import re
+    import shlex
+
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S):
+        for line in block.splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv[:3] == ["dvc", "exp", "run"]:
+                out += [argv[i + 1] for i, a in enumerate(argv) if a in ("-S", "--set-param")]
+    return out
+
+
+def test_readme_set_params_apply_to_the_demo_params_file(tmp_path):
+    """Each README `dvc exp run -S` edits the demo's params.yaml as DVC edits it (DVC's own override code) and sets
+    the effective value, whatever the profile says."""
+    from dvc.utils.hydra import apply_overrides
+
+    from bertpipe.pipeline import load_config
+
+    overrides = readme_set_params()
+    assert overrides, "README shows no dvc exp run -S"
+    for name in ("params.yaml", "profiles.yaml"):
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    apply_overrides(tmp_path / "params.yaml", overrides)
+    params = load_config(tmp_path / "params.yaml").params
+    for item in overrides:
+        key, value = item.lstrip("+").split("=", 1)
+        node = params
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == yaml.safe_load(value), (item, node)
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, zh_tokenizer_dir):
     from tests import synthetic as S
@@ -137,33 +173,39 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "slow-lr"]
     assert exps, shown
     data = exps[0]["revs"][0]["data"]
-    # the params a person sets (params.yaml's own keys), the per-task metrics file, a column per dep
+    # the params a person sets (params.yaml's own keys), the one summary metrics file, a column per dep
     assert data["params"]["params.yaml"]["data"]["finetune"]["train"]["lr"] == 1e-5
     assert set(data["params"]) == {"params.yaml"}, data["params"]
-    assert data["metrics"]["work/evaluate/metrics/cls.json"]["data"]["base"]["macro_f1"] == scores1["cls.base.macro_f1"]
+    assert set(data["metrics"]) == {"work/evaluate/summary.json"}, data["metrics"]
+    assert data["metrics"]["work/evaluate/summary.json"]["data"] == {"cls": {"macro_f1": {
+        "base": scores1["cls.base.macro_f1"]}}}  # the primary metric per encoder: no interval ends, no baselines
     # the resolved values (the profile's epochs, the file's lr) and the code digest: the stage's own dep file
     effective = json.loads((project / "params_effective" / "finetune_cls_base.json").read_text())
     assert effective["params"]["finetune"]["train"]["lr"] == 1e-5 and effective["params"]["finetune"]["train"][
         "epochs"] == 3 and len(effective["code"]) == 32
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
-    assert "base.macro_f1" in diff["work/evaluate/metrics/cls.json"], diff
+    assert "cls.macro_f1.base" in diff["work/evaluate/summary.json"], diff
     cols = sh(["dvc", "exp", "show", "--csv"], project).splitlines()[0].split(",")
-    # bounded: params.yaml's own keys, the per-task metrics, one column per dep (hundreds when every resolved value
+    # bounded: params.yaml's own keys, the summary's metrics, one column per dep (hundreds when every resolved value
     # and code digest was a DVC param and every source file a dep)
     assert len(cols) <= 100 and len(cols) == len(set(cols)), (len(cols), cols)
+    metric_cols = [c for c in cols if any(m in c for m in ("macro_f1", "accuracy", "ci95", "baseline"))]
+    assert len(metric_cols) == 1 and metric_cols[0].endswith("cls.macro_f1.base"), metric_cols
     assert not [c for c in cols if c.startswith(("code.", "params_effective.json", "profiles."))
                 and c != "profiles.yaml"], cols
     assert {"finetune.train.lr", "profiles.yaml", "bertpipe", "params_effective/finetune_cls_base.json"} <= set(cols)
-    table = sh(["dvc", "metrics", "show"], project)  # one row per task file, its metrics as columns
-    assert "work/evaluate/metrics/cls.json" in table and "base.macro_f1" in table, table
+    table = sh(["dvc", "metrics", "show"], project)  # one row: the summary's metrics as columns
+    assert "work/evaluate/summary.json" in table and "cls.macro_f1.base" in table, table
 
     html = project / "plots"
     sh(["dvc", "plots", "show", "-o", str(html)], project)
     page = (html / "index.html").read_text()
-    # images only, so the page needs no script from a CDN; the confusion matrix names its classes
+    # images only, so the page needs no script from a CDN; the confusion matrix names its classes (the SVG: the
+    # report's PNG shows class indices where no CJK font is installed, with its key in report.md, so it is left out)
     assert "<script" not in page and "cdn." not in page, page[:2000]
-    for plot in ("plots/images/confusion_cls_base.svg", "figures/confusion_cls_base.png"):
+    for plot in ("plots/images/confusion_cls_base.svg", "plots/images/curves_cls_base.png", "figures/primary.png"):
         assert plot in page, plot
+    assert "figures/confusion_cls_base.png" not in page
     svg = (project / "work" / "evaluate" / "plots" / "images" / "confusion_cls_base.svg").read_text()
     labels = json.loads((project / "work" / "finetune" / "cls" / "base" / "model" / "config.json").read_text())[
         "id2label"].values()

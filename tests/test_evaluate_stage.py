@@ -220,6 +220,12 @@ def test_report_base_vs_adapted(project):
     pictures = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert "figures/primary.png" in pictures and "figures/confusion_cls_adapted.png" in pictures
     assert all((out / p).stat().st_size > 1000 for p in pictures)
+    # the one metrics file dvc.yaml declares: each task's primary metric per encoder and the difference, the encoders'
+    # bits per character; no interval ends, no baselines (`dvc exp show` a column each, not dozens)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cls"] == {"macro_f1": {e: res.metrics[f"cls.{e}.macro_f1"] for e in ("base", "adapted", "delta")}}
+    assert set(summary) == {"cls", "ner", "encoder"} and set(summary["ner"]["f1"]) == {"base", "adapted", "delta"}
+    assert summary["encoder"] == {"bits_per_char": {e: ec[e]["bits_per_char"] for e in ("base", "adapted")}}
     # unchanged inputs: the stage is skipped; a changed evaluate param reruns it
     assert run_stage(evaluate(cfg), cfg, tracker_factory=NO_TRACKING).skipped
     cfg2 = load_config(project / "params.yaml", overrides=["evaluate.encoder_comparison=false",

@@ -122,6 +122,26 @@ def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
     assert log.startswith("=== ") and "error: " in log and "Traceback" not in log
 
 
+def test_a_stage_error_in_the_flow_process_pickles_without_the_cluster_probe_s_error():
+    """A stage run in the flow's process runs under ``cluster_executor``; its user error is what Prefect persists as
+    the failed flow's result, pickled the way distributed's import (tblib) makes every exception pickle: with its
+    traceback and the exception it was raised under. It must not be raised under the probe's 'No worker found'
+    (which chains to an unpicklable ContextVar): the flow printed 'Failed to serialize ... BertpipeError'."""
+    import cloudpickle
+    import distributed  # noqa: F401 (its import installs tblib's exception pickling, as in a flow run)
+    import pytest
+
+    from bertpipe.errors import BertpipeError
+    from bertpipe_prefect.tasks.cluster import cluster_executor
+
+    with pytest.raises(BertpipeError) as info:
+        with cluster_executor() as (executor, workers):
+            assert (executor, workers) == (None, 1)
+            raise BertpipeError("t.csv: classification needs at least two labels")
+    assert info.value.__context__ is None
+    assert str(cloudpickle.loads(cloudpickle.dumps(info.value))) == "t.csv: classification needs at least two labels"
+
+
 def test_an_unknown_until_is_a_one_line_error_before_the_flow_starts(tmp_path, sample_raw):
     from tests.e2e_project import env_for, invoke
 

@@ -96,3 +96,23 @@ def test_prefect_flow_caches_fresh_stages_and_rebuilds_a_deleted_output(tmp_path
     proc = run([sys.executable, "-c", FLOW_ONCE], tmp_path)
     again = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("STATES=")][-1][len("STATES="):])
     assert again == {"splits": "Cached", "prepare": "Cached"}, again
+
+
+def test_a_stage_s_user_error_ends_the_flow_with_its_one_line(tmp_path, sample_raw):
+    """A stage that refuses its input inside a flow run (here splits, in the flow's own process): `bertpipe run`
+    ends with that stage's one error line, the file expanded, and no traceback; Prefect persists the failed flow's
+    result (the error, pickled) without 'Failed to serialize'."""
+    import sys
+
+    train = tmp_path / "data" / "t.jsonl"
+    train.parent.mkdir(parents=True)
+    train.write_text("".join(json.dumps({"text": f"第{i}条评论", "label": "pos"}) + "\n" for i in range(40)))
+    write_project(tmp_path, sample_raw, {"paths": {"raw": str(train.parent)}, "finetune": {
+        "encoders": ["base"], "tasks": {"t": {"type": "classification", "format": "jsonl", "train": "{raw}/t.jsonl"}}}})
+    proc = run([sys.executable, "-m", "bertpipe.cli", "run", "--until", "splits", "--set", "flow.max_parallel=1"],
+               tmp_path, check=False)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 2, both[-3000:]
+    assert "Traceback" not in both and "Failed to serialize" not in both, both[-6000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: {train}: classification needs at least two labels in train, got ['pos']"], both[-3000:]

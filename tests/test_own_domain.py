@@ -53,15 +53,18 @@ IN_PROCESS = ["--set", "flow.max_parallel=1"]
 
 def test_example_params_file_runs_the_whole_flow_on_a_second_source(tmp_path, sample_raw):
     own_project(tmp_path, sample_raw)
-    names = ["prepare", "base", "vocab", "pretrain", "finetune/my_reviews/base", "finetune/my_reviews/adapted",
-             "evaluate", "register"]
+    names = ["prepare", "base", "vocab", "pretrain", "tapt/my_reviews", "finetune/my_reviews/base",
+             "finetune/my_reviews/adapted", "finetune/my_reviews/tapt", "evaluate", "register"]
     # The run's shared Prefect server: the temporary one a user without a server gets (~15 CPU-s to start, measured)
     # is proven by test_credentials and test_run_interrupt
     first = run(["bertpipe", "run", "--profile", "smoke", *IN_PROCESS], tmp_path, timeout=1500)
     assert statuses(first.stdout, names) == {n: "built" for n in names}, first.stdout
     assert "bertpipe-my_reviews" in first.stdout, first.stdout  # the register stage decided on it
-    ft = json.loads((tmp_path / "work" / "finetune" / "my_reviews" / "adapted" / "metrics.json").read_text())
-    assert ft["per_seed"]["1"]["test"], ft
+    for encoder in ("base", "adapted", "tapt"):  # the real run's protocol in miniature, for each encoder alike
+        ft = json.loads((tmp_path / "work" / "finetune" / "my_reviews" / encoder / "metrics.json").read_text())
+        trials = ft["search"]["trials"]  # hyperparameters chosen on dev: lr and class weighting
+        assert len(trials) == 2 and all(set(t["config"]) == {"lr", "class_weight"} for t in trials), ft["search"]
+        assert sorted(ft["per_seed"]) == ["1", "2"] and all(r["test"] for r in ft["per_seed"].values()), ft
     # The profile names no finetune/evaluate sequence length: the defaults (256) were cut to the 128 positions.
     log = (tmp_path / ".bertpipe" / "logs" / "finetune__my_reviews__adapted.log")
     text = log.read_text() if log.exists() else first.stdout + first.stderr
@@ -69,7 +72,7 @@ def test_example_params_file_runs_the_whole_flow_on_a_second_source(tmp_path, sa
     assert not (tmp_path / "work" / "finetune" / "msra_ner").exists()
 
     again = run(["bertpipe", "run", "--profile", "smoke", "--until", "finetune", *IN_PROCESS], tmp_path, timeout=900)
-    want = {n: "cached" for n in names[:6]} | {"evaluate": "skipped", "register": "skipped"}
+    want = {n: "cached" for n in names[:-2]} | {"evaluate": "skipped", "register": "skipped"}
     assert statuses(again.stdout, names) == want, again.stdout
 
     one = run(["bertpipe", "finetune", "--task", "my_reviews", "--encoder", "base", "--profile", "smoke"], tmp_path)

@@ -1,5 +1,6 @@
 """The shipped params.yaml profiles: each validates, and every budget in them is in steps (no wall clock), so a
-stage's output depends on its fingerprint and not on the machine's load (docs/demo-budget.md)."""
+stage's output depends on its fingerprint and not on the machine's load (docs/demo-budget.md); the own-domain
+example's profiles run the protocol."""
 
 from pathlib import Path
 
@@ -56,3 +57,20 @@ def test_no_profile_key_is_shadowed_by_the_top_level():
     shadowed = [f"profiles.{name}.{'.'.join(p)}" for name, prof in yaml.safe_load(PROFILES.read_text()).items()
                 for p in leaves(prof) if at_top(p)]
     assert shadowed == []
+
+
+@pytest.mark.parametrize("profile", ["real", "smoke"])
+def test_own_domain_example_runs_the_protocol(profile):
+    """The params file README tells a user to copy runs the field's protocol by default (and its smoke run the same
+    wiring in miniature): three encoders (base, DAPT, DAPT+TAPT), hyperparameters chosen on dev for each, several
+    seeds; and no searched key is also set in finetune.train, which would narrow its search to that value."""
+    example = PARAMS.parent / "examples" / "own_domain" / "params.yaml"
+    ft = load_config(str(example), profile, []).params.finetune
+    assert ft.encoders == ["base", "adapted", "tapt"]
+    searched = {"lr", "class_weight"} | ({"epochs"} if profile == "real" else set())
+    assert set(ft.search.space) == searched and ft.search.trials >= 2, ft.search
+    assert len(ft.train.seeds) >= (3 if profile == "real" else 2), ft.train.seeds
+    raw = yaml.safe_load(example.read_text())
+    written = [*raw.get("finetune", {}).get("train", {}), *raw["profiles"][profile]["finetune"].get("train", {}),
+               *(k for t in raw["finetune"]["tasks"].values() for k in t.get("train_overrides", {}))]
+    assert not set(written) & searched, written

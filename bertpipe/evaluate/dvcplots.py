@@ -1,11 +1,16 @@
 """What `dvc metrics` and `dvc plots` read, under the evaluate output.
 
-The generated dvc.yaml declares the per-task metrics files and the image folders (top-level ``metrics:`` and
-``plots:``, bertpipe.dvcfile), so `dvc metrics show` prints one readable row per task and `dvc metrics diff` /
-`dvc plots diff` compare two commits or experiments without knowing bertpipe's nested metrics.json:
+The generated dvc.yaml declares one summary metrics file and the image folder (top-level ``metrics:`` and
+``plots:``, bertpipe.dvcfile): the summary holds the few numbers a run is judged by, so `dvc metrics show` is one
+short row and `dvc exp show` a column per task, metric and encoder rather than one per interval end and baseline;
+`dvc metrics diff` / `dvc plots diff` compare two commits or experiments without knowing bertpipe's nested
+metrics.json. The rest is written beside it for whoever wants it, not declared:
 
-    work/evaluate/metrics/<task>.json                 {"<base|adapted|delta|baseline_x>": {"<metric>": value}}
+    work/evaluate/summary.json                        {"<task>": {"<primary metric>": {"<encoder|delta|delta_x>": v}},
+                                                       "encoder": {"bits_per_char": {"<encoder>": v}}}
     work/evaluate/plots/images/confusion_<task>_<enc>.svg   the test confusion matrix, class names on both axes
+    work/evaluate/plots/images/curves_<task>_<enc>.png      the finetune's train loss and dev curves
+    work/evaluate/metrics/<task>.json                 {"<base|adapted|delta|baseline_x>": {"<metric>": value}}
     work/evaluate/scores.json                         {"<task>.<base|adapted|delta|baseline_x>.<metric>": value, ...}
     work/evaluate/plots/confusion/<task>_<enc>.json   [{"actual": label, "predicted": label}, ...]  (one per example)
     work/evaluate/plots/train_loss/<task>_<enc>.json  [{"step", "loss", "seed"}, ...]
@@ -21,9 +26,11 @@ network).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 SCORES = "scores.json"
+SUMMARY = "summary.json"  # the one metrics file dvc.yaml declares
 METRICS = "metrics"
 PLOTS = "plots"
 IMAGES = "images"  # under PLOTS: the image plots dvc.yaml declares
@@ -54,6 +61,20 @@ def per_task(flat: dict[str, float]) -> dict[str, dict]:
     return out
 
 
+def summary(flat: dict[str, float], primary: dict[str, str]) -> dict[str, dict]:
+    """The numbers a run is judged by, from the flat scores: each task's primary metric on every encoder and every
+    encoder's difference from base (means over seeds; no interval ends, no baselines), and the encoders' bits per
+    masked character."""
+    out: dict[str, dict] = {}
+    for task, parts in per_task(flat).items():
+        metric = primary.get(task, "bits_per_char" if task == "encoder" else "")
+        row = {part: scores[metric] for part, scores in parts.items()
+               if not part.startswith("baseline_") and isinstance(scores, dict) and metric in scores}
+        if row:
+            out[task] = {metric: row}
+    return out
+
+
 def confusion_svg(path: Path, labels: list[str], matrix: list[list[int]], title: str) -> Path:
     """The report's confusion matrix drawn as SVG, its text kept as text so the viewer's fonts draw every label."""
     import warnings
@@ -68,15 +89,20 @@ def confusion_svg(path: Path, labels: list[str], matrix: list[list[int]], title:
         return confusion_png(path, labels, matrix, title, names=True)
 
 
-def write(out: Path, flat: dict[str, float], confusions: dict[str, tuple[list, list]], curve_dirs: dict[str, Path]):
-    """``flat``: the scores; ``confusions``: name -> (labels, matrix); ``curve_dirs``: name -> finetune output."""
+def write(out: Path, flat: dict[str, float], primary: dict[str, str], confusions: dict[str, tuple[list, list]],
+          curve_dirs: dict[str, Path]):
+    """``flat``: the scores; ``primary``: task -> its primary metric; ``confusions``: name -> (labels, matrix);
+    ``curve_dirs``: name -> finetune output."""
     (out / SCORES).write_text(json.dumps(flat, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    (out / SUMMARY).write_text(json.dumps(summary(flat, primary), indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for task, scores in per_task(flat).items():
         _write(out / METRICS / f"{task}.json", scores)
     for name, (labels, matrix) in sorted(confusions.items()):
         _write(out / PLOTS / "confusion" / f"{name}.json", confusion_rows(labels, matrix))
         confusion_svg(out / PLOTS / IMAGES / f"confusion_{name}.svg", labels, matrix, f"{name} (test)")
     for name, d in sorted(curve_dirs.items()):
+        if (Path(d) / "curves.png").is_file():
+            shutil.copy(Path(d) / "curves.png", out / PLOTS / IMAGES / f"curves_{name}.png")
         f = Path(d) / "curves.json"
         if not f.is_file():  # a finetune output from before curves.json existed
             continue

@@ -99,7 +99,8 @@ def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title:
     m = np.asarray(matrix, dtype=float)
     norm = m / np.maximum(m.sum(axis=1, keepdims=True), 1)
     n = len(labels)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.55 * n, 1.0 + 0.5 * n))
+    # wide enough for the title (a 2-class matrix alone is narrower than "sentiment / adapted (test)")
+    fig, ax = plt.subplots(figsize=(max(3.6, 1.2 + 0.55 * n), max(3.0, 1.0 + 0.5 * n)))
     ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     for i in range(n):
         for j in range(n):
@@ -109,7 +110,10 @@ def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title:
     ax.set_yticks(range(n))
     ax.set_xticklabels(shown, rotation=45, ha="right", fontsize=7)
     ax.set_yticklabels(shown, fontsize=7)
-    ax.set(xlabel="predicted", ylabel="true", title=title)
+    key = "" if readable else " (class index: the key in report.md)"
+    ax.set_xlabel(f"predicted{key}", fontsize=8)
+    ax.set_ylabel("true", fontsize=8)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -332,7 +332,8 @@ def build(ctx) -> dict:
     flat = _flat(result)
     from bertpipe.evaluate import dvcplots
 
-    dvcplots.write(ctx.out, flat, confusions, {f"{t}_{e}": d for (t, e), d in dirs.items()})
+    dvcplots.write(ctx.out, flat, {t: v["primary"] for t, v in result["tasks"].items()}, confusions,
+                   {f"{t}_{e}": d for (t, e), d in dirs.items()})
     ctx.counts.update({"tasks": len(result["tasks"]), "finetune_results": len(results)})
     ctx.log_metrics(flat)
     return flat

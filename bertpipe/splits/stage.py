@@ -25,6 +25,7 @@ from bertpipe.training.params import TaskParams, TrainParams
 def materialise(task: str, p: TaskParams, shared_train: TrainParams, resolve, dedup, root: Path | None = None):
     """(splits, labels, counts, caps) of one task, exactly as finetune will use them."""
     tp = p.train_params(shared_train)
+    p = D.resolved(p, resolve)
     counts: Counter = Counter()
     files = D.read_files(p, resolve, counts)
     pool = [ex for s in SPLITS for ex in files.get(s, [])]

@@ -349,6 +349,12 @@ def _one_spelling_per_number(files: dict[str, list[Example]]) -> None:
                                 f"({seen.where}); spell each label one way so that they are one class")
 
 
+def resolved(p: TaskParams, resolve: Callable[[str], Path]) -> TaskParams:
+    """``p`` with its file names resolved (``{raw}`` expanded), as every message about them names them."""
+    names = {s: str(resolve(getattr(p, s))) for s in SPLITS if getattr(p, s)}
+    return p.model_copy(update={**names, "label_files": {k: str(resolve(v)) for k, v in p.label_files.items()}})
+
+
 def read_files(p: TaskParams, resolve: Callable[[str], Path], counts: Counter) -> dict[str, list[Example]]:
     """Read and clean the files a task names: {split: examples} for the splits that have a file."""
     files: dict[str, list[Example]] = {}
