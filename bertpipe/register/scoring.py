@@ -40,7 +40,10 @@ def score_model_dir(cfg, model_dir: Path, ft_dir: Path, task: str) -> tuple[floa
     from bertpipe.training.heads import auto_class
     from bertpipe.training.predict import score
 
+    from bertpipe.cores import use_training_threads
+
     tp, trp = task_settings(cfg, ft_dir, task)
+    use_training_threads(trp.num_threads)  # the count every door scores with (bertpipe.cores), as finetune's did
     seq_len = clamp_seq_len(trp.max_seq_len, model_dir, "finetune.train.max_seq_len")
     trp = trp.model_copy(update={"max_seq_len": seq_len})
     exs = test_examples(cfg, ft_dir, task)
