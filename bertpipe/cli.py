@@ -300,6 +300,8 @@ def run_cmd(
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _check_tracking(cfg)
     _prefect_env(cfg, params)
+    from prefect.exceptions import CancelledRun
+
     from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
     from bertpipe_prefect.flows.lost_api import api_lost, gone, outcome, quiet_engine_tracebacks
     from bertpipe_prefect.flows.summary import summary
@@ -308,6 +310,8 @@ def run_cmd(
     quiet_engine_tracebacks()
     try:
         results = domain_adaptation(params, profile, overrides, until)
+    except CancelledRun as e:
+        _cancelled(e)
     except Exception as e:
         if api_lost(e) is None:
             raise
@@ -316,6 +320,12 @@ def run_cmd(
         typer.echo(f"warning: the Prefect server was lost during the run ({api_lost(e)}); every stage finished, so "
                    "the run succeeded (its Prefect flow run may still show as running)", err=True)
     typer.echo(summary(results, cfg))
+
+
+def _cancelled(e: BaseException) -> None:
+    """A flow run cancelled through the Prefect API (flows/cancel.py): its stage processes were stopped and no stage
+    started since."""
+    fail(f"{e}; its running stages were stopped and nothing half-written was kept")
 
 
 @app.command("retrain", help="Add new domain files, re-run what they invalidate, challenger vs champion.")
@@ -332,10 +342,15 @@ def retrain_cmd(
     _check_until(cfg, None)
     _check_tracking(cfg)
     _prefect_env(cfg, params)
+    from prefect.exceptions import CancelledRun
+
     from bertpipe_prefect.flows.retrain import retrain
     from bertpipe_prefect.flows.summary import summary
 
-    out = retrain(params, list(add), profile, overrides)
+    try:
+        out = retrain(params, list(add), profile, overrides)
+    except CancelledRun as e:
+        _cancelled(e)
     typer.echo(f"added: {', '.join(out['added'])}")
     typer.echo(summary(out["results"], load(params, profile, out["overrides"])))
 
