@@ -543,11 +543,12 @@ def models_show(
 def models_promote(
     name: str, version: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt,
     set_: Optional[List[str]] = SetOpt,
+    force: bool = typer.Option(False, "--force", help="Promote a degenerate version too (one that learned nothing)."),
 ):
     from bertpipe.registry.champion import promote
 
     cfg, c = _registry(params, profile, set_)
-    promote(c, name, version)
+    promote(c, name, version, force)
     typer.echo(f"{name}: champion -> v{version}")
 
 
