@@ -387,9 +387,9 @@ def dvc_yaml_cmd(
                                    "params and code digest, which its DVC stage depends on (dvc.yaml's first stage "
                                    "runs this when params.yaml, profiles.yaml or the project's code changes)."),
 ):
-    from bertpipe.dvcfile import (EFFECTIVE, OLD_EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective,
-                                  leftover_files, refuse_foreign, render_effective, render_files, split_stages,
-                                  stale_root_locks)
+    from bertpipe.dvcfile import (EFFECTIVE, OLD_EFFECTIVE, SPLIT_DIR, dvcignore_lines, foreign_stages,
+                                  leftover_effective, leftover_files, refuse_foreign, render_effective, render_files,
+                                  split_stages, stale_root_locks)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -416,6 +416,7 @@ def dvc_yaml_cmd(
         typer.echo(f"{cfg.root / 'dvc.yaml'} and {EFFECTIVE}/ are current")
         return
     refuse_foreign(cfg.root, files)
+    dropped = foreign_stages(cfg.root, files)
     for p, text in files.items():
         (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.root / p, text)
@@ -425,6 +426,10 @@ def dvc_yaml_cmd(
     for p in leftover:  # a stage no longer in a file of its own: a second definition of it would break DVC
         (cfg.root / p).unlink()
         typer.echo(f"removed {cfg.root / p} (no longer generated)")
+    if dropped:  # said, with where such a stage belongs: dvc.yaml is rewritten whole
+        typer.echo(f"note: dropped the stage(s) {', '.join(dropped)} that {cfg.root / 'dvc.yaml'} held but bertpipe "
+                   "does not generate (`git diff dvc.yaml` shows them); a stage of your own goes in a dvc.yaml of "
+                   "another folder, which DVC reads too")
     ignore = dvcignore_lines(cfg)
     if ignore:  # a line appended to the user's file, which keeps everything it had
         with open(cfg.root / ".dvcignore", "a", encoding="utf-8") as f:
