@@ -97,7 +97,8 @@ def _save(locks: list[Path], saved: Path, base: Path) -> None:
 
 
 def _discard(saved: Path) -> None:
-    """Remove the copy: renamed to the temp name first, which ``_restore`` ignores, so a kill half-way is harmless."""
+    """Remove the copy: renamed to the temp name first (which ``_save`` clears), so a kill half-way never leaves part
+    of a copy to be put back."""
     tmp = saved.with_name(saved.name + ".tmp")
     if saved.exists():
         shutil.rmtree(tmp, ignore_errors=True)
