@@ -31,7 +31,7 @@ from bertpipe_prefect.flows.knobs import Knobs
 from bertpipe_prefect.flows.summary import stage_line, summary
 from bertpipe_prefect.tasks import cluster, parallel
 from bertpipe_prefect.tasks.env import prefect_env
-from bertpipe_prefect.tasks.stages import task_for, terminate_children
+from bertpipe_prefect.tasks.stages import start_accepting, task_for, terminate_children
 
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
@@ -71,6 +71,7 @@ def domain_adaptation(
     parallel.use_threads(parallel.cores())  # stages that run alone run here, on every core
     pool = uuid.uuid4().hex
     parallel.open_pool(pool, workers, graph)
+    start_accepting()
     futures = {}
     try:
         with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent, \

@@ -149,6 +149,13 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
 
 
+def start_accepting() -> None:
+    """A flow run starts in this process: stages may start again, whatever an earlier run that was stopped set."""
+    global _stopping
+    with _children_lock:
+        _stopping = False
+
+
 def _not_stopping(stage_name: str) -> None:
     """Raise when the flow process is being stopped (SIGTERM, Ctrl-C, a cancelled flow run): no stage starts then."""
     if _stopping:
