@@ -208,9 +208,11 @@ def stages_cmd(params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set
                as_json: bool = JsonOpt,
                check: bool = typer.Option(False, "--check", help="Exit 1 when any stage is not fresh (for CI).")):
     from bertpipe.freshness import plan
+    from bertpipe.tracking import files_only
 
     cfg = load(params, profile, set_)
-    rows = plan(cfg)
+    with files_only():  # contacts nothing: a tracking server's answers are the run's to ask
+        rows = plan(cfg)
     if as_json:
         echo_json([{"stage": n, "state": f.state, "fingerprint": f.fingerprint, "reason": f.reason}
                    for n, f in rows.items()])
@@ -312,6 +314,8 @@ def run_cmd(
     _check_until(cfg, until)  # fail fast, with a one-line error, before Prefect starts
     _check_tracking(cfg)
     _prefect_env(cfg, params)
+    from prefect.exceptions import CancelledRun
+
     from bertpipe_prefect.flows.domain_adaptation import domain_adaptation  # the CLI is a door; the library is not
     from bertpipe_prefect.flows.lost_api import api_lost, gone, outcome, quiet_engine_tracebacks
     from bertpipe_prefect.flows.summary import summary
@@ -320,6 +324,8 @@ def run_cmd(
     quiet_engine_tracebacks()
     try:
         results = domain_adaptation(params, profile, overrides, until)
+    except CancelledRun as e:
+        _cancelled(e)
     except Exception as e:
         if api_lost(e) is None:
             raise
@@ -328,6 +334,12 @@ def run_cmd(
         typer.echo(f"warning: the Prefect server was lost during the run ({api_lost(e)}); every stage finished, so "
                    "the run succeeded (its Prefect flow run may still show as running)", err=True)
     typer.echo(summary(results, cfg))
+
+
+def _cancelled(e: BaseException) -> None:
+    """A flow run cancelled through the Prefect API (flows/cancel.py): its stage processes were stopped and no stage
+    started since."""
+    fail(f"{e}; its running stages were stopped and nothing half-written was kept")
 
 
 @app.command("retrain", help="Add new domain files, re-run what they invalidate, challenger vs champion.")
@@ -344,10 +356,15 @@ def retrain_cmd(
     _check_until(cfg, None)
     _check_tracking(cfg)
     _prefect_env(cfg, params)
+    from prefect.exceptions import CancelledRun
+
     from bertpipe_prefect.flows.retrain import retrain
     from bertpipe_prefect.flows.summary import summary
 
-    out = retrain(params, list(add), profile, overrides)
+    try:
+        out = retrain(params, list(add), profile, overrides)
+    except CancelledRun as e:
+        _cancelled(e)
     typer.echo(f"added: {', '.join(out['added'])}")
     typer.echo(summary(out["results"], load(params, profile, out["overrides"])))
 
@@ -384,8 +401,8 @@ def dvc_yaml_cmd(
                                    "params and code digest, which its DVC stage depends on (dvc.yaml's first stage "
                                    "runs this when params.yaml, profiles.yaml or the project's code changes)."),
 ):
-    from bertpipe.dvcfile import (EFFECTIVE, SPLIT_DIR, dvcignore_lines, leftover_effective, leftover_files,
-                                  refuse_foreign, render_effective, render_files, split_stages)
+    from bertpipe.dvcfile import (EFFECTIVE, SPLIT_DIR, dvcignore_lines, foreign_stages, leftover_effective,
+                                  leftover_files, refuse_foreign, render_effective, render_files, split_stages)
     from bertpipe.outputs import atomic_write_text
 
     cfg = load(params, profile, set_)
@@ -412,6 +429,7 @@ def dvc_yaml_cmd(
         typer.echo(f"{cfg.root / 'dvc.yaml'} and {EFFECTIVE}/ are current")
         return
     refuse_foreign(cfg.root, files)
+    dropped = foreign_stages(cfg.root, files)
     for p, text in files.items():
         (cfg.root / p).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.root / p, text)
@@ -421,6 +439,10 @@ def dvc_yaml_cmd(
     for p in leftover:  # a stage no longer in a file of its own: a second definition of it would break DVC
         (cfg.root / p).unlink()
         typer.echo(f"removed {cfg.root / p} (no longer generated)")
+    if dropped:  # said, with where such a stage belongs: dvc.yaml is rewritten whole
+        typer.echo(f"note: dropped the stage(s) {', '.join(dropped)} that {cfg.root / 'dvc.yaml'} held but bertpipe "
+                   "does not generate (`git diff dvc.yaml` shows them); a stage of your own goes in a dvc.yaml of "
+                   "another folder, which DVC reads too")
     ignore = dvcignore_lines(cfg)
     if ignore:  # a line appended to the user's file, which keeps everything it had
         with open(cfg.root / ".dvcignore", "a", encoding="utf-8") as f:
@@ -530,11 +552,12 @@ def models_show(
 def models_promote(
     name: str, version: str, params: str = ParamsOpt, profile: Optional[str] = ProfileOpt,
     set_: Optional[List[str]] = SetOpt,
+    force: bool = typer.Option(False, "--force", help="Promote a degenerate version too (one that learned nothing)."),
 ):
     from bertpipe.registry.champion import promote
 
     cfg, c = _registry(params, profile, set_)
-    promote(c, name, version)
+    promote(c, name, version, force)
     typer.echo(f"{name}: champion -> v{version}")
 
 

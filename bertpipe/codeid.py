@@ -15,6 +15,10 @@ Each file is hashed as its syntax tree (``ast.dump``), not its bytes: editing a 
 not retrain a model, while any change to what the code does (a docstring included) does. The libraries are each
 stage's explicit ``libs`` (torch, transformers, ... as fit the stage), by installed version.
 
+Files are parsed one at a time (``_PARSING``), each text once: the flow computes its stages' cache keys in its worker
+threads at once, and CPython 3.11's ``ast.parse`` is not thread-safe (two interleaved parses raise "AST constructor
+recursion depth mismatch").
+
 Paths are relative to the directory holding the ``bertpipe`` package, so a clone, a copy or an installed package
 with the same code has the same identity.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -59,14 +64,19 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
+_PARSING = threading.Lock()
+
+
 def _parsed(rel: str) -> tuple[str, tuple[str, ...]]:
     """(digest of the syntax tree, the bertpipe modules the file imports)."""
-    return _parse(rel, (ORIGIN / rel).read_text(encoding="utf-8"))
+    text = (ORIGIN / rel).read_text(encoding="utf-8")
+    with _PARSING:  # one parse at a time; a thread that waited finds the text parsed
+        return _parse(rel, text)
 
 
 @functools.lru_cache(maxsize=None)
 def _parse(rel: str, text: str) -> tuple[str, tuple[str, ...]]:
-    # keyed by the text: parsing is the cost, and an edited file is parsed again
+    # keyed by the text: parsing is the cost, and an edited file is parsed again. Call only holding _PARSING.
     tree = ast.parse(text, filename=rel)
     pkg = rel[:-3].split("/")[:-1] if not rel.endswith("__init__.py") else rel.split("/")[:-1]
     names: list[str] = []

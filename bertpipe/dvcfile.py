@@ -231,6 +231,23 @@ def refuse_foreign(root: Path, generated: dict[str, str]) -> None:
                                 f"{path.parent.name} needs this path for its own dvc.yaml; move it elsewhere and rerun")
 
 
+def foreign_stages(root: Path, generated: dict[str, str]) -> list[str]:
+    """Stages the project's dvc.yaml holds that no generated file has and whose command is not bertpipe's: added by
+    hand, so writing dvc.yaml again drops them (it is generated whole)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        old = yaml.load((root / "dvc.yaml").read_text(encoding="utf-8"), Loader=loader)
+        ours = {n for p, text in generated.items() if p.endswith("dvc.yaml")
+                for n in yaml.load(text, Loader=loader)["stages"]}
+    except (OSError, yaml.YAMLError):
+        return []
+    stages = old.get("stages") if isinstance(old, dict) else None
+    if not isinstance(stages, dict):
+        return []
+    return [n for n, d in stages.items()
+            if n not in ours and not str(d.get("cmd", "") if isinstance(d, dict) else "").startswith("bertpipe ")]
+
+
 def leftover_effective(root: Path, generated: dict[str, str]) -> list[str]:
     """Files under params_effective/ (a folder only `bertpipe dvc-yaml` writes) of stages the graph no longer has."""
     folder = root / EFFECTIVE

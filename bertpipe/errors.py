@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
+import signal
+import sys
+import threading
 from pathlib import Path
 
 
@@ -24,8 +28,26 @@ class Terminated(KeyboardInterrupt):
 
 
 def raise_terminated(signum, frame) -> None:
-    """A SIGTERM handler: see ``Terminated``."""
+    """A SIGTERM handler: see ``Terminated``. One that lands in a finalizer or a weakref callback (a garbage collection
+    running when the signal came) is swallowed there by Python ("Exception ignored in ..."), and the process would go
+    on to the end of its work: ``_redeliver`` delivers the signal again, to land in the code the process was running."""
+    if sys.unraisablehook is not _redeliver:
+        _hooks.append(sys.unraisablehook)
+        sys.unraisablehook = _redeliver
     raise Terminated(f"terminated by signal {signum}")
+
+
+_hooks: list = []  # the unraisable hook _redeliver took the place of
+
+
+def _redeliver(unraisable) -> None:
+    _hooks[-1](unraisable)  # printed as before
+    if isinstance(unraisable.exc_value, Terminated):
+        # a moment later, from another thread: the handler runs in the main thread once this hook and the finalizer
+        # have returned (one that lands in a finalizer again is swallowed, and redelivered, again)
+        timer = threading.Timer(0.05, _thread.interrupt_main, args=(signal.SIGTERM,))
+        timer.daemon = True
+        timer.start()
 
 
 def utf8_error(path: Path | str, err: UnicodeDecodeError | None = None) -> BertpipeError:

@@ -7,6 +7,7 @@ Prefect runs tasks in worker threads and two stages may log at the same time.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -183,6 +184,26 @@ def store_file(uri: str) -> Path | None:
     from bertpipe.sqlite_wait import db_path
 
     return db_path(uri)
+
+
+_FILES_ONLY = contextvars.ContextVar("bertpipe_tracking_files_only", default=False)
+
+
+@contextlib.contextmanager
+def files_only() -> Iterator[None]:
+    """While active, a question that can wait for the run (whether the registry still holds what an output names)
+    is not asked of a tracking server or database: only a local sqlite store is read (``server_off_limits``).
+    `bertpipe stages` reports from files alone."""
+    token = _FILES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _FILES_ONLY.reset(token)
+
+
+def server_off_limits(uri: str) -> bool:
+    """``uri`` is a server or a database over the network and ``files_only`` is active."""
+    return _FILES_ONLY.get() and store_file(uri) is None
 
 
 def _own_store(cfg: Config, db: Path) -> bool:

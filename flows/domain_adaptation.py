@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from bertpipe import dvclock
@@ -25,12 +26,12 @@ from bertpipe.config import Config
 from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
-from bertpipe_prefect.flows import artifacts
+from bertpipe_prefect.flows import artifacts, cancel
 from bertpipe_prefect.flows.knobs import Knobs
 from bertpipe_prefect.flows.summary import stage_line, summary
 from bertpipe_prefect.tasks import cluster, parallel
 from bertpipe_prefect.tasks.env import prefect_env
-from bertpipe_prefect.tasks.stages import task_for, terminate_children
+from bertpipe_prefect.tasks.stages import start_accepting, task_for, terminate_children
 
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:
@@ -70,10 +71,11 @@ def domain_adaptation(
     parallel.use_threads(parallel.cores())  # stages that run alone run here, on every core
     pool = uuid.uuid4().hex
     parallel.open_pool(pool, workers, graph)
+    start_accepting()
     futures = {}
     try:
         with flow_run(cfg, "domain_adaptation", {"bertpipe.until": until or "register"}) as parent, \
-                cluster.submitting(cfg) as submit:
+                cluster.submitting(cfg) as submit, cancel.watching() as cancelled:
             for name, ups in graph.items():
                 args = dict(stage_name=name, params=params, profile=profile, overrides=overrides,
                             threads=cluster.stage_threads(cfg, name, side_by_side, workers, threads), pool=pool,
@@ -84,8 +86,12 @@ def domain_adaptation(
             for name, fut in futures.items():  # in graph order: a stage's progress step comes after its upstreams'
                 fut.wait()
                 progress.step(name)
+            if cancelled.is_set():  # its stages were stopped, none started since: the MLflow run ends KILLED
+                raise cancel.FlowCancelled("the flow run was cancelled through the Prefect API")
             outcomes = {name: _outcome(fut) for name, fut in futures.items()}
             parent.set_tags({f"bertpipe.fingerprint.{n}": r["fingerprint"] for n, (_, r) in outcomes.items() if r})
+    except cancel.FlowCancelled as e:
+        return Cancelled(message=str(e))  # the flow run ends Cancelled; calling the flow raises CancelledRun
     except BaseException:  # e.g. SIGTERM (Terminated) or Ctrl-C while stages run in child processes
         n = terminate_children()
         if n:

@@ -90,8 +90,8 @@ def terminate_children() -> int:
     MLflow run as KILLED (the CLI's handler). Called when the flow is interrupted: the task threads wait on their
     children, so without this a SIGTERM to `bertpipe run` would leave them running to the end. Returns how many."""
     global _stopping
-    _stopping = True  # the stages these children ran failed because we stopped them: not worth a retry
-    with _children_lock:
+    with _children_lock:  # under the lock: a stage starting now sees _stopping, or is among the children
+        _stopping = True  # the stages these children ran failed because we stopped them: not worth a retry
         live = [p for p in _children if p.poll() is None]
     for p in live:
         p.terminate()
@@ -116,9 +116,11 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         fh.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         fh.flush()
         env = {**child_env(threads), FLOW_STAGE_ENV: "1"}
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as proc:
-            with _children_lock:
-                _children.add(proc)
+        with _children_lock:
+            _not_stopping(stage_name)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+            _children.add(proc)
+        with proc:
             timeout = cfg.params.flow.stage_timeout_s or None
             expired = threading.Event()
             timer = threading.Timer(timeout, lambda: (expired.set(), proc.terminate())) if timeout else None
@@ -145,6 +147,19 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
         if last.startswith("error: "):  # the CLI's one-line user error: pass it on as one
             raise BertpipeError(last[len("error: "):])
         raise RuntimeError(f"{stage_name} failed in its process (exit {proc.returncode}, log {log}): {last}")
+
+
+def start_accepting() -> None:
+    """A flow run starts in this process: stages may start again, whatever an earlier run that was stopped set."""
+    global _stopping
+    with _children_lock:
+        _stopping = False
+
+
+def _not_stopping(stage_name: str) -> None:
+    """Raise when the flow process is being stopped (SIGTERM, Ctrl-C, a cancelled flow run): no stage starts then."""
+    if _stopping:
+        raise RuntimeError(f"{stage_name}: not started: the flow run is being stopped")
 
 
 def _run_logger():
@@ -202,6 +217,7 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
     if threads == WORKER_SHARE:
         threads = worker_share()
     with slot(pool, priority, stage_name), parent_run_env(parent_run):
+        _not_stopping(stage_name)
         fresh, fp = is_fresh(stage, cfg)
         if threads and not fresh:
             launched = time.time()

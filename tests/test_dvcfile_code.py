@@ -164,3 +164,21 @@ def test_a_run_records_dvc_lock_only_with_the_settings_dvc_yaml_describes(tmp_pa
     assert not (tmp_path / "dvc.lock").exists()
     laws = str(sample_raw / "china_law" / "laws.db")  # params.yaml gives it absolute, outside the project
     assert laws in yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]["splits"]["deps"]
+
+
+def test_dvc_yaml_says_which_stage_added_by_hand_it_drops(tmp_path, sample_raw):
+    """dvc.yaml is generated whole: a stage the user added to it is gone after `bertpipe dvc-yaml`, and the command
+    says which, and where such a stage belongs. A stage bertpipe itself wrote earlier is not the user's."""
+    from tests.e2e_project import invoke
+
+    write_project(tmp_path, sample_raw)
+    assert invoke(["dvc-yaml"], tmp_path).returncode == 0
+    d = yaml.safe_load((tmp_path / "dvc.yaml").read_text())
+    d["stages"]["mine"] = {"cmd": "python report.py", "deps": ["work/evaluate"]}
+    d["stages"]["tasks"] = {"cmd": "bertpipe tasks"}  # a stage an older bertpipe generated
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    out = invoke(["dvc-yaml"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    notes = [ln for ln in out.stdout.splitlines() if "dropped" in ln]
+    assert len(notes) == 1 and notes[0].startswith("note: dropped the stage(s) mine that "), out.stdout
+    assert {"mine", "tasks"}.isdisjoint(yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"])

@@ -203,3 +203,46 @@ def test_no_stage_digest_names_a_file_only_tests_or_benches_import(tmp_path):
     for name, st in stages.items():
         extra = set(st.code_identity()["files"]) - production
         assert not extra, f"{name}'s code digest names {sorted(extra)}, which no door imports"
+
+
+def test_code_digests_from_many_threads_at_once_are_the_ones_computed_alone(checkout):
+    """The flow computes its stages' cache keys in its worker threads at once. CPython 3.11's ``ast.parse`` is not
+    safe from two threads: its AST conversion keeps one recursion depth per interpreter, and a thread switch inside
+    it (a garbage collection runs Python code) ends in "SystemError: AST constructor recursion depth mismatch". A gc
+    callback that yields the GIL puts that switch in every collection; every file gets a comment of its own, so each
+    is parsed anew (the digest is of the syntax tree: the comments change none)."""
+    import gc
+    import threading
+    import time
+    import uuid
+
+    for f in (checkout / "bertpipe").rglob("*.py"):
+        f.write_text(f.read_text() + f"\n# {uuid.uuid4().hex}\n")
+    packages = sorted(p.name for p in (checkout / "bertpipe").iterdir() if (p / "declare.py").is_file())
+    assert len(packages) >= 8, packages
+    got, errors = {}, []
+
+    def digest(pkg: str) -> None:
+        try:
+            got[pkg] = codeid.code_identity((pkg,), ())["digest"]
+        except Exception as e:  # noqa: BLE001 - the error is the finding
+            errors.append(f"{pkg}: {e!r}")
+
+    def switch(_phase, _info) -> None:
+        time.sleep(0)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(100)
+    gc.callbacks.append(switch)
+    try:
+        threads = [threading.Thread(target=digest, args=(p,)) for p in packages]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        gc.callbacks.remove(switch)
+        gc.set_threshold(*threshold)
+    assert not errors, errors
+    _clear()
+    assert got == {p: codeid.code_identity((p,), ())["digest"] for p in packages}

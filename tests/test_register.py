@@ -319,6 +319,33 @@ def test_interleaved_promotes_lose_no_history_and_rollback_to_deleted_version(tm
     assert out.exit_code == 2 and out.output.startswith("error:") and "Traceback" not in out.output
 
 
+def test_promote_refuses_a_degenerate_version_without_force(tmp_path):
+    """A version register recorded as degenerate (it learned nothing; the gate never crowns it) is not crowned by
+    hand either unless --force says so: one error line, the champion unchanged."""
+    from typer.testing import CliRunner
+
+    from bertpipe.cli import app
+    from bertpipe.registry.champion import promote
+    from bertpipe.tracking import client
+
+    (tmp_path / "params.yaml").write_text("paths: {work: work, state: state}\n")
+    c = client(load_config(tmp_path / "params.yaml"))
+    c.create_registered_model("m")
+    (tmp_path / "src").mkdir()
+    for degenerate in ("false", "true"):
+        v = c.create_model_version("m", str(tmp_path / "src")).version
+        c.set_model_version_tag("m", v, "bertpipe.degenerate", degenerate)  # as register records each task model
+    promote(c, "m", "1")
+    argv = ["models", "promote", "m", "2", "--params", str(tmp_path / "params.yaml")]
+    out = CliRunner().invoke(app, argv)
+    lines = [ln for ln in out.output.splitlines() if ln.strip()]
+    assert out.exit_code == 2 and len(lines) == 1, out.output
+    assert lines[0].startswith("error: model 'm' v2 is degenerate"), out.output
+    assert "--force" in lines[0] and str(c.get_model_version_by_alias("m", "champion").version) == "1"
+    out = CliRunner().invoke(app, argv + ["--force"])
+    assert out.exit_code == 0 and str(c.get_model_version_by_alias("m", "champion").version) == "2", out.output
+
+
 def test_models_cli(tmp_path, zh_tokenizer_dir):
     from typer.testing import CliRunner
 

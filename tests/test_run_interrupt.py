@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from bertpipe.lifeline import EVERY_S
-from tests.e2e_project import env_for, stop
+from tests.e2e_project import env_for, shared_prefect_api, stop
 from tests.test_kill_recovery import leftovers, make_project
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,11 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.Process], bool] | None = None):
-    """`bertpipe run` (a temporary Prefect server) of a project whose long pretrain runs beside the base encoder's
-    finetune, each stage in its own process; returned once ``until(run)`` holds (default: both stage processes
-    exist)."""
+def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.Process], bool] | None = None,
+               prefect: str = "ephemeral"):
+    """`bertpipe run` (a temporary Prefect server, or ``prefect="shared"``: the test run's) of a project whose long
+    pretrain runs beside the base encoder's finetune, each stage in its own process; returned once ``until(run)``
+    holds (default: both stage processes exist)."""
     from tests.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
@@ -49,7 +50,7 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.P
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
 
     log = open(root / "run.log", "w")
-    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, "ephemeral"), stdout=log,
+    run = subprocess.Popen(["bertpipe", "run"], cwd=root, env=env_for(root, prefect), stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)
     me = psutil.Process(run.pid)
     until = until or (lambda proc: len(_stage_children(proc)) >= 2)
@@ -113,6 +114,53 @@ def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_token
         # The stopped stages say so in their logs (the CLI's SIGTERM handler ran: temp dir removed, run KILLED).
         logs = "".join(p.read_text(errors="replace") for p in (root / ".bertpipe" / "logs").glob("*.log"))
         assert "error: terminated (SIGTERM); nothing half-written was kept" in logs, logs[-3000:]
+    finally:
+        if run.poll() is None:
+            stop(run)
+
+
+def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp_path, sample_raw, zh_tokenizer_dir):
+    """CANCELLING set on the flow run through the Prefect API (what the UI's Cancel does) while the base encoder's
+    finetune trains beside another stage: their processes are stopped, no stage starts after it (the stages below
+    wait on them), `bertpipe run` ends non-zero, the flow run ends Cancelled, and its MLflow runs (the flow's, the
+    finetune's) end KILLED, not FAILED."""
+    import httpx
+
+    from bertpipe.pipeline import load_config
+    from bertpipe.tracking import client
+
+    finetune_log = tmp_path / "p" / ".bertpipe" / "logs" / "finetune__sentiment__base.log"
+
+    def training(proc: psutil.Process) -> bool:  # both stage processes, and the finetune's MLflow run open
+        return len(_stage_children(proc)) >= 2 and finetune_log.is_file() and "building" in finetune_log.read_text()
+
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=training, prefect="shared")
+    api = shared_prefect_api()
+    try:
+        before = set(_cmdlines(_stage_children(me)))
+        assert len(before) >= 2, (root / "run.log").read_text()[-3000:]
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["RUNNING"]}}}},
+                          timeout=30).json()
+        fr = next(r for r in runs if r["parameters"].get("params") in ("params.yaml", str(root / "params.yaml")))
+        r = httpx.post(f"{api}/flow_runs/{fr['id']}/set_state", timeout=30,
+                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+        assert r.json()["status"] == "ACCEPT", r.text
+        started = set()
+        end = time.time() + 120
+        while run.poll() is None and time.time() < end:
+            started |= set(_cmdlines(_stage_children(me))) - before
+            time.sleep(0.2)
+        assert run.poll() is not None, "the run went on after its cancellation"
+        out = (root / "run.log").read_text()
+        assert not started, (started, out[-3000:])
+        assert run.returncode != 0, out[-3000:]
+        assert httpx.get(f"{api}/flow_runs/{fr['id']}", timeout=30).json()["state"]["type"] == "CANCELLED"
+        cfg = load_config(root / "params.yaml")
+        status = {r.data.tags.get("mlflow.runName"): r.info.status
+                  for r in client(cfg).search_runs([c.experiment_id for c in client(cfg).search_experiments()])}
+        assert status.get("domain_adaptation") == status.get("finetune/sentiment/base") == "KILLED", status
+        assert "FAILED" not in status.values() and "RUNNING" not in status.values(), status
+        assert leftovers(root) == []
     finally:
         if run.poll() is None:
             stop(run)

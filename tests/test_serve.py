@@ -46,6 +46,9 @@ NAME = "bertpipe-sentiment"
     (b'{"text": "   "}', "text", 422, "empty"),
     (b'{"text": []}', "text", 422, "empty list"),
     (b'{"text": ["a", " "]}', "text", 422, '"text"[1] is empty'),
+    (b'{"text": "\\u200b\\u200d\\u2060\\ufeff"}', "text", 422, "zero-width"),  # the tokenizer keeps nothing of it
+    (b'{"text": "\\u0000\\u0007\\u007f\\u009f"}', "text", 422, "empty"),
+    (b'{"text": ["a", "\\u200e\\u00ad"]}', "text", 422, '"text"[1] is empty'),
     (b'{"text": "' + b"a" * 101 + b'"}', "text", 413, "limit is 100"),
     (b'{"text": ["a", "a", "a", "a"]}', "text", 413, "4 items; the limit is 3"),
     (b'{"question": "q", "context": "c"}', "qa", None, ""),

@@ -75,6 +75,42 @@ def test_an_output_moved_aside_by_a_killed_rename_comes_back(cfg):
     assert sorted(p.name for p in cfg.work.iterdir()) == ["toy"]
 
 
+def test_a_sigterm_that_lands_in_a_weakref_callback_still_terminates():
+    """A SIGTERM whose handler runs inside a finalizer or weakref callback (a garbage collection as it arrived) is
+    swallowed there by Python ("Exception ignored in ..."); it is delivered again, so the process stops instead of
+    running its stage to the end (a stage of a stopped flow run was seen to train on for 100 s)."""
+    import sys
+
+    code = """
+import os, signal, time, weakref
+from bertpipe.errors import Terminated, raise_terminated
+
+signal.signal(signal.SIGTERM, raise_terminated)
+
+
+class Obj:
+    pass
+
+
+def callback(_ref):
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at this callback's next instruction
+    sum(range(1000))
+
+
+try:
+    o = Obj()
+    ref = weakref.ref(o, callback)
+    del o  # the callback runs here
+    for _ in range(300):
+        time.sleep(0.01)
+    print("ran to the end")
+except Terminated:
+    print("terminated")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "terminated", (out.stdout, out.stderr[-2000:])
+
+
 def test_sigterm_mid_build_removes_the_temp_dir_and_keeps_the_old_output(cfg):
     good = run_stage(toy(), cfg, tracker_factory=NO_TRACKING)
 

@@ -273,3 +273,45 @@ def test_tracking_uris_mlflow_cannot_use_and_a_missing_store_are_one_error_line(
     assert not (tmp_path / "nonexistent").exists()
     assert [f for f in files_under(root) if "mlflow.db" in f] == [], files_under(root)
     assert before == [f for f in files_under(root) if f in before]
+
+
+def test_bertpipe_stages_asks_no_tracking_server(tmp_path, sample_raw):
+    """`bertpipe stages` reports from files alone: with the tracking URI at a server, whether the registry still
+    holds what register's output names (``Stage.lost``) is left to the run, and no connection is made (a listener
+    counts them). A local sqlite store is still read: the test above."""
+    import os
+    import socket
+    import threading
+
+    from bertpipe.freshness import expected
+    from bertpipe.pipeline import all_stages
+    from tests.e2e_project import invoke, write_project
+
+    cfg = load_config(write_project(tmp_path, sample_raw))
+    fp = expected(cfg)["register"].fingerprint
+    assert fp, "register's fingerprint is computable: its record is what `bertpipe stages` would ask about"
+    out = all_stages(cfg)["register"].output(cfg)
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"fingerprint": fp}))
+    (out / "registry.json").write_text(json.dumps({"models": [{"name": MODEL, "version": "1"}]}))
+    server, accepted = socket.create_server(("127.0.0.1", 0)), []
+
+    def count() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the command is done
+                return
+            accepted.append(conn)
+            conn.close()
+
+    threading.Thread(target=count, daemon=True).start()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{server.getsockname()[1]}",
+           "BERTPIPE_TRACKING_WAIT_S": "2"}
+    started = time.monotonic()
+    r = invoke(["stages", "--json"], tmp_path, env)
+    took = time.monotonic() - started
+    server.close()
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {row["stage"]: row for row in json.loads(r.stdout)}["register"]["fingerprint"] == fp
+    assert not accepted, f"`bertpipe stages` made {len(accepted)} connection(s) to the tracking server ({took:.0f} s)"

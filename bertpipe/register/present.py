@@ -3,7 +3,8 @@
 ``registry.json`` names model versions that live in the tracking store, not in the output directory: deleting
 ``.bertpipe/mlflow.db``, pointing ``paths.state`` or the tracking URI at a new store, or deleting a model leaves the
 output's fingerprint intact while the versions are gone. ``missing`` (the register Stage's ``lost``) says so, and
-the stage is stale until it registers them again.
+the stage is stale until it registers them again. A tracking server is asked only by a run: `bertpipe stages`
+contacts nothing (``tracking.files_only``), so it reads a local sqlite store and leaves a server's answer to the run.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ def missing(cfg, out: Path) -> str | None:
     if not models:
         return None
     from bertpipe.registry.champion import FINGERPRINT_TAG
-    from bertpipe.tracking import client, display_uri, store_file, tracking_uri, unreachable_line
+    from bertpipe.tracking import client, display_uri, server_off_limits, store_file, tracking_uri, unreachable_line
 
     uri = tracking_uri(cfg)
+    if server_off_limits(uri):
+        return None  # the run asks; the fingerprint decides here
     db = store_file(uri)
     if db is not None and not db.is_file():
         return f"the registry {display_uri(uri)} does not exist (it holds none of the versions registry.json names)"

@@ -9,7 +9,7 @@ from bertpipe.register import card as C
 from bertpipe.register import decision as D
 from bertpipe.register import scoring as S
 from bertpipe.register.candidates import Candidate, evaluate_dir
-from bertpipe.registry.champion import FINGERPRINT_TAG, find_by_fingerprint
+from bertpipe.registry.champion import DEGENERATE_TAG, FINGERPRINT_TAG, find_by_fingerprint
 from bertpipe.stage import StageContext, read_manifest
 
 
@@ -92,7 +92,7 @@ def register_version(ctx: StageContext, mlflow, client, c: Candidate) -> None:
             "bertpipe.test_hash": c.identity,
             **{D.LINEAGE_PREFIX + k: v for k, v in c.lineage.items()}}
     if c.encoder:  # which encoder's finetune this task model is (the best by dev score)
-        tags.update({"bertpipe.encoder": c.encoder, "bertpipe.degenerate": str(bool(c.degenerate)).lower()})
+        tags.update({"bertpipe.encoder": c.encoder, DEGENERATE_TAG: str(bool(c.degenerate)).lower()})
     log_inputs(ctx, mlflow, c)
     preds = c.ft_dir / S.PREDICTIONS if c.ft_dir is not None else None
     if preds is not None and preds.is_file():

@@ -23,6 +23,7 @@ CHALLENGER = "challenger"
 HISTORY_TAG = "bertpipe.champion_history"
 FINGERPRINT_TAG = "bertpipe.fingerprint"
 ROLLED_BACK_TAG = "bertpipe.rolled_back"
+DEGENERATE_TAG = "bertpipe.degenerate"  # "true": the model learned nothing (register records it per task model)
 # Set on the MLflow run before it logs and registers ``<name>``: every version that run creates is tied to the
 # content fingerprint from the moment it exists (see ``claim`` / ``find_unfinished``).
 CLAIM_TAG_PREFIX = "bertpipe.registering."
@@ -117,12 +118,18 @@ def find_unfinished(client, name: str, fingerprint: str):
     return None
 
 
-def promote(client, name: str, version: str) -> None:
+def promote(client, name: str, version: str, force: bool = False) -> None:
+    """Make ``version`` the champion. A degenerate version (it learned nothing, so register never crowns it) only
+    with ``force``."""
     if not str(version).isdigit():
         raise BertpipeError(f"model {name!r}: version must be a number (got {version!r})")
     with registry_lock(client):
-        if get_version(client, name, version) is None:
+        mv = get_version(client, name, version)
+        if mv is None:
             raise BertpipeError(f"model {name!r} has no version {version} (never registered or deleted)")
+        if (mv.tags or {}).get(DEGENERATE_TAG) == "true" and not force:
+            raise BertpipeError(f"model {name!r} v{version} is degenerate (it learned nothing: one class, or no better "
+                                f"than the majority baseline on dev), so it is never champion; --force promotes it")
         set_champion_locked(client, name, str(version))
 
 

@@ -91,7 +91,8 @@ def document(schema: dict, sp: ServeParams) -> dict:
                               f"({sp.max_text_chars}) or texts in a list ({sp.max_items})"),
             "405": {**_json(err, "a method other than POST"),
                     "headers": {"Allow": {"description": "POST", "schema": {"type": "string"}}}},
-            "422": _json(err, "valid JSON of the wrong shape: unknown or missing fields, a non-string or blank text"),
+            "422": _json(err, "valid JSON of the wrong shape: unknown or missing fields, a non-string or blank text "
+                              "(control or zero-width characters only count as blank)"),
             "500": _json({"$ref": "#/components/schemas/Failed"},
                          "the model failed on this request (the other requests of its batch are answered)"),
             "503": _json(err, "overloaded, shutting down, or the model worker is (re)starting; retry after "

@@ -19,10 +19,12 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-# A text must hold one character outside this class (blank texts are refused). The class is spelled the same in
-# Python's and ECMAScript's regex syntax, so the schema's ``pattern`` and the validator are one rule: JSON Schema
-# clients (and schemathesis) see exactly what the service enforces.
-NONBLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+# A text must hold one character outside this class: blank texts, and texts of only control, zero-width or other
+# invisible format characters (which the tokenizer drops, leaving nothing to predict on), are refused. The class is
+# spelled the same in Python's and ECMAScript's regex syntax, so the schema's ``pattern`` and the validator are one
+# rule: JSON Schema clients (and schemathesis) see exactly what the service enforces.
+NONBLANK = (r"[^\x00-\x20\x7f-\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000"
+            r"\ufeff]")
 _NONBLANK = re.compile(NONBLANK)
 TEXT_SCHEMA = {"type": "string", "minLength": 1, "pattern": NONBLANK}
 Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
@@ -42,7 +44,7 @@ def _check_text(name: str, v, info: ValidationInfo):
     for i, s in enumerate(items):
         where = f'"{name}"' + (f"[{i}]" if isinstance(v, list) else "")
         if not _NONBLANK.search(s):
-            raise PydanticCustomError("empty", f"{where} is empty")
+            raise PydanticCustomError("empty", f"{where} is empty (blank, control or zero-width characters only)")
         if ctx.get("max_chars") and len(s) > ctx["max_chars"]:
             raise PydanticCustomError("too_long", f"{where} has {len(s)} characters; the limit is {ctx['max_chars']}")
     return v
