@@ -283,12 +283,12 @@ def test_bertpipe_stages_asks_no_tracking_server(tmp_path, sample_raw):
     import socket
     import threading
 
-    from bertpipe.freshness import expected
+    from bertpipe.freshness import plan
     from bertpipe.pipeline import all_stages
     from tests.e2e_project import invoke, write_project
 
     cfg = load_config(write_project(tmp_path, sample_raw))
-    fp = expected(cfg)["register"].fingerprint
+    fp = plan(cfg)["register"].fingerprint
     assert fp, "register's fingerprint is computable: its record is what `bertpipe stages` would ask about"
     out = all_stages(cfg)["register"].output(cfg)
     out.mkdir(parents=True)
