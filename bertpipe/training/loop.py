@@ -1,29 +1,43 @@
-"""The finetuning loop shared by every head: AdamW with warmup, layer-wise lr decay, gradual unfreezing, bf16
-autocast, gradient accumulation, and early stopping on the dev metric with the best weights restored.
+"""The one training loop: pretrain and TAPT (MLM or RTD), finetune (a task head) and distill (the distiller) all
+train through ``run``.
 
-A hand-written loop rather than transformers' Trainer because unfreezing phases and per-layer learning rates are
-the point here, and both are a few lines when the loop is ours.
+What differs between them is handed in: the model with its optimiser and schedule, the data (``feed``: one optimizer
+step's micro-batches), the objective (``Objective``: a micro-batch's forward pass and its share of the step's loss),
+the evaluation (a score, higher is better) and the ``Plan`` (how long; how often to log, evaluate and checkpoint).
+What does not differ is here, in the order it happens: resume from the last checkpoint; forward and backward over the
+micro-batches (gradient accumulation, DDP, autocast, fp16 loss scaling); clip, step, schedule; log; evaluate, keep the
+best, stop early; checkpoint.
+
+A hand-written loop rather than transformers' Trainer: the pretraining speed-ups (the MLM head only at the masked
+positions, length buckets that DDP shards deterministically, masks that are a pure function of (seed, step, batch)),
+exact resume after SIGKILL (atomic checkpoints), unfreezing phases and per-layer learning rates would each need a
+Trainer override; here each is a few lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from bertpipe.device import Precision, adamw, autocast, grad_scaler, legacy_request, precision_for, weight_decay_groups
-from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, compiled, should_compile
+from bertpipe.device import Precision, adamw, autocast, grad_scaler, legacy_request, precision_for
+from bertpipe.execution import FINETUNE_AUTO_MIN_STEPS, compile_seconds, should_compile
+from bertpipe.execution import compiled as compiled_view
 from bertpipe.training.batches import batches, collate
+from bertpipe.training.checkpoint import atomic_save, load_checkpoint
+from bertpipe.training.layers import n_layers, param_groups, trainable
 from bertpipe.training.params import TrainParams
+from bertpipe.training.processes import Dist, all_sum
 
-_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+FP32 = Precision("fp32", "default")
 
 
 def set_seed(seed: int) -> None:
@@ -32,89 +46,301 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def n_layers(model: torch.nn.Module) -> int:
-    return int(getattr(model.config, "num_hidden_layers", 0))
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """The lr factor at each step: linear warm-up over ``warmup`` steps, then linear, cosine or constant."""
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
+
+    return f
 
 
-def depth(name: str, layers: int) -> int:
-    """-1 for embeddings, i for encoder layer i, ``layers`` for everything else (pooler, task head)."""
-    m = _LAYER.search(name)
-    if m:
-        return int(m.group(1))
-    if "embeddings" in name:
-        return -1
-    return layers
+# ---------------------------------------------------------------- the objective: what differs per stage
 
 
-def trainable(name: str, layers: int, top_layers: int) -> bool:
-    """Whether a parameter trains in an unfreezing phase: the head always, plus the top ``top_layers`` layers."""
-    if top_layers < 0:
-        return True
-    d = depth(name, layers)
-    return d == layers or (d >= 0 and d >= layers - top_layers)
+class Objective:
+    """A stage's loss: the forward pass of one micro-batch, its share of the step's loss, and the loss terms the loop
+    logs (``terms``, the first of them logged as ``loss``)."""
+
+    terms: tuple[str, ...] = ("loss",)
+
+    def shares(self, micro_batches: Sequence[dict], d: Dist) -> list[Callable | None]:
+        """Per micro-batch: from its outputs to its share of the step's loss, or None when it scores nothing. Called
+        once per step with the host tensors, so a step-wide normaliser costs no device sync."""
+        raise NotImplementedError
+
+    def forward(self, model: torch.nn.Module, batch: dict):
+        raise NotImplementedError
+
+    def logged(self, out) -> torch.Tensor:
+        """The micro-batch's ``terms``, detached (a scalar for one term)."""
+        raise NotImplementedError
 
 
-def param_groups(model: torch.nn.Module, tp: TrainParams) -> list[dict]:
-    """AdamW groups: no decay for biases and LayerNorm; lr * decay^(distance from the top) per layer."""
-    layers = n_layers(model)
-    head_lr = tp.head_lr or tp.lr
+class ModelLoss(Objective):
+    """The model's own loss (``model(**batch).loss``, labels included): task heads, and the distiller, which adds its
+    terms for every task type (popping NER's labels and scoring the logits here left a student learning from the
+    hard labels only).
 
-    def lr_of(name: str) -> float:
-        d = depth(name, layers)
-        return head_lr if d == layers else tp.lr * tp.layer_lr_decay ** (layers - d if d >= 0 else layers + 1)
+    Token-level labels (NER) are normalised by the labelled tokens of the whole step (as transformers does with
+    ``num_items_in_batch``): the model's mean over a micro-batch's n labelled tokens, times n / (labelled tokens of
+    the step), so micro-batches with unequal token counts give the gradient of one big batch; a micro-batch with no
+    labelled token (a mean over nothing is NaN) is skipped. Example-level losses (classification, QA) are
+    per-micro-batch means, averaged over the step's micro-batches."""
 
-    return weight_decay_groups(model, tp.weight_decay, lr_of)
+    def shares(self, group, d):
+        if not ("labels" in group[0] and group[0]["labels"].dim() == 2):
+            return [lambda out: out.loss.float() / len(group)] * len(group)
+        counts = [int((b["labels"] != -100).sum()) for b in group]
+        n_step = sum(counts)
+        return [(lambda out, n=n: out.loss.float() * (n / max(n_step, 1))) if n else None for n in counts]
+
+    def forward(self, model, batch):
+        return model(**batch)
+
+    def logged(self, out):
+        return out.loss.float().detach()
 
 
-FP32 = Precision("fp32", "default")
+MODEL_LOSS = ModelLoss()
 
 
-def backward_step(model: torch.nn.Module, group: Sequence[dict], device: torch.device, prec: Precision = FP32,
-                  scaler=None) -> torch.Tensor:
-    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's mean loss (a 1-D
-    tensor on the device: copying it to the host waits for the device, so the loop does that only when it logs).
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
-    The loss is always the model's own (``model(**batch).loss``, labels included), so a wrapper such as the
-    distiller adds its terms for every task type: popping NER's labels and scoring the logits here left a student
-    learning from the hard labels only. Token-level labels (NER) are normalised by the labelled tokens of the whole
-    step (as transformers does with ``num_items_in_batch``): the model's mean over a micro-batch's n labelled tokens,
-    times n / (labelled tokens of the step), so micro-batches with unequal token counts give the gradient of one
-    big batch. Example-level losses (classification, QA) are per-micro-batch means, averaged over the step's
-    micro-batches. Under fp16 ``scaler`` (a GradScaler) scales the loss.
+
+# ---------------------------------------------------------------- one optimizer step's gradients
+
+
+def backward_step(model: torch.nn.Module, micro_batches: Sequence[dict], d: Dist | torch.device,
+                  prec: Precision = FP32, scaler=None, seeds: list[int] | None = None,
+                  objective: Objective = MODEL_LOSS) -> torch.Tensor:
+    """Forward and backward over one optimizer step's micro-batches (``d``: the processes, or just the device);
+    returns the logged terms of each micro-batch scored, a tensor on the device (copying it to the host waits for the
+    device, so the loop does that only when it logs).
+
+    Each micro-batch's loss is its ``objective`` share of the step's, so accumulated micro-batches (and DDP ranks)
+    give the gradient of one big batch. DDP syncs gradients after the last micro-batch only. Under fp16 ``scaler``
+    (a GradScaler) scales the loss. ``seeds[k]`` seeds the global RNG (dropout, RTD's sampling) before micro-batch k.
     """
-    token_level = "labels" in group[0] and group[0]["labels"].dim() == 2
-    # the label counts come from the host tensors (collate's): counting them costs no device sync
-    n_step = sum(int((b["labels"] != -100).sum()) for b in group) if token_level else 0
-    out = []
-    for b in group:
-        n = int((b["labels"] != -100).sum()) if token_level else 0
-        if token_level and n == 0:  # nothing scored (a mean over no tokens is NaN): no gradient, no loss
+    d = d if isinstance(d, Dist) else Dist(device=d)
+    logged = []
+    for k, (b, share) in enumerate(zip(micro_batches, objective.shares(micro_batches, d))):
+        if share is None:
             continue
-        b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
-        with autocast(device, prec):
-            res = model(**b)
-        loss = res.loss.float()
-        share = loss * (n / max(n_step, 1)) if token_level else loss / len(group)
-        (scaler.scale(share) if scaler is not None else share).backward()
-        out.append(loss.detach())
-    return torch.stack(out) if out else torch.zeros(0, device=device)
+        b = to_device(b, d.device)
+        sync = model.no_sync() if (d.world > 1 and k < len(micro_batches) - 1) else contextlib.nullcontext()
+        if seeds is not None:
+            torch.manual_seed(seeds[k])
+        with sync:
+            with autocast(d.device, prec):
+                out = objective.forward(model, b)
+            loss = share(out)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        logged.append(objective.logged(out))
+    return torch.stack(logged) if logged else torch.zeros(0, device=d.device)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclass
+class Plan:
+    """How long a run is, and how often it logs, evaluates and checkpoints."""
+
+    total: int  # optimizer steps
+    eval_every: int
+    log_every: int
+    max_grad_norm: float = 0.0  # 0: no clipping
+    save_every: int = 0  # with a scratch dir: a checkpoint every this many steps, and at the end
+    patience: int = 0  # evaluations without improvement before stopping early; 0: never
+    min_delta: float = 0.0  # the least rise of the score that counts as an improvement
+    max_time_s: float = 0.0  # wall-clock budget; 0: none
+    eval_at_start: bool = False  # score the starting point too, so the curve shows how far the loss fell
+    extra_eval_steps: frozenset = frozenset()
 
 
 @dataclass
 class TrainResult:
-    losses: list[tuple[int, float]] = field(default_factory=list)  # (optimizer step, mean loss since last point)
-    evals: list[dict] = field(default_factory=list)  # {"step", "epoch", "primary", **dev metrics}
-    best_step: int = 0
-    best_primary: float = float("-inf")
-    best_kept: Any = None  # what ``evaluate`` handed back to keep (its third value) at the best evaluation
-    steps: int = 0
-    stopped_early: bool = False
-    seconds: float = 0.0
-    bf16: bool = False
-    precision: Precision = FP32
+    step: int = 0  # optimizer steps, the resumed runs' included
+    # log points {"step", "loss", "lr", "tokens", "tokens_per_s", other terms} and evaluations {"step", "tokens", ...}
+    history: list[dict] = field(default_factory=list)
+    best: dict = field(default_factory=lambda: {"step": -1, "score": float("-inf")})  # and the evaluation's record
+    best_kept: Any = None  # what the evaluation handed back to keep (its third value) at the best evaluation
+    final_eval: dict = field(default_factory=dict)
+    tokens: float = 0.0  # non-padding tokens trained, all processes, this run and the runs it resumed
+    train_seconds: float = 0.0  # this process's time in optimizer steps (evaluations excluded)
+    seconds: float = 0.0  # the whole loop's wall time
+    stopped: str = "max_steps"  # max_steps | max_time_s | early_stop
+    resumed_from: int = 0
+    precision: Precision = FP32  # what it ran in, and why
     compiled: bool = False
     compile_why: str = ""  # the compile setting and why it was (not) applied
     compile_s: float | None = None  # the slow first steps' time over the median step: what compiling cost
+
+    @property
+    def steps(self) -> int:
+        return self.step
+
+    @property
+    def best_step(self) -> int:
+        return self.best["step"]
+
+    @property
+    def best_primary(self) -> float:
+        return self.best["score"]
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.stopped == "early_stop"
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision.bf16
+
+    @property
+    def losses(self) -> list[tuple[int, float]]:
+        """(step, mean loss since the last log point)."""
+        return [(h["step"], h["loss"]) for h in self.history if "tokens_per_s" in h]
+
+    @property
+    def evals(self) -> list[dict]:
+        return [h for h in self.history if "tokens_per_s" not in h]
+
+
+def run(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, feed: Callable[[int], tuple[list[dict], Any]],
+        objective: Objective, evaluate: Callable[[int], tuple], plan: Plan, prec: Precision, d: Dist | None = None,
+        *, scratch: Path | None = None, forward: torch.nn.Module | None = None, compiled: bool = False,
+        compile_why: str = "", before_step: Callable[[int], None] | None = None,
+        on_best: Callable[[int], None] | None = None, on_log: Callable[[dict, int], None] | None = None,
+        desc: str = "train") -> TrainResult:
+    """Train ``model`` for ``plan.total`` optimizer steps.
+
+    ``feed(step)``: that step's micro-batches for this process and their dropout seeds (or None). ``evaluate(step)``:
+    (score, record[, what to keep]), higher scores better; the record goes into the history. ``forward``: the module
+    the training steps run through (a compiled view of ``model``), ``model`` itself by default. ``before_step(step)``
+    runs first in every step (unfreezing phases). ``on_best(step)`` sees each new best evaluation (after the first
+    at the start). With ``scratch`` the run checkpoints model, optimiser, schedule, scaler and history to
+    ``scratch/last.pt`` and resumes from it, replaying the steps an uninterrupted run takes."""
+    from tqdm.auto import tqdm
+
+    d = Dist(device=next(model.parameters()).device) if d is None else d
+    scaler = grad_scaler(d.device, prec)
+    state = {"step": 0, "history": [], "best": TrainResult().best, "tokens": 0.0, "bad": 0}
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        ck = load_checkpoint(scratch)
+        if ck is not None:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optim"])
+            sched.load_state_dict(ck["sched"])
+            if ck.get("scaler"):
+                scaler.load_state_dict(ck["scaler"])
+            state = ck["state"]
+            if d.main:
+                print(f"[{desc}] resuming from checkpoint at step {state['step']}", file=sys.stderr, flush=True)
+    res = TrainResult(resumed_from=state["step"], precision=prec, compiled=compiled, compile_why=compile_why)
+    forward = model if forward is None else forward
+    if d.world > 1:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            forward, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+    def evaluated(step: int) -> tuple:
+        model.eval()
+        score, record, *kept = evaluate(step)
+        model.train()
+        state["history"].append({"step": step, "tokens": state["tokens"], **record})
+        res.final_eval = record
+        return score, record, kept
+
+    def save() -> None:
+        if scratch is not None and d.main:
+            atomic_save({"model": model.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
+                         "scaler": scaler.state_dict(), "state": state}, scratch / "last.pt")
+
+    if plan.eval_at_start and not state["history"]:
+        evaluated(0)
+    model.train()
+    bar = tqdm(total=plan.total, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
+               mininterval=2.0, leave=False, desc=f"{desc} {prec.dtype}", unit="step")
+    # the micro-batches' logged terms since the last log point, on the device: copied to the host once per log
+    # point, so no step waits for the device (on an accelerator the host queues the next step's kernels meanwhile)
+    pending: list[torch.Tensor] = []
+    tokens, t_window = 0.0, time.perf_counter()
+    started = time.perf_counter()
+    step_times: list[float] = []  # the first steps' times: what compiling cost
+    while state["step"] < plan.total:
+        step = state["step"]
+        if before_step is not None:
+            before_step(step)
+        t0 = time.perf_counter()
+        micro_batches, seeds = feed(step)
+        pending.append(backward_step(forward, micro_batches, d, prec, scaler, seeds, objective))
+        tokens += sum(float(b["attention_mask"].sum()) for b in micro_batches)  # host tensors: no sync
+        scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
+        if plan.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.max_grad_norm)
+        scaler.step(opt)  # fp16: skipped when the scaled gradients overflowed
+        scaler.update()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        res.train_seconds += time.perf_counter() - t0
+        if compiled and len(step_times) < 8:
+            step_times.append(time.perf_counter() - t0)
+        state["step"] = step = step + 1
+        bar.update(1)
+        stop = None
+        if plan.max_time_s:
+            over = float(time.perf_counter() - started > plan.max_time_s)
+            if all_sum([over], d)[0] > 0:  # every process stops at the same step
+                stop = "max_time_s"
+
+        if step % plan.log_every == 0 or step == plan.total or stop:
+            rows = torch.cat(pending).reshape(-1, len(objective.terms)).tolist()
+            sums = [sum(col) for col in zip(*rows)] if rows else [0.0] * len(objective.terms)
+            *sums, n, tok = all_sum([*sums, float(len(rows)), tokens], d)
+            now = time.perf_counter()
+            state["tokens"] += tok
+            means = [s / max(n, 1) for s in sums]
+            rec = {"step": step, "loss": means[0], "lr": sched.get_last_lr()[0], "tokens": state["tokens"],
+                   "tokens_per_s": tok / max(now - t_window, 1e-9), **dict(zip(objective.terms[1:], means[1:]))}
+            state["history"].append(rec)
+            if d.main:
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                if on_log is not None:
+                    on_log({k: v for k, v in rec.items() if k != "step"}, step)
+            pending, tokens, t_window = [], 0.0, now
+
+        if step % plan.eval_every == 0 or step == plan.total or step in plan.extra_eval_steps or stop:
+            score, record, kept = evaluated(step)
+            if score > state["best"]["score"] + plan.min_delta or state["best"]["step"] < 0:
+                state["best"], state["bad"] = {"step": step, "score": score, **record}, 0
+                res.best_kept = kept[0] if kept else None
+                if on_best is not None:
+                    on_best(step)
+            else:
+                state["bad"] += 1
+                if plan.patience and state["bad"] >= plan.patience and stop is None:
+                    stop = "early_stop"
+        if plan.save_every and (step % plan.save_every == 0 or step == plan.total or stop):
+            save()
+        if stop:
+            res.stopped = stop
+            break
+    bar.close()
+    if not res.final_eval:  # resumed at the very end: the history holds the last evaluation
+        res.final_eval = next((h for h in reversed(state["history"]) if "tokens_per_s" not in h), {})
+    res.step, res.history, res.best, res.tokens = state["step"], state["history"], state["best"], state["tokens"]
+    res.seconds = time.perf_counter() - started
+    res.compile_s = compile_seconds(step_times) if compiled else None
+    return res
+
+
+# ---------------------------------------------------------------- a task model on featurised examples
 
 
 def train(
@@ -129,110 +355,71 @@ def train(
     desc: str = "finetune",
     compile_key: str = "finetune.train.compile",
 ) -> TrainResult:
-    from tqdm.auto import tqdm
+    """Finetune (or distill) ``model``: epochs of shuffled length-bucketed batches, AdamW with layer-wise lr decay
+    and transformers' linear warm-up (from lr 0) and decay, gradual unfreezing, and early stopping on the dev metric
+    with the best weights restored."""
     from transformers import get_linear_schedule_with_warmup
 
     set_seed(seed)
     device = next(model.parameters()).device
     prec = precision_for(legacy_request(tp.precision, tp.bf16), device)
-    scaler = grad_scaler(device, prec)
-    res = TrainResult(bf16=prec.bf16, precision=prec)
     layers = n_layers(model)
     per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
     total = max(1, math.ceil(tp.epochs * per_epoch))
-    eval_every = max(1, per_epoch // tp.evals_per_epoch)
-    res.compiled, res.compile_why = should_compile(tp.compile, total, device, compile_key, FINETUNE_AUTO_MIN_STEPS)
-    # the training forward runs through the compiled view; evaluation, the best weights and the model handed back
-    # are the eager module's (the view shares its parameters)
-    forward = compiled(model) if res.compiled else model
-    step_times: list[float] = []
+    compile_it, compile_why = should_compile(tp.compile, total, device, compile_key, FINETUNE_AUTO_MIN_STEPS)
     # Phase i ends at optimizer step ends[i]; after the listed phases everything trains.
     ends, acc = [], 0.0
     for ph in tp.unfreeze:
         acc += ph.epochs
         ends.append(min(total, round(acc * per_epoch)))
     phases = [ph.top_layers for ph in tp.unfreeze] + [-1]
-
     opt = adamw(param_groups(model, tp), lr=tp.lr)  # fused on the CPU and CUDA
     sched = get_linear_schedule_with_warmup(opt, round(tp.warmup_ratio * total), total)
     gen = random.Random(seed)
-    best_state: dict | None = None
-    bad_evals, phase, step, micro = 0, -1, 0, 0
-    # the micro-batch losses since the last log point, on the device: copied to the host once per log point, so no
-    # step waits for the device (on an accelerator the host queues the next step's kernels meanwhile)
-    pending: list[torch.Tensor] = []
-    started = time.time()
-    bar = tqdm(total=total, desc=f"{desc} {prec.dtype}", unit="step", file=sys.stderr, leave=False)
+    phase, best = -1, {}
 
-    def set_phase(i: int) -> None:
-        for name, p in model.named_parameters():
-            p.requires_grad_(trainable(name, layers, phases[i]))
+    def steps():  # one optimizer step's micro-batches at a time (up to grad_accum), epoch after epoch
+        while True:
+            order = batches(feats, tp.batch_size, gen)
+            for g in range(0, len(order), tp.grad_accum):
+                yield [collate([feats[i] for i in idx], pad_id) for idx in order[g : g + tp.grad_accum]], None
 
-    def do_eval() -> bool:
-        nonlocal best_state, bad_evals
-        model.eval()
+    def unfreeze(step: int) -> None:
+        nonlocal phase
+        want = next((i for i, e in enumerate(ends) if step < e), len(ends))
+        if want != phase:
+            if phase >= 0 and on_phase_end:
+                on_phase_end(phase, model)
+            phase = want
+            for name, p in model.named_parameters():
+                p.requires_grad_(trainable(name, layers, phases[phase]))
+
+    def dev(step: int) -> tuple:
         primary, metrics, *kept = evaluate(model)
-        model.train()
-        res.evals.append({"step": step, "epoch": step / per_epoch, "primary": primary, **metrics})
         if log_metrics:
             log_metrics({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step)
-        if primary > res.best_primary + tp.early_stopping.min_delta or best_state is None:
-            res.best_primary, res.best_step, bad_evals = primary, step, 0
-            res.best_kept = kept[0] if kept else None
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-            return False
-        bad_evals += 1
-        return tp.early_stopping.patience > 0 and bad_evals >= tp.early_stopping.patience
+        return (primary, {"epoch": step / per_epoch, "primary": primary, **metrics}, *kept)
 
-    model.train()
-    stop = False
-    while step < total and not stop:
-        epoch = batches(feats, tp.batch_size, gen)
-        for g in range(0, len(epoch), tp.grad_accum):  # one optimizer step: up to grad_accum micro-batches
-            want = next((i for i, e in enumerate(ends) if step < e), len(ends))
-            if want != phase:
-                if phase >= 0 and on_phase_end:
-                    on_phase_end(phase, model)
-                phase = want
-                set_phase(phase)
-            t0 = time.perf_counter()
-            group = [collate([feats[i] for i in idx], pad_id) for idx in epoch[g : g + tp.grad_accum]]
-            pending.append(backward_step(forward, group, device, prec, scaler))
-            micro += len(pending[-1])
-            scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
-            if tp.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], tp.max_grad_norm)
-            scaler.step(opt)  # fp16: skipped when the scaled gradients overflowed
-            scaler.update()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            if res.compiled and len(step_times) < 8:
-                step_times.append(time.perf_counter() - t0)
-            step += 1
-            bar.update(1)
-            if step % max(1, total // 50) == 0 or step == total:
-                losses = torch.cat(pending).tolist()
-                pending.clear()
-                mean = sum(losses) / max(len(losses), 1)
-                res.losses.append((step, mean))
-                bar.set_postfix(loss=f"{mean:.3f}", ex_s=f"{micro * tp.batch_size / (time.time() - started):.1f}")
-                if log_metrics:
-                    log_metrics({"train_loss": mean, "lr": sched.get_last_lr()[0]}, step)
-            if step % eval_every == 0 or step == total:
-                if do_eval():
-                    stop = res.stopped_early = True
-                    break
-            if step >= total:
-                break
-    bar.close()
-    if not res.evals or res.evals[-1]["step"] != step:
-        do_eval()
+    def keep(step: int) -> None:
+        best["state"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def log(rec: dict, step: int) -> None:
+        if log_metrics:
+            log_metrics({"train_loss": rec["loss"], "lr": rec["lr"]}, step)
+
+    stream = steps()
+    plan = Plan(total, eval_every=max(1, per_epoch // tp.evals_per_epoch), log_every=max(1, total // 50),
+                max_grad_norm=tp.max_grad_norm, patience=tp.early_stopping.patience,
+                min_delta=tp.early_stopping.min_delta)
+    # the training forward runs through the compiled view; evaluation, the best weights and the model handed back
+    # are the eager module's (the view shares its parameters)
+    res = run(model, opt, sched, lambda step: next(stream), MODEL_LOSS, dev, plan, prec,
+              forward=compiled_view(model) if compile_it else None, compiled=compile_it, compile_why=compile_why,
+              before_step=unfreeze, on_best=keep, on_log=log, desc=desc)
     if on_phase_end and phase >= 0:
         on_phase_end(phase, model)
     for p in model.parameters():
         p.requires_grad_(True)
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    res.steps, res.seconds = step, time.time() - started
-    res.compile_s = compile_seconds(step_times) if res.compiled else None
+    if best:
+        model.load_state_dict(best["state"])
     return res
