@@ -28,7 +28,7 @@ from bertpipe.pretrain.data import Example, collate, epoch_batches
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
 from bertpipe.pretrain.model import PretrainModel
 from bertpipe.training.checkpoint import atomic_save
-from bertpipe.training.loop import FP32, Objective, Plan, TrainResult, backward_step, lr_lambda, run, to_device
+from bertpipe.training.trainloop import FP32, Objective, Plan, TrainResult, backward_step, lr_lambda, run, to_device
 from bertpipe.training.processes import Dist, all_sum
 
 
