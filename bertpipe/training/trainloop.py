@@ -184,8 +184,8 @@ def run(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, feed: Callabl
     ``feed(step)``: that step's micro-batches for this process and their dropout seeds (or None). ``evaluate(step)``:
     (score, record[, what to keep]), higher scores better; the record goes into the history. ``forward``: the module
     the training steps run through (a compiled view of ``model``), ``model`` itself by default. ``before_step(step)``
-    runs first in every step (unfreezing phases). ``on_best(step)`` sees each new best evaluation (after the first
-    at the start). With ``scratch`` the run checkpoints model, optimiser, schedule, scaler and history to
+    runs first in every step (unfreezing phases). ``on_best(step)`` sees each new best evaluation (the one at the
+    start, ``plan.eval_at_start``, is a reference point, never the best). With ``scratch`` the run checkpoints model, optimiser, schedule, scaler and history to
     ``scratch/last.pt`` and resumes from it, replaying the steps an uninterrupted run takes."""
     from tqdm.auto import tqdm
 
@@ -271,7 +271,7 @@ def run(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, feed: Callabl
                    "tokens_per_s": tok / max(now - t_window, 1e-9), **dict(zip(objective.terms[1:], means[1:]))}
             state["history"].append(rec)
             if d.main:
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
                 if on_log is not None:
                     on_log({k: v for k, v in rec.items() if k != "step"}, step)
             pending, tokens, t_window = [], 0.0, now
