@@ -185,8 +185,9 @@ def run(model: torch.nn.Module, opt: torch.optim.Optimizer, sched, feed: Callabl
     (score, record[, what to keep]), higher scores better; the record goes into the history. ``forward``: the module
     the training steps run through (a compiled view of ``model``), ``model`` itself by default. ``before_step(step)``
     runs first in every step (unfreezing phases). ``on_best(step)`` sees each new best evaluation (the one at the
-    start, ``plan.eval_at_start``, is a reference point, never the best). With ``scratch`` the run checkpoints model, optimiser, schedule, scaler and history to
-    ``scratch/last.pt`` and resumes from it, replaying the steps an uninterrupted run takes."""
+    start, ``plan.eval_at_start``, is a reference point, never the best). With ``scratch`` the run checkpoints
+    model, optimiser, schedule, scaler and history to ``scratch/last.pt`` and resumes from it, replaying the steps an
+    uninterrupted run takes."""
     from tqdm.auto import tqdm
 
     d = Dist(device=next(model.parameters()).device) if d is None else d
