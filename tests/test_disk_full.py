@@ -38,7 +38,7 @@ def _stage(build) -> Stage:
 def _checkpoint(ctx):
     import torch
 
-    from bertpipe.pretrain.train import atomic_save  # the pretrain loop's own checkpoint writer
+    from bertpipe.training.checkpoint import atomic_save  # the training loop's checkpoint writer
 
     (ctx.out / "part.txt").write_text("begun")
     atomic_save({"model": torch.zeros(2_000_000)}, ctx.scratch / "last.pt")  # 8 MB into a 2 MB paths.state

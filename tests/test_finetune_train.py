@@ -8,6 +8,7 @@ import torch
 from tests.synthetic import keyword_classification, tiny_encoder
 from bertpipe.tasklib import Example
 from bertpipe.training import batches as B
+from bertpipe.training import layers
 from bertpipe.training import loop as TR
 from bertpipe.training import windows as W
 from bertpipe.training.features import featurize
@@ -59,7 +60,7 @@ def test_gradual_unfreezing_changes_only_the_phase_parameters(encoder, feats):
 
     TR.train(model, feats, tp, lambda m: (0.0, {}), 0, seed=0, on_phase_end=on_phase_end)
     assert sorted(changed) == [0, 1, 2]
-    depth = {k: TR.depth(k, 4) for k in before}
+    depth = {k: layers.depth(k, 4) for k in before}
     head = {k for k, d in depth.items() if d == 4}
     top2 = {k for k, d in depth.items() if d in (2, 3)}
     assert changed[0] and changed[0] <= head  # head only
@@ -72,7 +73,7 @@ def test_layer_wise_lr_decay_groups(encoder):
     model = _model(encoder)
     tp = TrainParams(lr=1e-3, head_lr=5e-3, layer_lr_decay=0.5)
     lr_of = {}
-    for g in TR.param_groups(model, tp):
+    for g in layers.param_groups(model, tp):
         for p in g["params"]:
             lr_of[id(p)] = (g["lr"], g["weight_decay"])
     named = dict(model.named_parameters())
@@ -209,8 +210,8 @@ def test_adamw_is_fused_on_the_cpu_and_steps_like_the_per_parameter_loop(encoder
     models = [_model(encoder) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     start = models[0].classifier.weight.detach().clone()
-    fused = adamw(TR.param_groups(models[0], tp), lr=tp.lr)
-    loop = torch.optim.AdamW(TR.param_groups(models[1], tp), lr=tp.lr)
+    fused = adamw(layers.param_groups(models[0], tp), lr=tp.lr)
+    loop = torch.optim.AdamW(layers.param_groups(models[1], tp), lr=tp.lr)
     assert fused.defaults["fused"] and not loop.defaults["fused"]
     for m in models:
         m.eval()  # no dropout: both models see the same forward

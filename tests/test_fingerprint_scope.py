@@ -132,12 +132,16 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
 
 def test_a_training_library_edit_moves_the_code_of_the_stages_that_import_it(checkout, demo):
     """A module of a library below the stages (bertpipe/training/, bertpipe/inference/) is the code of every stage
-    that imports it, and of no other: the training loop is finetune's and distill's, the scoring code also export's
-    and register's, the speed measurement distill's and export's; the tasks stage's code holds none of them."""
+    that imports it, and of no other: the one training loop is every training stage's, its task-model side finetune's
+    and distill's, the scoring code also export's and register's, the speed measurement distill's and export's; the
+    tasks stage's code holds none of them."""
     cfg, stages = demo
     assert any(n.startswith("distill/") for n in stages) and any(n.startswith("export/") for n in stages)
     before = digests(stages)
-    cases = (("bertpipe/training/loop.py", ("finetune/", "distill/"), ("splits", "prepare", "export/", "register")),
+    cases = (("bertpipe/training/trainloop.py", ("base", "pretrain", "finetune/", "distill/"),
+              ("splits", "prepare", "vocab", "export/", "register")),
+             ("bertpipe/training/loop.py", ("finetune/", "distill/"), ("splits", "prepare", "export/", "register",
+                                                                       "base", "pretrain")),
              ("bertpipe/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("splits", "prepare")),
              ("bertpipe/inference/speed.py", ("distill/", "export/"), ("finetune/", "splits")))
     for rel, moves, stays in cases:

@@ -130,7 +130,7 @@ class PretrainModel(nn.Module):
             out = self.mlm(**inputs, output_hidden_states=self.pair_head is not None)
             logits, target = out.logits[sel], labels[sel]
             hidden = out.hidden_states[-1] if self.pair_head is not None else None
-        # The sum lets the training loop normalise by the masked tokens of a whole step (see train.backward_step).
+        # The sum lets the training loop normalise by the masked tokens of a whole step (see train.MaskedLM).
         mlm_sum = nn.functional.cross_entropy(logits.float(), target, reduction="sum")
         n_masked = sel.sum()
         mlm_loss = mlm_sum / n_masked.clamp(min=1)

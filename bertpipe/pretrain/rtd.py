@@ -22,7 +22,7 @@ quality with ~1/4 of the compute" comes from (checked, not assumed: bench/bench_
 Interface: the same as ``model.PretrainModel`` (``forward(input_ids, attention_mask, token_type_ids, labels,
 pair_labels)`` -> dict with ``mlm_sum``/``mlm_loss``/``n_masked``, ``saved``: the module that becomes model/), plus
 ``disc_sum`` (summed over non-padding tokens), ``disc_weight`` and the discriminator's accuracy counts, which
-``train.backward_step``/``train.evaluate`` add when present.
+``train.MaskedLM`` (the training objective) and ``train.evaluate`` add when present.
 """
 
 from __future__ import annotations

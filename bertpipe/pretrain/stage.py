@@ -21,7 +21,8 @@ from bertpipe.execution import should_compile
 from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report, rtd, tokstore
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.pretrain.train import elastic_restarts, eval_batches, safe_load, setup_distributed, train
+from bertpipe.pretrain.train import elastic_restarts, eval_batches, setup_distributed, train
+from bertpipe.training.checkpoint import safe_load
 
 
 def build(ctx) -> dict:

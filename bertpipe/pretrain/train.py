@@ -1,23 +1,19 @@
-"""The training loop: bucketed batches, dynamic masking, bf16 autocast, DDP, atomic checkpoints and exact resume.
+"""Pretraining's part of the one training loop (``bertpipe.training.loop``): its data, masks, objective and
+held-out evaluation, and the processes under torchrun.
 
-Why a short loop of our own rather than transformers' Trainer: the speed-ups this stage exists for (MLM head only at
-the chosen positions, length buckets that DDP shards deterministically, masks that are a pure function of
-(seed, step, batch)) would each need a Trainer override (compute_loss, get_train_dataloader, the collator's RNG), and
-exact resume after SIGKILL needs atomic checkpoints that Trainer does not write. Everything that makes the result a
-pure function of (params, data, step) is in this file: data order = f(seed, epoch); mask and dropout = f(seed, step,
-j), j the micro-batch's place among the step's ``grad_accum x processes`` batches, so N processes with accumulation
-G train on the same batches with the same masks as one process with N x G; a checkpoint holds model, optimiser,
-schedule and history, so a resumed run replays the same steps as an uninterrupted one.
+Everything that makes the result a pure function of (params, data, step) is here or in the loop: data order =
+f(seed, epoch); mask and dropout = f(seed, step, j), j the micro-batch's place among the step's ``grad_accum x
+processes`` batches, so N processes with accumulation G train on the same batches with the same masks as one process
+with N x G; a checkpoint holds model, optimiser, schedule and history, so a resumed run replays the same steps as an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import os
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,26 +22,17 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from bertpipe.device import Precision, autocast, grad_scaler, precision_for
-from bertpipe.errors import BertpipeError
-from bertpipe.execution import compile_in_place, compile_seconds, should_compile
+from bertpipe.device import Precision, autocast, precision_for
+from bertpipe.execution import compile_in_place, should_compile
 from bertpipe.pretrain.data import Example, collate, epoch_batches
 from bertpipe.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
 from bertpipe.pretrain.model import PretrainModel
+from bertpipe.training.checkpoint import atomic_save
+from bertpipe.training.trainloop import FP32, Objective, Plan, TrainResult, backward_step, lr_lambda, run, to_device
+from bertpipe.training.processes import Dist, all_sum
 
 
 # ---------------------------------------------------------------- processes
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
 
 
 def setup_distributed() -> Dist:
@@ -94,69 +81,7 @@ def state_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def all_sum(values: list[float], d: Dist) -> list[float]:
-    if d.world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=d.device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def plain(obj):
-    """``obj`` as tensors and plain Python values only (numpy scalars become numbers), so it loads with
-    ``weights_only=True``: a checkpoint is data, never code to unpickle."""
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    if isinstance(obj, dict):
-        return {k: plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(plain(v) for v in obj)
-    if hasattr(obj, "item"):
-        return obj.item()
-    raise TypeError(f"checkpoint value of type {type(obj).__name__} is not a tensor or plain value")
-
-
-def atomic_save(obj, path: Path) -> None:
-    """Write then rename: a reader (or a resumed run after SIGKILL) sees the old file or the new one, never half."""
-    from bertpipe.outputs import atomic_file
-
-    with atomic_file(path) as tmp:
-        torch.save(plain(obj), tmp)
-
-
-def safe_load(path: Path) -> dict:
-    """Load a checkpoint with ``weights_only=True``; anything else in it (a crafted pickle) is refused."""
-    import pickle
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise BertpipeError(f"{path}: not a checkpoint of tensors and plain values, refusing to load it ({first}); "
-                            f"delete it to start this stage over") from None
-
-
-def load_checkpoint(scratch: Path) -> dict | None:
-    p = scratch / "last.pt"
-    return safe_load(p) if p.is_file() else None
-
-
-# ---------------------------------------------------------------- schedule
-
-
-def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        frac = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * frac)) if schedule == "cosine" else 1.0 - frac
-
-    return f
+# ---------------------------------------------------------------- optimiser
 
 
 def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
@@ -165,9 +90,6 @@ def make_optimizer(model: torch.nn.Module, p) -> torch.optim.Optimizer:
     from bertpipe.device import adamw, weight_decay_groups
 
     return adamw(weight_decay_groups(model, p.weight_decay), lr=p.lr, betas=(0.9, 0.98), eps=1e-6)
-
-
-FP32 = Precision("fp32", "default")
 
 
 # ---------------------------------------------------------------- batches on device
@@ -191,10 +113,6 @@ class Batches:
             all_b = epoch_batches(self.lengths, self.p.batch_size, self.p.seed, epoch, self.p.bucket)
             self._cache, self._epoch = all_b[self.d.rank :: self.d.world], epoch
         return [self.examples[j] for j in self._cache[i]]
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def static_masked(examples: list[Example], spec: MaskSpec, mask_id: int, replace_ids, seed: int, pad_id: int) -> dict:
@@ -266,62 +184,54 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, prec: Precision
     return res
 
 
-# ---------------------------------------------------------------- one optimizer step's gradients
 
 
-def backward_step(model, micro_batches: list[dict], d: Dist, prec: Precision = FP32, scaler=None,
-                  seeds: list[int] | None = None) -> list[dict]:
-    """Forward and backward over one optimizer step's micro-batches; returns each micro-batch's outputs.
+# ---------------------------------------------------------------- the objective
+
+
+class MaskedLM(Objective):
+    """MLM, with the pair (NSP/SOP) loss and RTD's discriminator where the model has them.
 
     The MLM loss is normalised by the masked tokens of the whole step, summed over micro-batches and processes (as
     transformers does with ``num_items_in_batch``), so every masked token weighs the same however the step is cut:
     micro-batches with unequal masked counts give the gradient of one big batch. DDP averages gradients over
-    processes, hence the factor ``world``. The pair (NSP/SOP) loss is per example: a mean per micro-batch, averaged.
-    RTD's discriminator loss (``disc_sum``, over every non-padding token) is normalised the same way, by the step's
-    non-padding tokens, and weighted by ``disc_weight``. Under fp16 ``scaler`` (a GradScaler) scales the loss.
-    ``seeds[k]`` seeds the global RNG (dropout, RTD's sampling) before micro-batch ``k``.
-    """
-    n_step, tok_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches)),
-                                float(sum(int(b["attention_mask"].sum()) for b in micro_batches))], d)
-    scale = d.world / max(n_step, 1.0)
-    outs = []
-    for k, b in enumerate(micro_batches):
-        b = to_device(b, d.device)
-        last = k == len(micro_batches) - 1
-        sync = model.no_sync() if (d.world > 1 and not last) else contextlib.nullcontext()
-        if seeds is not None:
-            torch.manual_seed(seeds[k])
-        with sync:
-            with autocast(d.device, prec):
-                out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
-                            doc_ids=b.get("doc_ids"))
+    processes, hence the factor ``world``. The pair loss is per example: a mean per micro-batch, averaged. RTD's
+    discriminator loss (``disc_sum``, over every non-padding token) is normalised the same way, by the step's
+    non-padding tokens, and weighted by ``disc_weight``. Logged: the MLM loss (RTD: the generator's) as ``loss``."""
+
+    OUTPUTS = {"loss": "mlm_loss", "pair_loss": "pair_loss", "disc_loss": "disc_loss"}
+
+    def __init__(self, pair: bool = False, rtd: bool = False):
+        self.terms = ("loss",) + ("pair_loss",) * pair + ("disc_loss",) * rtd
+
+    def shares(self, micro_batches, d):
+        n_step, tok_step = all_sum([float(sum(int((b["labels"] != IGNORE).sum()) for b in micro_batches)),
+                                    float(sum(int(b["attention_mask"].sum()) for b in micro_batches))], d)
+        scale = d.world / max(n_step, 1.0)
+
+        def share(out):
             loss = out["mlm_sum"] * scale
             if "disc_sum" in out:
                 loss = loss + out["disc_weight"] * out["disc_sum"] * (d.world / max(tok_step, 1.0))
             if "pair_loss" in out:
                 loss = loss + out["pair_loss"] / len(micro_batches)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        outs.append(out)
-    return outs
+            return loss
+
+        return [share] * len(micro_batches)
+
+    def forward(self, model, b):
+        return model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
+                     doc_ids=b.get("doc_ids"))
+
+    def logged(self, out):
+        return torch.stack([out[self.OUTPUTS[t]].detach().float() for t in self.terms])
 
 
-# ---------------------------------------------------------------- the loop
+# the loop's step with the MLM objective (bench/bench_pretrain.py --profile times it)
+backward_step = functools.partial(backward_step, objective=MaskedLM())
 
 
-@dataclass
-class TrainResult:
-    step: int
-    history: list[dict]
-    best: dict  # {"eval_loss", "step"}
-    final_eval: dict
-    tokens: float  # non-padding tokens seen, all processes, this run and the runs it resumed
-    train_seconds: float  # this process's training time (excluding evals)
-    stopped: str  # max_steps | max_time_s | early_stop
-    resumed_from: int
-    precision: Precision = FP32  # what it ran in, and why
-    compiled: bool = False
-    compile_why: str = ""  # the compile setting and why it was (not) applied
-    compile_s: float | None = None  # the slow first steps' time over the median step: what compiling cost
+# ---------------------------------------------------------------- pretraining
 
 
 def train(
@@ -338,61 +248,28 @@ def train(
     extra_eval_steps: set[int] = frozenset(),
     compile_key: str = "pretrain.compile",
 ) -> TrainResult:
+    """Pretrain ``pm`` on ``train_ex`` through the one loop: the data order a function of (seed, epoch), the masks and
+    dropout of (seed, step, j), checkpoints in ``scratch`` (``best.pt``: the best held-out loss's weights)."""
     prec = precision_for(p.precision, d.device)
-    compiled, compile_why = should_compile(p.compile, p.max_steps, d.device, compile_key)
+    compile_it, compile_why = should_compile(p.compile, p.max_steps, d.device, compile_key)
     if d.main:
         print(f"[pretrain] precision {prec.words()}; {compile_why}", file=sys.stderr, flush=True)
-    scaler = grad_scaler(d.device, prec)
     pm.to(d.device)
     opt = make_optimizer(pm, p)
-    warmup = int(math.ceil(p.warmup_ratio * p.max_steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(p.schedule, warmup, p.max_steps))
-    state = {"step": 0, "history": [], "best": {"eval_loss": float("inf"), "step": -1}, "tokens": 0.0, "bad": 0}
-    scratch.mkdir(parents=True, exist_ok=True)
-    ck = load_checkpoint(scratch)
-    if ck is not None:
-        pm.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        sched.load_state_dict(ck["sched"])
-        if ck.get("scaler"):
-            scaler.load_state_dict(ck["scaler"])
-        state = ck["state"]
-        if d.main:
-            print(f"[pretrain] resuming from checkpoint at step {state['step']}", file=sys.stderr, flush=True)
-    resumed_from = state["step"]
-    if compiled:
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(p.schedule, int(math.ceil(p.warmup_ratio * p.max_steps)), p.max_steps))
+    if compile_it:
         compile_in_place(pm)
-    model = pm
-    if d.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(pm, device_ids=[d.device.index] if d.device.type == "cuda" else None)
     batches = Batches(train_ex, p, d, tokenizer.pad_token_id)
     static = (
         static_masked(train_ex, spec, tokenizer.mask_token_id, replace_ids, p.seed, tokenizer.pad_token_id)
         if p.masking == "static" else None
     )
-    if not state["history"]:  # the starting point, so the curve shows how far the loss fell
-        state["history"].append({"step": 0, "tokens": 0.0, **evaluate(pm, eval_set, d, prec)})
-        if d.main:
-            on_log({k: v for k, v in state["history"][0].items() if k.startswith("eval")}, 0)
-    pm.train()
-    bar = tqdm(total=p.max_steps, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
-               desc=f"pretrain {prec.dtype}", unit="step")
-    window = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens, disc loss sum
-    t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
-    final_eval: dict = {}
     # BERTPIPE_PRETRAIN_TRACE=<dir>: each process records what it trained on and its final weights (DDP tests)
     trace_dir = os.environ.get("BERTPIPE_PRETRAIN_TRACE")
     trace = {"rank": d.rank, "world": d.world, "batches": []} if trace_dir else None
-    step_times: list[float] = []  # the first steps' times: what compiling cost
 
-    def save(step: int) -> None:
-        if d.main:
-            atomic_save({"model": pm.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
-                         "scaler": scaler.state_dict(), "state": state}, scratch / "last.pt")
-
-    while state["step"] < p.max_steps:
-        step = state["step"]
-        t0 = time.perf_counter()
+    def feed(step: int) -> tuple[list[dict], list[int]]:
         micro_batches, seeds = [], []
         for micro in range(p.grad_accum):
             # this micro-batch's place among the step's batches (Batches deals them to ranks in turn): masks and
@@ -410,81 +287,33 @@ def train(
                 ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
             b["input_ids"], b["labels"] = ids, labels
             micro_batches.append(b)
-        # Losses stay device tensors until the log step: a float() per micro-batch is a host-device sync per step.
-        for out, b in zip(backward_step(model, micro_batches, d, prec, scaler, seeds), micro_batches):
-            window[0] += out["mlm_loss"].detach()
-            window[1] += out["pair_loss"].detach() if "pair_loss" in out else 0.0
-            window[2] += 1
-            window[3] += float(b["attention_mask"].sum())  # a host tensor: no sync
-            window[4] += out["disc_loss"].detach() if "disc_loss" in out else 0.0
-        scaler.unscale_(opt)  # no-op unless fp16: clipping must see the true gradients
-        if p.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(pm.parameters(), p.max_grad_norm)
-        scaler.step(opt)  # fp16: skipped when the scaled gradients overflowed
-        scaler.update()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        train_s += time.perf_counter() - t0
-        if compiled and len(step_times) < 8:
-            step_times.append(time.perf_counter() - t0)
-        state["step"] = step = step + 1
-        bar.update(1)
-        stop = None
-        if p.max_time_s:
-            over = float(time.perf_counter() - started > p.max_time_s)
-            if all_sum([over], d)[0] > 0:  # every process stops at the same step
-                stop = "max_time_s"
+        return micro_batches, seeds
 
-        if step % p.log_every == 0 or step == p.max_steps or stop:
-            loss_s, pair_s, m, tok, disc_s = all_sum([float(w) for w in window], d)
-            now = time.perf_counter()
-            state["tokens"] += tok
-            rec = {"step": step, "loss": loss_s / m, "lr": sched.get_last_lr()[0], "tokens": state["tokens"],
-                   "tokens_per_s": tok / max(now - t_window, 1e-9)}
-            if p.pair_objective != "none":
-                rec["pair_loss"] = pair_s / m
-            if p.objective == "rtd":  # "loss" is then the generator's MLM loss
-                rec["disc_loss"] = disc_s / m
-            state["history"].append(rec)
-            if d.main:
-                bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-                on_log({k: v for k, v in rec.items() if k != "step"}, step)
-            window, t_window = [0.0] * 5, now
+    def held_out(step: int) -> tuple[float, dict]:
+        ev = evaluate(pm, eval_set, d, prec)
+        if d.main:
+            on_log(ev, step)
+            if step:
+                tqdm.write(f"[pretrain] step {step}: held-out {p.objective.upper()} loss {ev['eval_loss']:.4f} "
+                           f"(MLM ppl {ev['eval_ppl']:.1f})", file=sys.stderr)
+        return -ev["eval_loss"], ev
 
-        if step % p.eval_every == 0 or step == p.max_steps or step in extra_eval_steps or stop:
-            ev = evaluate(pm, eval_set, d, prec)
-            final_eval = ev
-            state["history"].append({"step": step, "tokens": state["tokens"], **ev})
-            if d.main:
-                on_log(ev, step)
-                bar.write(f"[pretrain] step {step}: held-out {p.objective.upper()} loss {ev['eval_loss']:.4f} "
-                          f"(MLM ppl {ev['eval_ppl']:.1f})", file=sys.stderr)
-            if ev["eval_loss"] < state["best"]["eval_loss"] - 1e-4:
-                state["best"] = {"eval_loss": ev["eval_loss"], "step": step}
-                state["bad"] = 0
-                if d.main:
-                    atomic_save({"step": step, "model": pm.saved.state_dict()}, scratch / "best.pt")
-            else:
-                state["bad"] += 1
-                if p.early_stop_patience and state["bad"] >= p.early_stop_patience and stop is None:
-                    stop = "early_stop"
-        if step % p.save_every == 0 or stop or step == p.max_steps:
-            save(step)
-        if stop:
-            stopped = stop
-            break
-    bar.close()
+    def keep_best(step: int) -> None:
+        if d.main:
+            atomic_save({"step": step, "model": pm.saved.state_dict()}, scratch / "best.pt")
+
+    plan = Plan(p.max_steps, eval_every=p.eval_every, log_every=p.log_every, max_grad_norm=p.max_grad_norm,
+                save_every=p.save_every, patience=p.early_stop_patience, min_delta=1e-4, max_time_s=p.max_time_s,
+                eval_at_start=True, extra_eval_steps=frozenset(extra_eval_steps))
+    objective = MaskedLM(pair=p.pair_objective != "none", rtd=p.objective == "rtd")
+    res = run(pm, opt, sched, feed, objective, held_out, plan, prec, d, scratch=scratch, compiled=compile_it,
+              compile_why=compile_why, on_best=keep_best, on_log=on_log, desc="pretrain")
     if trace is not None:
         import json
 
         trace["digest"] = state_digest(pm.saved)
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
         (Path(trace_dir) / f"rank{d.rank}.json").write_text(json.dumps(trace))
-    if not final_eval:  # resumed at the very end: the history holds the last evaluation
-        final_eval = next((h for h in reversed(state["history"]) if "eval_loss" in h), {})
-    compile_s = compile_seconds(step_times) if compiled else None
-    if compiled and d.main and compile_s is not None:
-        print(f"[pretrain] compiling took ~{compile_s:.1f} s of the first steps", file=sys.stderr, flush=True)
-    return TrainResult(state["step"], state["history"], state["best"], final_eval, state["tokens"], train_s, stopped,
-                       resumed_from, prec, compiled, compile_why, compile_s)
-
+    if compile_it and d.main and res.compile_s is not None:
+        print(f"[pretrain] compiling took ~{res.compile_s:.1f} s of the first steps", file=sys.stderr, flush=True)
+    return res

@@ -22,7 +22,8 @@ from bertpipe.modelinfo import clamp_seq_len
 from bertpipe.pretrain import data, model, report
 from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.pretrain.tapt.corpus import tapt_corpus
-from bertpipe.pretrain.train import Dist, eval_batches, safe_load, train
+from bertpipe.pretrain.train import Dist, eval_batches, train
+from bertpipe.training.checkpoint import safe_load
 
 
 def planned_steps(p, segments: int) -> int:
