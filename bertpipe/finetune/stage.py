@@ -183,7 +183,8 @@ def build(ctx, task: str, encoder: str) -> dict:
 
             modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                             base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
-                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
+                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).", task=p,
+                            max_seq_len=tp.max_seq_len)
             _write_predictions(ctx.out / "predictions_test.jsonl", recs)
             for r in per_seed.values():
                 r.pop("saved", None)
