@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from bertpipe import dvclock
+from bertpipe import dvclock, progress
 from bertpipe.config import Config
 from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
 from bertpipe.stage import Stage
@@ -52,6 +52,7 @@ def domain_adaptation(
     params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
     until: str | None = None, knobs: Knobs | None = None,
 ) -> dict:
+    progress.lines_unless_terminal()  # in-process stages' progress bars: whole lines in a log, not redraws
     overrides = list(overrides or []) + (knobs.overrides() if knobs else [])  # a knob is an override, last
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)

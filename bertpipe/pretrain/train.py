@@ -376,7 +376,7 @@ def train(
             on_log({k: v for k, v in state["history"][0].items() if k.startswith("eval")}, 0)
     pm.train()
     bar = tqdm(total=p.max_steps, initial=state["step"], disable=not d.main, file=sys.stderr, dynamic_ncols=True,
-               desc=f"pretrain {prec.dtype}", unit="step")
+               desc=f"pretrain {prec.dtype}", unit="step", mininterval=2.0)
     window = [0.0, 0.0, 0.0, 0.0, 0.0]  # loss sum, pair loss sum, micro-batches, non-padding tokens, disc loss sum
     t_window, train_s, stopped, started = time.perf_counter(), 0.0, "max_steps", time.perf_counter()
     final_eval: dict = {}

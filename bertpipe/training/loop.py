@@ -162,7 +162,7 @@ def train(
     # step waits for the device (on an accelerator the host queues the next step's kernels meanwhile)
     pending: list[torch.Tensor] = []
     started = time.time()
-    bar = tqdm(total=total, desc=f"{desc} {prec.dtype}", unit="step", file=sys.stderr, leave=False)
+    bar = tqdm(total=total, desc=f"{desc} {prec.dtype}", unit="step", file=sys.stderr, leave=False, mininterval=2.0)
 
     def set_phase(i: int) -> None:
         for name, p in model.named_parameters():
