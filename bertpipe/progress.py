@@ -1,7 +1,8 @@
 """Progress output fit for where it goes. A terminal gets tqdm's bars (each redrawn at most every 2 s: their
-``mininterval``). A file or a pipe (``bertpipe finetune 2> log``, a stage process the flow relays into its log file and the Prefect
-UI) gets whole lines instead: a bar's carriage-return redraws become one line per ``LINE_EVERY_S`` seconds at most,
-so a long run's log stays a few lines per minute, not megabytes on one line. Imports nothing heavy."""
+``mininterval``). A file or a pipe (``bertpipe finetune 2> log``, a stage process the flow relays into its log file
+and the Prefect UI) gets whole lines instead: a bar's carriage-return redraws become one line per ``LINE_EVERY_S``
+seconds at most, so a long run's log stays a few lines per minute, not megabytes on one line. Imports nothing
+heavy."""
 
 from __future__ import annotations
 
