@@ -7,6 +7,7 @@ heavy."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -21,11 +22,13 @@ class Lines:
     def __init__(self, emit: Callable[[str], None], every_s: float = LINE_EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.emit, self.every_s, self.clock = emit, every_s, clock
-        self.partial = ""  # the current line, not yet ended by "\n" or "\r"
+        self.partial = ""  # the current line, not yet ended by "\n" or "\r" (or ending in a held "\r")
         self.last_redraw = float("-inf")
 
     def feed(self, text: str) -> None:
-        text = self.partial + text.replace("\r\n", "\n")
+        text = self.partial + text
+        held = "\r" if text.endswith("\r") else ""  # it may be the first half of a "\r\n" split between writes
+        text = text[: len(text) - len(held)].replace("\r\n", "\n")
         start = 0
         for i, ch in enumerate(text):
             if ch == "\n":
@@ -38,7 +41,7 @@ class Lines:
             else:
                 continue
             start = i + 1
-        self.partial = text[start:]
+        self.partial = text[start:] + held
 
     def close(self) -> None:
         """Pass on what is left of the current line (a process that ended without a newline)."""
@@ -48,18 +51,21 @@ class Lines:
 
 
 class _LineStream:
-    """A text stream in front of ``sys.stderr`` that writes through ``Lines``."""
+    """A text stream in front of ``sys.stderr`` that writes through ``Lines`` (one writer at a time: the flow's
+    stage threads share it)."""
 
     def __init__(self, stream):
         self._stream = stream
         self._lines = Lines(self._write_line)
+        self._lock = threading.Lock()
 
     def _write_line(self, line: str) -> None:
         self._stream.write(line + "\n")
         self._stream.flush()
 
     def write(self, text: str) -> int:
-        self._lines.feed(text)
+        with self._lock:
+            self._lines.feed(text)
         return len(text)
 
     def flush(self) -> None:
@@ -69,7 +75,8 @@ class _LineStream:
         return False
 
     def close_lines(self) -> None:
-        self._lines.close()
+        with self._lock:
+            self._lines.close()
         self._stream.flush()
 
     def __getattr__(self, name: str):  # fileno, encoding, errors, ...: the real stream's

@@ -25,7 +25,8 @@ def test_lines_pass_whole_lines_and_a_bar_once_per_interval():
         lines.feed(f"\rtrain  {step}/5 steps")
         now[0] += 3.0
     lines.feed("\r" + " " * 30 + "\r")  # a bar that erases itself on close (leave=False)
-    lines.feed("[finetune/t] done\r\n")
+    lines.feed("[finetune/t] done\r")
+    lines.feed("\n")  # a "\r\n" split between two writes ends one line
     lines.feed("no newline at the end")
     lines.close()
     # the first drawing at once, the next one 10 s later; the erase goes nowhere
