@@ -56,10 +56,6 @@ def _classification(train: Sequence, test: Sequence, labels: Sequence[str] | Non
     return {name: M.classification_metrics(gold, pred, labs) for name, pred in preds.items()}
 
 
-def classification_baselines(train: Sequence, test: Sequence, labels: Sequence[str] | None = None) -> dict:
-    return {name: flat for name, (flat, _) in _classification(train, test, labels).items()}
-
-
 # ---------------------------------------------------------------- NER
 
 
@@ -125,10 +121,6 @@ def _ner(train: Sequence, test: Sequence) -> dict[str, tuple[dict, dict]]:
     lex = Lexicon.from_train(train)
     return {"majority": _ner_scored(test, [[] for _ in test]),
             "lexicon": _ner_scored(test, [lex.match(ex.text) for ex in test])}
-
-
-def ner_baselines(train: Sequence, test: Sequence) -> dict:
-    return {name: flat for name, (flat, _) in _ner(train, test).items()}
 
 
 def class_scores(details: dict) -> dict[str, dict]:
