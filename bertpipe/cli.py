@@ -642,9 +642,10 @@ def models_predict(
 def main() -> None:  # pragma: no cover
     import signal
 
-    from bertpipe import lifeline
+    from bertpipe import lifeline, progress
 
     lifeline.start()  # what this command starts (stages, servers, pools) ends with it, even on SIGKILL
+    progress.lines_unless_terminal()  # stderr to a file or pipe: progress bars as occasional whole lines
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (a scheduler stopping the job, `kill`) unwinds like Ctrl-C: temp dirs removed, MLflow run KILLED.
     signal.signal(signal.SIGTERM, raise_terminated)

@@ -248,6 +248,26 @@ def _param_value(v: Any) -> str:
     return s if len(s) <= 6000 else s[:5997] + "..."
 
 
+def dataset_inputs(datasets: list[tuple[Path | str, str, str, str]]) -> list:
+    """MLflow dataset inputs of a run, each given as (local path, name, digest, context): the data a model saw,
+    with its digest, under the run's Datasets."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    out = []
+    for path, name, digest, context in datasets:
+        with warnings.catch_warnings():  # MLflow's "local" source is registered twice: silence its which-one warning
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(str(path))
+        out.append(DatasetInput(MetaDataset(source, name=name, digest=digest)._to_mlflow_entity(),
+                                tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+    return out
+
+
 class StageRun:
     def __init__(self, cfg: Config, run_id: str, c):
         self.cfg = cfg
@@ -273,6 +293,11 @@ class StageRun:
         items = [Param(k[:250], _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_datasets(self, datasets: list[tuple[Path | str, str, str, str]]) -> None:
+        """The run's data inputs (``dataset_inputs``)."""
+        if datasets:
+            self.client.log_inputs(self.run_id, datasets=dataset_inputs(datasets))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         for k, v in tags.items():

@@ -24,6 +24,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from bertpipe import dvclock
 from bertpipe.config import Config
 from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
+from bertpipe.progress import lines_unless_terminal
 from bertpipe.stage import Stage
 from bertpipe.tracking import flow_run
 from bertpipe_prefect.flows import artifacts, cancel
@@ -53,6 +54,7 @@ def domain_adaptation(
     params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,
     until: str | None = None, knobs: Knobs | None = None,
 ) -> dict:
+    lines_unless_terminal()  # in-process stages' progress bars: whole lines in a log, not redraws
     overrides = list(overrides or []) + (knobs.overrides() if knobs else [])  # a knob is an override, last
     params = str(Path(params).resolve())
     cfg = load_config(params, profile, overrides)

@@ -171,32 +171,30 @@ def _run_logger():
         return None
 
 
-def _relay(pipe, fh, stage_name: str, every_s: float = 10.0) -> None:
-    """Copy the child's output to its log file and, line by line, to the task run's logger, so it reaches the
-    Prefect UI. Progress bars redraw with carriage returns: only one redraw per ``every_s`` is passed on."""
+def _relay(pipe, fh, stage_name: str) -> None:
+    """Copy the child's output to its log file and to the task run's logger (so it reaches the Prefect UI), as whole
+    lines: a progress bar's carriage-return redraws become a line every few seconds (``bertpipe.progress.Lines``).
+    The logger's lines carry the stage's name once: the child's own ``[stage]`` lines are not prefixed again."""
+    import codecs
+
+    from bertpipe.progress import Lines
+
     logger = _run_logger()
-    buf, last_bar = b"", 0.0
-    for chunk in iter(lambda: pipe.read1(65536), b""):
-        fh.write(chunk)
+    prefix = f"[{stage_name}]"
+
+    def emit(line: str) -> None:
+        fh.write(line.encode("utf-8") + b"\n")
         fh.flush()
-        if logger is None:
-            continue
-        buf += chunk
-        *done, buf = buf.replace(b"\r\n", b"\n").split(b"\n")
-        for line in done:
-            *redraws, final = line.split(b"\r")
-            text = final.decode("utf-8", errors="replace").strip()
-            if text:
-                logger.info("[%s] %s", stage_name, text)
-        if b"\r" in buf:  # a bar still redrawing on the current line
-            now = time.monotonic()
-            pieces = buf.split(b"\r")
-            if now - last_bar >= every_s and pieces[-2:-1] and pieces[-2].strip():
-                logger.info("[%s] %s", stage_name, pieces[-2].decode("utf-8", errors="replace").strip())
-                last_bar = now
-            buf = pieces[-1]
-    if logger is not None and buf.strip():
-        logger.info("[%s] %s", stage_name, buf.decode("utf-8", errors="replace").strip())
+        text = line.strip()
+        if logger is not None and text:
+            logger.info("%s", text if text.startswith(prefix) else f"{prefix} {text}")
+
+    lines = Lines(emit)
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        lines.feed(decode(chunk))
+    lines.feed(decode(b"", final=True))
+    lines.close()
 
 
 def _result(name: str, out, fp: str, status: str, metrics: dict, run_id: str | None) -> dict:

@@ -16,7 +16,7 @@ def _cls(rows, prefix):
 def test_majority_by_hand():
     train = [Example(id=str(i), text="x", label=lab) for i, lab in enumerate(["pos", "pos", "pos", "neg"])]
     test = [Example(id=str(i), text="y", label=lab) for i, lab in enumerate(["pos", "pos", "neg", "neg"])]
-    r = BL.classification_baselines(train, test, ["neg", "pos"])["majority"]
+    r = BL.task_baselines("classification", {"train": train, "test": test}, ["neg", "pos"])["majority"]
     # always "pos": pos p 1/2 r 1 -> f1 2/3; neg f1 0; macro over both present classes
     assert r["accuracy"] == pytest.approx(0.5) and r["macro_f1"] == pytest.approx(1 / 3)
 
@@ -52,7 +52,7 @@ def test_lexicon_longest_match_drops_strings_that_are_rarely_entities():
     assert "中" not in lex.entries and lex.entries["张三"] == "PER" and lex.entries["美"] == "LOC"
     assert lex.match("北京大学的张三去北京") == [(0, 4, "ORG"), (5, 7, "PER"), (8, 10, "LOC")]
     test = [_ner("张三和李四在北京", [("张三", "PER"), ("李四", "PER"), ("北京", "LOC")]), _ner("其中", [])]
-    r = BL.ner_baselines(train, test)
+    r = BL.task_baselines("ner", {"train": train, "test": test})
     # lexicon finds 张三 and 北京 (2 of 3 gold, no false positives): p 1, r 2/3
     assert r["lexicon"]["precision"] == pytest.approx(1.0) and r["lexicon"]["recall"] == pytest.approx(2 / 3)
     assert r["lexicon"]["f1"] == pytest.approx(0.8) and r["majority"]["f1"] == 0.0

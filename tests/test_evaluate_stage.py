@@ -97,6 +97,48 @@ def test_a_degenerate_encoder_gets_no_difference_and_the_verdict_names_it():
                           "majority-class baseline by +0.470.")
 
 
+def test_a_class_an_encoder_never_gets_right_that_a_baseline_finds_is_named_in_the_verdict_and_report():
+    from bertpipe.evaluate import report as R
+    from bertpipe.evaluate.stage import lost_classes
+    from bertpipe.scoring import baselines as BL
+    from bertpipe.scoring import metrics as M
+    from bertpipe.tasklib import Example
+
+    rows = S.keyword_classification(240, seed=3, labels=("pos", "neg", "mid"))
+    train, test = [[Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in part]
+                   for part in (rows[:180], rows[180:])]
+    scored = BL.scored_baselines("classification", {"train": train, "test": test}, ["pos", "neg", "mid"])
+    gold = [ex.label for ex in test]
+    labels = ["pos", "neg", "mid"]
+    # adapted calls every 'mid' example 'pos' (two classes predicted, so not degenerate); base gets them all right
+    adapted = M.classification_metrics(gold, ["pos" if g == "mid" else g for g in gold], labels)
+    base = M.classification_metrics(gold, gold, labels)
+    lost = lost_classes({"base": base[1], "adapted": adapted[1]}, {n: d for n, (_, d) in scored.items()})
+    assert lost == {"adapted": {"mid": {"support": 20, "baseline": "tfidf",
+                                        "baseline_recall": scored["tfidf"][1]["per_class"]["mid"]["recall"]}}}
+    t = {"type": "classification", "primary": "macro_f1", "baselines": {n: f for n, (f, _) in scored.items()},
+         "base": {"macro_f1": {"mean": base[0]["macro_f1"]}}, "adapted": {"macro_f1": {"mean": adapted[0]["macro_f1"]}},
+         "lost_classes": lost}
+    r = lost["adapted"]["mid"]["baseline_recall"]
+    assert r > 0.9 and verdict(t).endswith(
+        f"; adapted never gets class 'mid' right (20 test examples, recall 0), which the TF-IDF baseline does "
+        f"(recall {r:.3f}).")
+    t["verdict"] = verdict(t)
+    report = R.markdown({"encoders": ["base", "adapted"], "split": "test", "tasks": {"cls": t}}, {}, {})
+    assert f"- **cls**: {t['verdict']}" in report.splitlines()
+    # NER: the lexicon finds PER; an encoder that finds only LOC loses PER; all-O finds nothing, so it names nothing
+    ner_train = [Example(id=str(i), text=f"{n}在{c}工作", spans=[(0, 2, "PER"), (3, 5, "LOC")])
+                 for i, (n, c) in enumerate([("张三", "北京"), ("李四", "上海"), ("王五", "广州")])]
+    ner_test = [Example(id="t", text="李四去北京", spans=[(0, 2, "PER"), (3, 5, "LOC")])]
+    found = {n: d for n, (_, d) in BL.scored_baselines("ner", {"train": ner_train, "test": ner_test}).items()}
+    only_loc = M.ner_metrics([["B-PER", "I-PER", "O", "B-LOC", "I-LOC"]], [["O", "O", "O", "B-LOC", "I-LOC"]])[1]
+    assert lost_classes({"adapted": only_loc}, found) == {
+        "adapted": {"PER": {"support": 1, "baseline": "lexicon", "baseline_recall": 1.0}}}
+    assert "adapted never gets entity type 'PER' right (1 test example," in verdict(
+        {"type": "ner", "primary": "f1", "adapted": {"f1": {"mean": 0.5}},
+         "lost_classes": lost_classes({"adapted": only_loc}, found)})
+
+
 def _write_predictions(d, recs):
     d.mkdir(parents=True)
     (d / "predictions_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")

@@ -126,8 +126,9 @@ def test_artifacts_child_logs_retries(project):
     # a user error (a source without the text field) is not retried
     (bad,) = out["bad"]
     assert bad["state"] == "Failed" and bad["runs"] == 1 and "bad.jsonl" in bad["message"], bad
-    # the child process's own lines reach the task run's logger
-    assert any(m.startswith("[prepare] [prepare] building") for m in out["logs"]), out["logs"][-20:]
+    # the child process's own lines reach the task run's logger, naming the stage once
+    assert any(m.startswith("[prepare] building") for m in out["logs"]), out["logs"][-20:]
+    assert not any(m.startswith("[prepare] [prepare]") for m in out["logs"]), out["logs"][-20:]
 
 
 def test_deployment_timezone_and_drop_dir_trigger(project):

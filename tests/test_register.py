@@ -583,3 +583,44 @@ def test_a_model_registered_from_a_worker_thread_gets_its_inferred_signature(tmp
     assert "Attempted to generate a signature" not in err, err[-2000:]
     outputs = got["info"].signature.outputs.to_dict()
     assert [o["name"] for o in outputs] == ["label", "score"], outputs
+
+
+def test_registering_and_loading_print_no_mlflow_warning(tmp_path, zh_tokenizer_dir, capfd):
+    """A classifier with its model card: the flavor stores that card instead of looking the local path up on the
+    Hub as a repo id (MLflow's "could not be retrieved from the hub" warning). The NER pyfunc, loaded in a fresh
+    process as a user loads it, predicts without MLflow's type-hint UserWarning."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer, BertConfig, BertForTokenClassification
+
+    from bertpipe import modelcard
+    from bertpipe.register.record import log_and_register
+    from bertpipe.tracking import experiment_id, fluent_mlflow, tracking_uri
+
+    cfg = make_project(tmp_path)
+    cls_dir = tiny_classifier(tmp_path / "cls", zh_tokenizer_dir, seed=1)
+    ctx = SimpleNamespace(cfg=cfg, name="finetune/sentiment/base", fingerprint="a" * 64, inputs={})
+    modelcard.write(cls_dir, ctx, pipeline_tag="text-classification", base_model="bert-base-chinese")
+    tok = AutoTokenizer.from_pretrained(str(zh_tokenizer_dir))
+    tags = ["O", "B-PER", "I-PER"]
+    BertForTokenClassification(BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        id2label=dict(enumerate(tags)), label2id={t: i for i, t in enumerate(tags)})).save_pretrained(tmp_path / "ner")
+    tok.save_pretrained(tmp_path / "ner")
+    capfd.readouterr()
+    with fluent_mlflow(cfg) as mlflow:
+        with mlflow.start_run(experiment_id=experiment_id(cfg)):
+            log_and_register(mlflow, "bertpipe-sentiment", cls_dir, "text-classification", "zh", [])
+            ner_version = log_and_register(mlflow, "bertpipe-ner", tmp_path / "ner", "token-classification", "zh", [])
+    err = capfd.readouterr().err
+    assert "could not be retrieved from the hub" not in err and "type hints" not in err, err[-3000:]
+    load = ("import mlflow, sys\nmlflow.set_tracking_uri(sys.argv[1])\n"
+            f"m = mlflow.pyfunc.load_model('models:/bertpipe-ner/{ner_version}')\n"
+            "print(type(m.predict(['张三在北京工作。'])[0]).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", load, tracking_uri(cfg)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "list", proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]

@@ -34,12 +34,19 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     cfg = load_config(tmp_path / "params.yaml")
     run_stage(splits_stage(cfg), cfg)
     ft = run_stage(finetune_stage("sentiment", "base"), cfg)
+    from bertpipe.tracking import client
+
+    splits = split_info(task_dir(cfg, "sentiment"))["splits"]
+    want = {f"sentiment/{s}": i["sha256"][:36] for s, i in splits.items() if i.get("sha256")}
+    # the finetune run names its data itself, before any register (a base-encoder run is never registered)
+    logged = client(cfg).get_run(ft.run_id).inputs.dataset_inputs
+    assert {d.dataset.name: d.dataset.digest for d in logged} == want and len(logged) == len(want), logged
+    contexts = {d.dataset.name: {t.key: t.value for t in d.tags}["mlflow.data.context"] for d in logged}
+    assert contexts == {"sentiment/train": "training", "sentiment/dev": "dev", "sentiment/test": "test"}, contexts
     for d in ("evaluate", "pretrain"):
         (tmp_path / "work" / d).mkdir(parents=True)
     write_baselines(tmp_path)
     run_stage(register_stage(ft.out), cfg)
-
-    from bertpipe.tracking import client
 
     c = client(cfg)
     rm = c.get_registered_model("bertpipe-sentiment")
@@ -54,8 +61,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     assert len(curve) >= 2 and curve[0].step < curve[-1].step
     assert "curves.png" in {f.path for f in c.list_artifacts(v.run_id)}
     digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
-    splits = split_info(task_dir(cfg, "sentiment"))["splits"]
-    assert digests == {f"sentiment/{s}": i["sha256"][:36] for s, i in splits.items() if i.get("sha256")}, digests
+    assert digests == want and len(run.inputs.dataset_inputs) == len(want), digests  # register adds no second copy
 
     # the saved model directory carries a Hugging Face model card and still loads in a pipeline
     from huggingface_hub import ModelCard

@@ -119,7 +119,8 @@ def build(ctx, task: str) -> dict:
     modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                     base_model=str(ctx.inputs.get("teacher", "")), labels=labels,
                     metrics={f"test_{k}": v for k, v in results["student"]["test"].items()},
-                    notes="A distilled student of the base model above (its teacher).")
+                    notes="A distilled student of the base model above (its teacher).", task=p,
+                    max_seq_len=stp.max_seq_len)
     with open(ctx.out / "predictions_test.jsonl", "w", encoding="utf-8") as f:
         for r in results["student"]["recs"]:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -13,6 +13,8 @@ figures) and ``metrics.json``.
                       "delta": deltas["adapted"],
                       "degenerate": {encoder: "why"},  (only encoders every one of whose runs is degenerate)
                       "search": {encoder: {"chosen", "trials", "complete"}},
+                      "lost_classes": {encoder: {class: {"support", "baseline", "baseline_recall"}}},
+                                      (only classes the encoder never gets right on test while a baseline does)
                       "verdict": "plain sentences"}},
      "encoder_comparison": {"split": "test", "base": {"nll_per_char", "bits_per_char", "masked_chars", "spans", ...},
                             "adapted": {...}, "delta": {"nll_per_char", "ci95": [lo, hi], ...},
@@ -34,6 +36,7 @@ from bertpipe.cores import use_training_threads
 from bertpipe.errors import BertpipeError
 from bertpipe.evaluate import report as R
 from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.scoring import baselines as BL
 from bertpipe.scoring import bootstrap as B
 
 
@@ -164,9 +167,31 @@ def comparison(t: dict, enc: str) -> str:
     return f"{enc} − base is {span} (no interval)"
 
 
+def lost_classes(encoders: dict[str, dict], baselines: dict[str, dict]) -> dict:
+    """{encoder: {class: {"support", "baseline", "baseline_recall"}}} of the classes (entity types) an encoder gets
+    no test example of right (recall 0) while a baseline finds some; both map names to their metric details
+    (``bertpipe.scoring.baselines.class_scores`` reads them). Averages hide such a class; the verdict names it."""
+    found = {name: BL.class_scores(d) for name, d in baselines.items()}
+    out: dict = {}
+    for enc, details in encoders.items():
+        for c, v in BL.class_scores(details).items():
+            best = max(found, key=lambda n: (found[n].get(c, {}).get("recall", 0.0), n), default=None)
+            r = found[best].get(c, {}).get("recall", 0.0) if best else 0.0
+            if v["recall"] == 0 and r > 0:
+                out.setdefault(enc, {})[c] = {"support": v["support"], "baseline": best, "baseline_recall": r}
+    return out
+
+
+def _lost(t: dict) -> list[str]:
+    kind = "entity type" if t["type"] == "ner" else "class"
+    return [f"{enc} never gets {kind} {c!r} right ({v['support']} test example{'s' * (v['support'] > 1)}, recall 0), "
+            f"which the {BASELINE_NAMES.get(v['baseline'], v['baseline'])} does (recall {v['baseline_recall']:.3f})"
+            for enc, lost in t.get("lost_classes", {}).items() for c, v in lost.items()]
+
+
 def verdict(t: dict) -> str:
     """Plain sentences: each encoder against base (by its interval and its seeds), then the best encoder that
-    learned something against the strongest baseline."""
+    learned something against the strongest baseline, then each class an encoder loses that a baseline finds."""
     m = t["primary"]
     others = [e for e in ENCODER_ORDER if e != "base" and e in t] + sorted(
         e for e in t.get("deltas", {}) if e not in ENCODER_ORDER)
@@ -184,7 +209,7 @@ def verdict(t: dict) -> str:
             parts.append(f"{enc} beats the {name} by {value - scored[best]:+.3f}")
         else:
             parts.append(f"{enc} does not beat the {name} ({value:.3f} vs {scored[best]:.3f})")
-    return "; ".join(parts) + "."
+    return "; ".join(parts + _lost(t)) + "."
 
 
 def encoder_verdict(ec: dict) -> str:
@@ -202,9 +227,9 @@ def encoder_verdict(ec: dict) -> str:
     return f"adapted and base cannot be told apart on masked domain words: {words}."
 
 
-def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
-    """Baselines, test-set identity, intervals and verdicts, task by task."""
-    from bertpipe.scoring.baselines import task_baselines
+def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict, saved: dict) -> None:
+    """Baselines, test-set identity, intervals, lost classes and verdicts, task by task. ``saved``: the saved seed's
+    run of each (task, encoder)."""
     from bertpipe.tasklib import read_task, split_info
 
     for task, t in result["tasks"].items():
@@ -214,8 +239,15 @@ def _task_data(ctx, p: EvaluateParams, result: dict, dirs: dict) -> None:
         t["baselines"] = {}
         if p.baselines and tdir:
             splits = read_task(Path(tdir))
-            t["baselines"] = task_baselines(t["type"], {"train": splits["train"], "test": splits[p.split]},
-                                            info.get("labels"))
+            scored = BL.scored_baselines(t["type"], {"train": splits["train"], "test": splits[p.split]},
+                                         info.get("labels"))
+            t["baselines"] = {name: flat for name, (flat, _) in scored.items()}
+            if p.split == "test":
+                sound = [e for e in result["encoders"] if e in t and e not in t.get("degenerate", {})]
+                lost = lost_classes({e: saved[(task, e)].get("test_details") or {} for e in sound},
+                                    {name: details for name, (_, details) in scored.items()})
+                if lost:
+                    t["lost_classes"] = lost
         for enc, deltas in t.get("deltas", {}).items():
             for k, d in deltas.items():  # intervals are computed for the primary metric
                 d["ci95"], d["ci_method"] = None, "none: not the primary metric"
@@ -292,7 +324,9 @@ def build(ctx) -> dict:
     if not results:
         raise BertpipeError("evaluate: no finetune results among the inputs (finetune.tasks is empty?)")
     result = compare(results, p.split)
-    _task_data(ctx, p, result, dirs)
+    saved = {k: next((r for r in m["per_seed"].values() if r.get("saved")), next(iter(m["per_seed"].values())))
+             for k, m in results.items()}
+    _task_data(ctx, p, result, dirs, saved)
     result["encoder_comparison"] = (_encoder_comparison(ctx, p, result["encoders"])
                                     if p.encoder_comparison and "corpus" in ctx.inputs else {})
 
@@ -304,10 +338,9 @@ def build(ctx) -> dict:
     label_keys = {}
     confusions = {}
     recalls: dict = {}
-    for (task, enc), m in sorted(results.items()):
-        saved = [r for r in m["per_seed"].values() if r.get("saved")] or list(m["per_seed"].values())
-        conf = saved[0].get("test_details", {}).get("confusion")
-        per_class = saved[0].get("test_details", {}).get("per_class")
+    for task, enc in sorted(results):
+        conf = saved[(task, enc)].get("test_details", {}).get("confusion")
+        per_class = saved[(task, enc)].get("test_details", {}).get("per_class")
         if per_class and p.split == "test":
             recalls.setdefault(task, {})[enc] = per_class
         if conf and p.split == "test":

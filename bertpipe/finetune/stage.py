@@ -25,7 +25,7 @@ from bertpipe.finetune.declare import VERSION
 from bertpipe.finetune.fit import Task, fit
 from bertpipe.finetune.params import task_settings
 from bertpipe.modelinfo import clamp_seq_len
-from bertpipe.tasklib import SPLITS, SPLITS_JSON, read_task, split_info
+from bertpipe.tasklib import SPLITS, SPLITS_JSON, read_task, split_datasets, split_info
 from bertpipe.training import degenerate as D
 from bertpipe.training.features import describe, featurize
 from bertpipe.training.heads import pipeline_task
@@ -92,6 +92,8 @@ def build(ctx, task: str, encoder: str) -> dict:
     tdir = Path(ctx.inputs["task"])
     data = read_task(tdir)  # the splits stage's output: cleaned, leak-checked, capped, labels mapped
     info = split_info(tdir)
+    if ctx.tracker is not None:  # every finetune run names the data it saw (base and adapted alike)
+        ctx.tracker.log_datasets(split_datasets(tdir, task))
     counts: Counter = Counter({k: v for k, v in info.get("counts", {}).items() if isinstance(v, int)})
     labels = list(info.get("labels") or [])
     if p.type != "qa" and not labels:
@@ -180,7 +182,8 @@ def build(ctx, task: str, encoder: str) -> dict:
 
             modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
                             base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
-                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).")
+                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).", task=p,
+                            max_seq_len=tp.max_seq_len)
             _write_predictions(ctx.out / "predictions_test.jsonl", recs)
             for r in per_seed.values():
                 r.pop("saved", None)

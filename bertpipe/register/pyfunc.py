@@ -14,7 +14,6 @@ The model carries the bertpipe package (``code_paths``), so loading needs no ber
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -41,23 +40,22 @@ def to_records(model_input, task_type: str) -> list[dict]:
     return [r if isinstance(r, dict) else {"text": str(r)} for r in model_input]
 
 
-with warnings.catch_warnings():
-    # mlflow suggests type hints on predict; they would make it validate and coerce inputs, but the input here is
-    # free-form on purpose (strings, rows, a DataFrame).
-    warnings.simplefilter("ignore", UserWarning)
+class TaskModel(mlflow.pyfunc.PythonModel):
+    # MLflow asks for type hints on predict (a UserWarning wherever the class is defined: logging and every load);
+    # they would make it validate and coerce inputs, but the input here is free-form on purpose (strings, rows, a
+    # DataFrame). This is MLflow's own switch for such models (its ChatModel sets it).
+    _skip_type_hint_validation = True
 
-    class TaskModel(mlflow.pyfunc.PythonModel):
-        def load_context(self, context):
-            from bertpipe.inference.predictor import Predictor
+    def load_context(self, context):
+        from bertpipe.inference.predictor import Predictor
 
-            conf = getattr(context, "model_config", None) or {}
-            # device auto: the GPU when the loading machine has one (model_config={"device": "cpu"} to force it)
-            self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
-                                                backend=conf.get("backend", "torch"),
-                                                device=conf.get("device", "auto"))
+        conf = getattr(context, "model_config", None) or {}
+        # device auto: the GPU when the loading machine has one (model_config={"device": "cpu"} to force it)
+        self.predictor = Predictor.from_dir(context.artifacts["model"], context.artifacts["files"],
+                                            backend=conf.get("backend", "torch"), device=conf.get("device", "auto"))
 
-        def predict(self, context, model_input, params=None):
-            return self.predictor.predict(to_records(model_input, self.predictor.type))
+    def predict(self, context, model_input, params=None):
+        return self.predictor.predict(to_records(model_input, self.predictor.type))
 
 
 # How each pipeline task takes "truncate": MLflow's transformers flavor passes ``model_config`` to every pyfunc predict

@@ -47,12 +47,21 @@ def log_and_register(mlflow, name: str, model_dir: Path, task: str, language: st
             signature = None
         info = mlflow.transformers.log_model(
             pipe, name=name, task=task, input_example=example, signature=signature,
-            pip_requirements=reqs, registered_model_name=name, model_config=long_text,
+            pip_requirements=reqs, registered_model_name=name, model_config=long_text, model_card=_card(model_dir),
         )
         version = str(info.registered_model_version)
     A.attach_export(mlflow, name, version, export_dir)
     return version
 
+
+
+def _card(model_dir: Path):
+    """The model directory's own card (bertpipe.modelcard), for the flavor to store with the version: without one
+    MLflow looks the local path up on the Hub as a repo id and warns that no card could be retrieved."""
+    from huggingface_hub import ModelCard
+
+    readme = Path(model_dir) / "README.md"
+    return ModelCard.load(readme) if readme.is_file() else None
 
 
 def register_version(ctx: StageContext, mlflow, client, c: Candidate) -> None:
@@ -121,29 +130,15 @@ def training_run(client, c: Candidate) -> str | None:
 def log_inputs(ctx: StageContext, mlflow, c: Candidate) -> None:
     """The data behind the model, as MLflow datasets with their digests (the task splits' sha256; for the encoder,
     the prepared corpus's fingerprint), on the run the version is logged from."""
-    import warnings
-
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-
     from bertpipe.layout import task_dir
-    from bertpipe.tasklib import split_info
-
-    def local_source(path: str):  # MLflow's "local" source (registered twice: silence its which-one warning)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return resolve_dataset_source(path)
+    from bertpipe.tasklib import split_datasets
+    from bertpipe.tracking import dataset_inputs
 
     if c.ft_dir is not None:
-        tdir = task_dir(ctx.cfg, c.task)
-        for split, info in ((split_info(tdir) if tdir.is_dir() else {}).get("splits") or {}).items():
-            if info.get("sha256"):
-                ds = MetaDataset(local_source(str(tdir / f"{split}.jsonl")), name=f"{c.task}/{split}",
-                                 digest=info["sha256"][:36])
-                mlflow.log_input(ds, context="training" if split == "train" else split)
+        data = split_datasets(task_dir(ctx.cfg, c.task), c.task)
     else:
         prep = ctx.cfg.work / "prepare"
         fp = (read_manifest(prep) or {}).get("fingerprint")
-        if fp:
-            mlflow.log_input(MetaDataset(local_source(str(prep / "domain")), name="domain corpus",
-                                         digest=fp[:36]), context="training")
+        data = [(prep / "domain", "domain corpus", fp[:36], "training")] if fp else []
+    if data:
+        mlflow.MlflowClient().log_inputs(mlflow.active_run().info.run_id, datasets=dataset_inputs(data))

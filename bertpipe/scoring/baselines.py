@@ -49,11 +49,11 @@ def tfidf_predictions(train: Sequence, test: Sequence, seed: int = 0) -> list[st
     return [str(p) for p in clf.predict(vec.transform([_input(ex) for ex in test]))]
 
 
-def classification_baselines(train: Sequence, test: Sequence, labels: Sequence[str] | None = None) -> dict:
+def _classification(train: Sequence, test: Sequence, labels: Sequence[str] | None) -> dict[str, tuple[dict, dict]]:
     gold = [ex.label for ex in test]
     labs = _labels(train, test, labels)
     preds = {"majority": majority_predictions(train, test), "tfidf": tfidf_predictions(train, test)}
-    return {name: M.classification_metrics(gold, pred, labs)[0] for name, pred in preds.items()}
+    return {name: M.classification_metrics(gold, pred, labs) for name, pred in preds.items()}
 
 
 # ---------------------------------------------------------------- NER
@@ -103,29 +103,47 @@ def _units(ex) -> list[tuple[int, int]]:
     return [tuple(u) for u in ex.units] or [(i, i + 1) for i, ch in enumerate(ex.text) if not ch.isspace()]
 
 
-def ner_scores(test: Sequence, pred_spans: Sequence[Sequence[tuple[int, int, str]]]) -> dict:
+def _ner_scored(test: Sequence, pred_spans: Sequence[Sequence[tuple[int, int, str]]]) -> tuple[dict, dict]:
     gold_tags, pred_tags = [], []
     for ex, pred in zip(test, pred_spans):
         units = _units(ex)
         gold_tags.append(T.spans_to_unit_tags(units, ex.spans))
         pred_tags.append(T.spans_to_unit_tags(units, pred))
-    flat, _ = M.ner_metrics(gold_tags, pred_tags)
-    return {k: flat.get(k, 0.0) for k in ("precision", "recall", "f1")} | flat
+    flat, details = M.ner_metrics(gold_tags, pred_tags)
+    return {k: flat.get(k, 0.0) for k in ("precision", "recall", "f1")} | flat, details
 
 
-def ner_baselines(train: Sequence, test: Sequence) -> dict:
+def ner_scores(test: Sequence, pred_spans: Sequence[Sequence[tuple[int, int, str]]]) -> dict:
+    return _ner_scored(test, pred_spans)[0]
+
+
+def _ner(train: Sequence, test: Sequence) -> dict[str, tuple[dict, dict]]:
     lex = Lexicon.from_train(train)
-    return {"majority": ner_scores(test, [[] for _ in test]),
-            "lexicon": ner_scores(test, [lex.match(ex.text) for ex in test])}
+    return {"majority": _ner_scored(test, [[] for _ in test]),
+            "lexicon": _ner_scored(test, [lex.match(ex.text) for ex in test])}
 
 
-def task_baselines(task_type: str, splits: dict[str, list], labels: Sequence[str] | None = None) -> dict:
-    """{baseline name: {metric: value}} on the test split ({} when the task type has none or test is empty)."""
+def class_scores(details: dict) -> dict[str, dict]:
+    """{class or entity type: {"precision", "recall", "f1", "support"}} from the details of
+    ``metrics.classification_metrics`` / ``ner_metrics``, for the classes the scored split holds."""
+    per = details.get("per_class") or details.get("per_type") or {}
+    return {c: v for c, v in per.items() if v["support"]}
+
+
+def scored_baselines(task_type: str, splits: dict[str, list], labels: Sequence[str] | None = None
+                     ) -> dict[str, tuple[dict, dict]]:
+    """{baseline name: ({metric: value}, details)} on the test split, details as the metric functions give them
+    ({} when the task type has none or test is empty)."""
     train, test = splits.get("train", []), splits.get("test", [])
     if not train or not test:
         return {}
     if task_type in ("classification", "pair_classification"):
-        return classification_baselines(train, test, labels)
+        return _classification(train, test, labels)
     if task_type == "ner":
-        return ner_baselines(train, test)
+        return _ner(train, test)
     return {}
+
+
+def task_baselines(task_type: str, splits: dict[str, list], labels: Sequence[str] | None = None) -> dict:
+    """{baseline name: {metric: value}} on the test split ({} when the task type has none or test is empty)."""
+    return {name: flat for name, (flat, _) in scored_baselines(task_type, splits, labels).items()}

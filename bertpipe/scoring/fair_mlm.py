@@ -85,7 +85,7 @@ def score_windows(model_dir, windows: Sequence[Window], max_len: int, batch_size
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     out: list[tuple[float, int, int] | None] = []
     bar = tqdm(range(0, len(windows), batch_size), desc=f"fair MLM {desc or model_dir}", unit="batch",
-               file=sys.stderr, leave=False)
+               file=sys.stderr, leave=False, mininterval=2.0)
     with torch.inference_mode():
         for i in bar:
             batch = windows[i : i + batch_size]

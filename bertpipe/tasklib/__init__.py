@@ -140,3 +140,11 @@ def split_info(tdir: Path) -> dict:
         return json.loads((Path(tdir) / SPLITS_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+
+
+def split_datasets(tdir: Path, task: str) -> list[tuple[Path, str, str, str]]:
+    """A task's splits as a run's data inputs (``bertpipe.tracking.dataset_inputs``): (file, ``task/split``, the
+    file's sha256, the MLflow context: training, dev or test), for the splits splits.json records a digest of."""
+    splits = split_info(tdir).get("splits") or {}
+    return [(Path(tdir) / f"{split}.jsonl", f"{task}/{split}", rec["sha256"][:36],
+             "training" if split == "train" else split) for split, rec in splits.items() if rec.get("sha256")]

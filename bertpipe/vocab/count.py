@@ -278,7 +278,8 @@ def tally(
     total = Tally()
     if max_chars and total_chars:
         total_chars = min(total_chars, max_chars)
-    bar = tqdm(total=total_chars, desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr)
+    bar = tqdm(total=total_chars, desc="vocab: jieba", unit="char", unit_scale=True, file=sys.stderr,
+               mininterval=2.0)
 
     def add(part: Tally) -> None:
         total.add(part)
