@@ -12,15 +12,15 @@ own `bertpipe finetune`, as the pipeline runs it: its search chooses the hyperpa
 with them and keeps its test predictions; `--workers` at once with the cores divided among them), then per task:
 
 - baselines trained on the task's capped train split and scored on the same test examples the finetunes saw, from
-  `bertpipe.scoring.baselines` (what evaluate reports): majority and TF-IDF + logistic regression (classification),
+  `bertpipe.lib.measures.baselines` (what evaluate reports): majority and TF-IDF + logistic regression (classification),
   no entity and the train lexicon (NER);
 - every encoder (base, adapted, tapt): the primary test metric per seed (mean, std), and whether the finetune found
   every run degenerate on dev (then no difference is computed with it);
-- each encoder − base and the best encoder − TF-IDF/lexicon: `bertpipe.scoring.bootstrap.paired_bootstrap` over
+- each encoder − base and the best encoder − TF-IDF/lexicon: `bertpipe.lib.measures.bootstrap.paired_bootstrap` over
   test examples, the statistic being the mean over seeds of the per-seed metric (every seed's predictions resampled on
   the same draw), so the interval covers the test set's chance; the seeds' spread is in the ± columns, and a
   difference whose seeds disagree in sign says so;
-- the encoder comparison per masked character (`bertpipe.scoring.fair_mlm.compare_encoders`, as evaluate) of the
+- the encoder comparison per masked character (`bertpipe.lib.measures.fair_mlm.compare_encoders`, as evaluate) of the
   base and adapted encoders on the domain test split, and register's gate score (`encoder_gate_score`) for each.
 
 A rerun with the same --project resumes: fresh stages are skipped, kept finetune predictions are read back.
@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import run_cli, setup_project  # noqa: E402  (one way to run a stage alone and time it)
 
-from bertpipe.scoring import baselines as BL  # noqa: E402
-from bertpipe.scoring import bootstrap as B  # noqa: E402
+from bertpipe.lib.measures import baselines as BL  # noqa: E402
+from bertpipe.lib.measures import bootstrap as B  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 QUICK_SETS = {  # --quick: the demo profile shrunk until the whole chain takes a few minutes under load
@@ -88,8 +88,8 @@ class Stacked:
 
 def task_splits(project: Path, params_sets: dict, task: str):
     """The capped train and test splits exactly as the `splits` stage materialises them for finetune."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.splits.stage import materialise
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.stages.splits.stage import materialise
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in params_sets.items()])
     fp = cfg.params.finetune
@@ -195,11 +195,11 @@ def summarise_task(task: str, ttype: str, encoders: list[str], seeds: list[int],
 def encoder_comparison(project: Path, sets: dict, n_boot: int) -> dict:
     """NLL per masked character of both encoders on the same windows of the domain test split (what evaluate
     reports), with a paired bootstrap interval over windows, and register's gate score for each."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.layout import adapted_model, base_model, corpus_dir
-    from bertpipe.scoring.encoder_gate import encoder_gate_score
-    from bertpipe.scoring.fair_mlm import compare_encoders
-    from bertpipe.scoring.windows import test_texts
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.lib.layout import adapted_model, base_model, corpus_dir
+    from bertpipe.lib.measures.encoder_gate import encoder_gate_score
+    from bertpipe.lib.measures.fair_mlm import compare_encoders
+    from bertpipe.lib.measures.windows import test_texts
 
     cfg = load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
     e = cfg.params.evaluate
@@ -293,7 +293,7 @@ def main() -> None:
     times: dict = {}
     t_start = time.perf_counter()
     # splits first: prepare leaves the tasks' dev/test texts out of the pretraining corpora and reads work/splits
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
 
     cfg = load_config(str(args.project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
     encoders = list(cfg.params.finetune.encoders)

@@ -8,7 +8,7 @@ each stage's command replaced by a stand-in that only creates its output paths:
 - ``before``: each stage lists its own ~20 source files as deps and its resolved values as DVC params of one file,
   ``params.effective.json``;
 - ``after``: the code folder once, as a dep of the ``params`` stage; each stage depends on its own
-  ``params_effective/<stage>.json`` (its resolved values and code digest: bertpipe.dvcfile), all in one dvc.yaml;
+  ``params_effective/<stage>.json`` (its resolved values and code digest: bertpipe.doors.dvc.dvcfile), all in one dvc.yaml;
 - ``split``: ``after`` with the always_changed stage (start) in its own ``stages/start/dvc.yaml`` (``wdir: ../..``),
   the layout `bertpipe dvc-yaml` writes: DVC rewrites start's ~20-line lock after running it, not the root dvc.lock.
 
@@ -55,8 +55,8 @@ for f in sys.argv[2:]:
 
 def split_names(raw: Path) -> list[str]:
     """The stages `bertpipe dvc-yaml` puts in a file of their own (stages/<name>/dvc.yaml)."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.dvcfile import dvc_files, split_stages
+    from bertpipe.doors.dvc.dvcfile import dvc_files, split_stages
+    from bertpipe.graph.pipeline import load_config
 
     return split_stages(dvc_files(load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])))
 
@@ -66,9 +66,9 @@ def layouts(raw: Path) -> tuple[dict, dict, dict[str, str], dict[str, str]]:
     files are {path relative to the project: text}, what the ``params`` stage's stand-in writes."""
     import json
 
-    from bertpipe.config import deep_merge
-    from bertpipe.dvcfile import dvc_stage_name, dvc_yaml, effective_file, effective_files, render_effective
-    from bertpipe.pipeline import all_stages, load_config
+    from bertpipe.doors.dvc.dvcfile import dvc_stage_name, dvc_yaml, effective_file, effective_files, render_effective
+    from bertpipe.graph.pipeline import all_stages, load_config
+    from bertpipe.infra.config import deep_merge
 
     cfg = load_config(REPO / "params.yaml", overrides=[f"paths.raw={raw}"])
     after = dvc_yaml(cfg)
@@ -121,9 +121,9 @@ def build(root: Path, dvc: dict, params_files: dict[str, str], split: tuple[str,
         out = next(iter(st["outs"][0]))
         made = sorted({d for s in stages.values() for d in s.get("deps", []) if d.startswith(out + "/")})
         st["cmd"] = " ".join(["python", ".mk.py", out, *[m + ("/" if "." not in Path(m).name else "") for m in made]])
-    from bertpipe.dvcfile import SPLIT_DIR
+    from bertpipe.doors.dvc.dvcfile import SPLIT_DIR
 
-    for name in split:  # the same stage, its paths as at the root (wdir), as bertpipe.dvcfile.dvc_files writes it
+    for name in split:  # the same stage, its paths as at the root (wdir), as bertpipe.doors.dvc.dvcfile.dvc_files writes it
         (root / SPLIT_DIR / name).mkdir(parents=True)
         own = {"stages": {name: {"wdir": "../..", **stages.pop(name)}}}
         (root / SPLIT_DIR / name / "dvc.yaml").write_text(yaml.safe_dump(own, sort_keys=False, width=120))

@@ -19,13 +19,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.pipeline import load_config  # noqa: E402
-from bertpipe.evaluate.params import EvaluateParams  # noqa: E402
-from bertpipe.splits.stage import materialise  # noqa: E402
-from bertpipe.scoring import baselines as BL  # noqa: E402
-from bertpipe.scoring import bootstrap as B  # noqa: E402
-from bertpipe.scoring import fair_mlm as F  # noqa: E402
-from bertpipe.scoring import windows as W  # noqa: E402
+from bertpipe.graph.pipeline import load_config  # noqa: E402
+from bertpipe.lib.measures import baselines as BL  # noqa: E402
+from bertpipe.lib.measures import bootstrap as B  # noqa: E402
+from bertpipe.lib.measures import fair_mlm as F  # noqa: E402
+from bertpipe.lib.measures import windows as W  # noqa: E402
+from bertpipe.stages.evaluate.params import EvaluateParams  # noqa: E402
+from bertpipe.stages.splits.stage import materialise  # noqa: E402
 
 
 def demo_tasks(raw: Path) -> dict:
@@ -131,8 +131,8 @@ def _finetune_dir(out: Path, ttype: str, test: list, preds: list) -> None:
     """A finetune output as evaluate reads it (metrics.json, predictions_test.jsonl), holding baseline predictions."""
     import json
 
-    from bertpipe.scoring import metrics as M
-    from bertpipe.stage import write_json
+    from bertpipe.core.stage import write_json
+    from bertpipe.lib.measures import metrics as M
 
     out.mkdir(parents=True)
     if ttype == "ner":
@@ -157,9 +157,9 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.pipeline import family_stages
-    from bertpipe.stage import run_stage, write_json
-    from bertpipe.tasklib import SPLITS_JSON, write_split
+    from bertpipe.core.stage import run_stage, write_json
+    from bertpipe.graph.pipeline import family_stages
+    from bertpipe.lib.labelled import SPLITS_JSON, write_split
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -34,12 +34,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertpipe.pipeline import load_config  # noqa: E402
+from bertpipe.graph.pipeline import load_config  # noqa: E402
 from tests import synthetic as S  # noqa: E402
-from bertpipe.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
-from bertpipe.inference.speed import batched, dir_size, time_calls  # noqa: E402
-from bertpipe.pipeline import all_stages  # noqa: E402
-from bertpipe.stage import run_stage  # noqa: E402
+from bertpipe.core.stage import run_stage  # noqa: E402
+from bertpipe.graph.pipeline import all_stages  # noqa: E402
+from bertpipe.lib.inference.backends import INT8_FILE, ONNX_FILE, OrtModel, load_torch  # noqa: E402
+from bertpipe.lib.inference.speed import batched, dir_size, time_calls  # noqa: E402
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -48,7 +48,7 @@ def synthetic_project(root: Path, layers: int, hidden: int, n: int, epochs: floa
     """Review-length texts (40-120 characters) whose class keyword sits anywhere: learnable, not trivially short."""
     tok = REPO / ".bertpipe" / "test-raw" / "bert-base-chinese"
     if not tok.is_dir():
-        from bertpipe.samples import DEFAULT_SAMPLES, fetch_samples
+        from bertpipe.lib.samples import DEFAULT_SAMPLES, fetch_samples
 
         fetch_samples(REPO / ".bertpipe" / "test-raw", REPO / ".bertpipe", DEFAULT_SAMPLES, log=lambda *_: None)
     S.tiny_encoder(root / "work" / "pretrain" / "model", tok, layers=layers, hidden=hidden)
@@ -107,9 +107,9 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from bertpipe.training.features import featurize
-    from bertpipe.training.predict import run_model
-    from bertpipe.tasklib import model_labels, task_examples, task_settings
+    from bertpipe.lib.labelled import model_labels, task_examples, task_settings
+    from bertpipe.lib.training.features import featurize
+    from bertpipe.lib.training.predict import run_model
 
     teacher_dir = root / "work" / "finetune" / task / "adapted" / "model"
     student_dir = root / "work" / "distill" / task / "model"

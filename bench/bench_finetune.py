@@ -12,7 +12,7 @@ shape handling (``execution.BUCKETED_DYNAMIC``: auto = torch's automatic dynamic
 start, the loop's setting).
 
 Data: a keyword classification (the label's keyword once in a review-like text of varying length: mostly short, a
-long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.training.loop.train``
+long tail), so the dev accuracy shows both sides learned the same task. bertpipe: ``bertpipe.lib.training.loop.train``
 (length-bucketed batches, one host copy of the losses per step). HF: ``Trainer`` + ``DataCollatorWithPadding``
 (shuffled batches padded to their longest row), as run_classification.py does by default. Prints examples/s, the
 ratio, the dev accuracy of each, the matmul peak measured in this run (best of 1024²..4096²), MFU against it and the
@@ -41,12 +41,12 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_pretrain import SIZES, precision_peak  # noqa: E402
 
 from tests.synthetic import FILLER, KEYS  # noqa: E402
-from bertpipe.tasklib import Example  # noqa: E402
-from bertpipe.training import features as F  # noqa: E402
-from bertpipe.training import heads as H  # noqa: E402
-from bertpipe.training import loop as TR  # noqa: E402
-from bertpipe.training import predict as P  # noqa: E402
-from bertpipe.training.params import TaskParams, TrainParams  # noqa: E402
+from bertpipe.lib.labelled import Example  # noqa: E402
+from bertpipe.lib.training import features as F  # noqa: E402
+from bertpipe.lib.training import heads as H  # noqa: E402
+from bertpipe.lib.training import loop as TR  # noqa: E402
+from bertpipe.lib.training import predict as P  # noqa: E402
+from bertpipe.lib.training.params import TaskParams, TrainParams  # noqa: E402
 
 LABELS = ["neg", "pos"]
 
@@ -124,14 +124,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.compile and args.steps > 50:
         ap.error("--compile measures each step (the loop logs every step up to 50 steps): --steps <= 50")
-    from bertpipe import execution
+    from bertpipe.infra import execution
 
     execution.BUCKETED_DYNAMIC = None if args.dynamic == "auto" else True
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
-    from bertpipe.device import precision_for
+    from bertpipe.infra.device import precision_for
     from tests.synthetic import tiny_encoder
 
     prec = precision_for(args.precision, torch.device("cpu"))

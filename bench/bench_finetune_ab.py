@@ -37,14 +37,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_finetune import LABELS, examples  # noqa: E402
 
-from bertpipe.device import Precision, adamw  # noqa: E402
-from bertpipe.execution import document_mask  # noqa: E402
-from bertpipe.training import batches as B  # noqa: E402
-from bertpipe.training import features as F  # noqa: E402
-from bertpipe.training import heads as H  # noqa: E402
-from bertpipe.training.loop import backward_step, param_groups  # noqa: E402
-from bertpipe.training.params import TaskParams, TrainParams  # noqa: E402
-from bertpipe.training.predict import run_model  # noqa: E402
+from bertpipe.infra.device import Precision, adamw  # noqa: E402
+from bertpipe.infra.execution import document_mask  # noqa: E402
+from bertpipe.lib.training import batches as B  # noqa: E402
+from bertpipe.lib.training import features as F  # noqa: E402
+from bertpipe.lib.training import heads as H  # noqa: E402
+from bertpipe.lib.training.loop import backward_step, param_groups  # noqa: E402
+from bertpipe.lib.training.params import TaskParams, TrainParams  # noqa: E402
+from bertpipe.lib.training.predict import run_model  # noqa: E402
 
 BF16 = Precision("bf16", "bench")
 

@@ -43,7 +43,7 @@ def _raw() -> Path:
 
 
 def _project(root: Path, raw: Path, n_train: int) -> None:
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
     from tests.synthetic import tiny_encoder
 
     tiny_encoder(root / "encoder", raw / "bert-base-chinese", layers=2, hidden=128, seed=0)
@@ -116,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         root = Path(tmp)
         _project(root, _raw(), args.train)
-        cli = [sys.executable, "-m", "bertpipe.cli"]
+        cli = [sys.executable, "-m", "bertpipe.doors.cli"]
         alone_s: dict[str, float] = {}
         for threads in args.alone_threads:
             for t in TASKS:

@@ -15,8 +15,8 @@ bench/bench_adaptation.py). From it, domain pretraining twice (or more), each in
   pretrain stage's CPU seconds are reported beside it;
 - **downstream**: each encoder finetuned on each task for every seed (the finetune stage, in process, one seed at a
   time so every seed's test predictions are kept), test macro-F1; the TF-IDF baseline
-  (``bertpipe.scoring.baselines``) on the same train split and test examples; RTD − MLM and MLM − TF-IDF as paired
-  bootstrap intervals over test examples (``bertpipe.scoring.bootstrap.paired_bootstrap``) of the mean over seeds.
+  (``bertpipe.lib.measures.baselines``) on the same train split and test examples; RTD − MLM and MLM − TF-IDF as paired
+  bootstrap intervals over test examples (``bertpipe.lib.measures.bootstrap.paired_bootstrap``) of the mean over seeds.
 
 Writes bench/out/objectives_<tag>.json and .md and prints the table (docs/objectives.md reads it).
 """
@@ -57,7 +57,7 @@ NO_TRACKER = lambda *a: contextlib.nullcontext()  # noqa: E731
 
 
 def load(project: Path, sets: dict):
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
 
     return load_config(str(project / "params.yaml"), None, [f"{k}={v}" for k, v in sets.items()])
 
@@ -70,11 +70,11 @@ def step_costs(cfg, repeats: int = 3) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bertpipe.pretrain.declare import pretrain_stage
-    from bertpipe.pretrain import data, model
-    from bertpipe.pretrain.data import collate
-    from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
-    from bertpipe.pretrain.stage import objective_model
+    from bertpipe.stages.pretrain import data, model
+    from bertpipe.stages.pretrain.data import collate
+    from bertpipe.stages.pretrain.declare import pretrain_stage
+    from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+    from bertpipe.stages.pretrain.stage import objective_model
 
     torch.set_num_threads(1)
     inputs = pretrain_stage().inputs(cfg)
@@ -139,8 +139,8 @@ def finetune_seed(project: Path, sets: dict, task: str, seed: int, cache: Path) 
     """{id: prediction record} of one seed's finetune on the encoder of ``sets`` (cached under ``cache``)."""
     if cache.is_file():
         return json.loads(cache.read_text())
-    from bertpipe.finetune.declare import finetune_stage
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.stages.finetune.declare import finetune_stage
 
     # A work dir per (encoder, task, seed): parallel jobs would otherwise wait on one finetune output's lock.
     src = Path(sets["paths.work"])
@@ -160,16 +160,16 @@ class MeanOverSeeds:
     examples resamples the same examples for every seed."""
 
     def __call__(self, gold, stacked) -> float:
-        from bertpipe.scoring.bootstrap import macro_f1
+        from bertpipe.lib.measures.bootstrap import macro_f1
 
         return statistics.fmean(macro_f1(gold, [s[k] for s in stacked]) for k in range(len(stacked[0])))
 
 
 def summarise(task: str, arms: list[str], seeds: list[int], preds: dict, cfg, n_boot: int) -> dict:
-    from bertpipe.scoring.baselines import tfidf_predictions
-    from bertpipe.scoring.bootstrap import macro_f1, paired_bootstrap
-    from bertpipe.tasklib import read_task
-    from bertpipe.layout import task_dir
+    from bertpipe.lib.labelled import read_task
+    from bertpipe.lib.layout import task_dir
+    from bertpipe.lib.measures.baselines import tfidf_predictions
+    from bertpipe.lib.measures.bootstrap import macro_f1, paired_bootstrap
 
     splits = read_task(task_dir(cfg, task))
     ids = sorted(preds[(arms[0], seeds[0])])

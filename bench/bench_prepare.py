@@ -75,10 +75,10 @@ def child_prepare(db: str, work: str) -> dict:
 
     import yaml
 
-    from bertpipe.pipeline import load_config
-    from bertpipe.prepare.declare import prepare_stage
-    from bertpipe.prepare.params import LAWS_QUERY
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.stages.prepare.declare import prepare_stage
+    from bertpipe.stages.prepare.params import LAWS_QUERY
 
     params = {
         "paths": {"work": f"{work}/work", "state": f"{work}/state"},
@@ -115,7 +115,7 @@ def child_dedup(method: str, texts_file: str, pairs_out: str, n: int, num_perm: 
     texts = json.loads(Path(texts_file).read_text(encoding="utf-8"))
     t = time.perf_counter()
     if method == "bertpipe":
-        from bertpipe.cleaning.dedup import near_duplicates
+        from bertpipe.lib.cleaning.dedup import near_duplicates
 
         pairs = near_duplicates(texts, n, num_perm, threshold, seed=1, verify=True, recall_weight=0.9).pairs
     elif method == "rensa":
@@ -156,7 +156,7 @@ def rensa_loop(texts: list[str], n: int, num_perm: int, threshold: float):
     """The same loop with rensa's Rust MinHash and LSH (same bands as the stage), for the choice of implementation."""
     from rensa import RMinHash, RMinHashLSH
 
-    from bertpipe.cleaning.dedup import lsh_params
+    from bertpipe.lib.cleaning.dedup import lsh_params
 
     def grams(t: str) -> set[str]:
         return {t[i : i + n] for i in range(len(t) - n + 1)} if len(t) >= n else ({t} if t else set())
@@ -193,9 +193,9 @@ def run_child(*args: str) -> dict:
 
 def cleaned_texts(db: Path) -> list[str]:
     """The texts near-dup detection sees in the stage: cleaned, exact duplicates removed."""
-    from bertpipe.cleaning.clean import Cleaner
-    from bertpipe.cleaning.dedup import exact_key
-    from bertpipe.prepare.params import CleanParams
+    from bertpipe.lib.cleaning.clean import Cleaner
+    from bertpipe.lib.cleaning.dedup import exact_key
+    from bertpipe.stages.prepare.params import CleanParams
 
     cleaner = Cleaner(CleanParams())
     seen, out = set(), []
@@ -210,7 +210,7 @@ def cleaned_texts(db: Path) -> list[str]:
 
 def labelled_precision(threshold: float, ngram: int, num_perm: int) -> str:
     """Precision of the detector's pairs on the hand-labelled laws.db sample in tests/data/prepare."""
-    from bertpipe.cleaning.dedup import near_duplicates
+    from bertpipe.lib.cleaning.dedup import near_duplicates
 
     lines = (REPO / "tests/data/prepare/labelled_near_dup_pairs.jsonl").read_text(encoding="utf-8").splitlines()
     pairs = [json.loads(x) for x in lines[1:]]

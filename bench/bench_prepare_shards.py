@@ -38,10 +38,10 @@ def project(tmp: Path, raw: Path) -> Path:
 def run_once(params: Path, shards: int, executor=None, workers: int = 1) -> tuple[float, dict, str]:
     import shutil
 
-    from bertpipe.pipeline import load_config
-    from bertpipe.prepare.declare import prepare_stage
-    from bertpipe.prepare.shard import use_executor
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.stages.prepare.declare import prepare_stage
+    from bertpipe.stages.prepare.shard import use_executor
 
     cfg = load_config(params, overrides=[f"flow.prepare_shards={shards}"])
     shutil.rmtree(cfg.work / "prepare", ignore_errors=True)

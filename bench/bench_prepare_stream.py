@@ -7,7 +7,7 @@ copies (tests/gen_prepare.py), as one jsonl source of the domain corpus, general
 CLI in a fresh project; ``--before`` runs the same command with another checkout first on PYTHONPATH (e.g. main
 before streaming). Prints one row per run: code, MB, workers, wall s, peak RSS MB, RSS/corpus, MB/s, kept docs, and
 the per-document phase (ingest, cleaning, task exclusion, keys and sketches: what the workers share) in wall and CPU
-seconds: the parent's (stats.json) plus the worker processes' (start-up included, polled by bertpipe.proctree). Then,
+seconds: the parent's (stats.json) plus the worker processes' (start-up included, polled by bertpipe.infra.proctree). Then,
 per corpus, 2 workers against 1: the phase's wall ratio under the machine's load, and the ratio the CPU seconds allow
 on 2 free cores (the phase ends when the busier of the parent and the workers does). Say the load beside them.
 """
@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bertpipe.proctree import TreeMonitor  # noqa: E402
+from bertpipe.infra.proctree import TreeMonitor  # noqa: E402
 from tests.gen_prepare import generate  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def run(code: Path, corpus: Path, workers: int, tmp: Path) -> dict:
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(code), "MLFLOW_DISABLE_TELEMETRY": "true"}
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bertpipe.cli", "prepare", "--params", str(proj / "params.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "bertpipe.doors.cli", "prepare", "--params", str(proj / "params.yaml")],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     mon = TreeMonitor(proc.pid, every=0.05)
     _, err = proc.communicate()  # reads stderr as it comes (a full pipe would stall the stage)

@@ -58,7 +58,7 @@ def matmul_peak(dtype, sizes=SIZES, seconds: float = 1.5) -> tuple[float, dict]:
 
 
 def precision_peak(prec) -> tuple[float, dict]:
-    """``matmul_peak`` in the dtype the run computes in (``prec``: bertpipe.device's choice), the peak its MFU is
+    """``matmul_peak`` in the dtype the run computes in (``prec``: bertpipe.infra.device's choice), the peak its MFU is
     measured against, and no other: a bf16 matmul on a CPU without bf16 units is emulated (10+ minutes at 4096²
     before the run's first step)."""
     import torch
@@ -76,10 +76,10 @@ def model_config(args, vocab: int):
 
 def heldout(args, tok):
     """Held-out segments with fixed token-level masks (the plain recipe's own objective, so the scoring is fair)."""
-    from bertpipe.pretrain.data import build_examples
-    from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.pretrain.params import PretrainParams
-    from bertpipe.pretrain.train import eval_batches
+    from bertpipe.stages.pretrain.data import build_examples
+    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
+    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain.train import eval_batches
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=32, seed=123)
     ex = build_examples(law_texts(Path(args.raw), 400, args.docs), tok, "zh", p, 256)
@@ -88,8 +88,8 @@ def heldout(args, tok):
 
 
 def score(mlm, batches) -> float:
-    from bertpipe.pretrain.model import PretrainModel
-    from bertpipe.pretrain.train import Dist, evaluate
+    from bertpipe.stages.pretrain.model import PretrainModel
+    from bertpipe.stages.pretrain.train import Dist, evaluate
 
     return evaluate(PretrainModel(mlm, pair=False), batches, Dist())["eval_loss"]
 
@@ -145,7 +145,7 @@ def run_plain(args, tok) -> dict:
 def rows_attend_across_documents() -> None:
     """The ``bertpipe-rows`` variant: batches without ``doc_ids``, so the documents packed into a row attend to each
     other (plain padding mask) - the reference for document-confined attention's speed and held-out loss."""
-    from bertpipe.pretrain import train as T
+    from bertpipe.stages.pretrain import train as T
 
     collate = T.collate
     T.collate = lambda examples, pad_id: {k: v for k, v in collate(examples, pad_id).items() if k != "doc_ids"}
@@ -154,11 +154,11 @@ def rows_attend_across_documents() -> None:
 def run_bertpipe(args, tok) -> dict:
     import torch
 
-    from bertpipe.pretrain.data import build_examples
-    from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.pretrain.model import PretrainModel
-    from bertpipe.pretrain.params import PretrainParams
-    from bertpipe.pretrain.train import Dist, train
+    from bertpipe.stages.pretrain.data import build_examples
+    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
+    from bertpipe.stages.pretrain.model import PretrainModel
+    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain.train import Dist, train
     from transformers import BertForMaskedLM
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=args.bertpipe_batch or args.batch, max_steps=args.bertpipe_steps or args.steps, lr=args.lr,
@@ -194,11 +194,11 @@ def profile_steps(args, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import BertForMaskedLM
 
-    from bertpipe.pretrain.data import build_examples, collate
-    from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
-    from bertpipe.pretrain.model import PretrainModel
-    from bertpipe.pretrain.params import PretrainParams
-    from bertpipe.pretrain.train import Batches, Dist, backward_step, make_optimizer
+    from bertpipe.stages.pretrain.data import build_examples, collate
+    from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+    from bertpipe.stages.pretrain.model import PretrainModel
+    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain.train import Batches, Dist, backward_step, make_optimizer
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, seed=0)
     ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=3000, help="law articles to train on")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                    help="both sides run in it; auto: bertpipe's policy for this CPU (bertpipe/device.py)")
+                    help="both sides run in it; auto: bertpipe's policy for this CPU (bertpipe/infra/device.py)")
     ap.add_argument("--token-masking", action="store_true", help="bertpipe with token (not whole-word) masking")
     ap.add_argument("--bertpipe-steps", type=int, default=0,
                     help="bertpipe's schedule length (default --steps); e.g. the step where it matches plain's tokens")
@@ -281,8 +281,8 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.pretrain.data import build_examples
-    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain.data import build_examples
+    from bertpipe.stages.pretrain.params import PretrainParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -292,7 +292,7 @@ def main() -> None:
     packed = build_examples(texts, tok, "zh", PretrainParams(max_seq_len=args.seq))
     packed_len = sum(len(e) for e in packed) / len(packed)
     match = max(1, round(args.steps * plain_len / packed_len))
-    from bertpipe.device import precision_for
+    from bertpipe.infra.device import precision_for
 
     prec = precision_for(args.precision, torch.device("cpu"))
     peak, per = precision_peak(prec)

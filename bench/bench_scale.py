@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scale_datatrove import datatrove_minhash  # noqa: E402
 
-from bertpipe.proctree import TreeMonitor  # noqa: E402
+from bertpipe.infra.proctree import TreeMonitor  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SENT = re.compile(r"[^。！？；\n]+[。！？；]?")

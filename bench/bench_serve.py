@@ -110,7 +110,7 @@ def main() -> int:
         a.project = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "project"
         tok = REPO / ".bertpipe" / "test-raw" / "bert-base-chinese"
         if not tok.is_dir():
-            from bertpipe.samples import DEFAULT_SAMPLES, fetch_samples
+            from bertpipe.lib.samples import DEFAULT_SAMPLES, fetch_samples
 
             fetch_samples(tok.parent, REPO / ".bertpipe", DEFAULT_SAMPLES, log=lambda *_: None)
         print(f"building a registry ({a.layers} layers x {a.hidden} hidden) in {a.project}", file=sys.stderr)

@@ -32,7 +32,7 @@ def make_corpus(raw: Path, out: Path, mb: float, seed: int = 0) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.textseg import split_sentences
+    from bertpipe.lib.textseg import split_sentences
 
     with sqlite3.connect(raw / "china_law" / "laws.db") as c:
         arts = [r[0] for r in c.execute("select article_text from articles where length(article_text) > 20")]
@@ -58,8 +58,8 @@ def child(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.pretrain import data, tokstore
-    from bertpipe.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain import data, tokstore
+    from bertpipe.stages.pretrain.params import PretrainParams
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -90,7 +90,7 @@ def child(args) -> dict:
 
 
 def run_case(case: str, corpus: Path, state: Path, args) -> dict:
-    from bertpipe.proctree import TreeMonitor
+    from bertpipe.infra.proctree import TreeMonitor
 
     cmd = [sys.executable, __file__, "--child", case, "--corpus", str(corpus), "--state", str(state),
            "--tokenizer", str(args.tokenizer), "--seq", str(args.seq)]

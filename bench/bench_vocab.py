@@ -36,9 +36,9 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 hf_logging.set_verbosity_error()  # long articles exceed 512 tokens; irrelevant when only tokenising
 
-from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer  # noqa: E402
-from bertpipe.vocab.mining import mine_batches  # noqa: E402
-from bertpipe.vocab.params import VocabParams  # noqa: E402
+from bertpipe.stages.vocab.extend import extend_tokenizer, load_tokenizer  # noqa: E402
+from bertpipe.stages.vocab.mining import mine_batches  # noqa: E402
+from bertpipe.stages.vocab.params import VocabParams  # noqa: E402
 
 CJK_CLASS = (
     r"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}\x{2B740}-\x{2B81F}"

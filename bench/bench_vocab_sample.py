@@ -45,9 +45,9 @@ def main() -> int:
 
     from bench_scale import make_corpus, sentences
 
-    from bertpipe.vocab import count, mining
-    from bertpipe.vocab.extend import load_tokenizer
-    from bertpipe.vocab.params import VocabParams
+    from bertpipe.stages.vocab import count, mining
+    from bertpipe.stages.vocab.extend import load_tokenizer
+    from bertpipe.stages.vocab.params import VocabParams
 
     raw = Path(args.raw)
     corpus = Path(args.corpus) if args.corpus else Path(args.dir) / f"mb{args.mb:g}" / "corpus"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 
 def run(chunks: list[list[str]]) -> tuple[float, float]:
-    from bertpipe.pretrain import tokstore
+    from bertpipe.stages.pretrain import tokstore
 
     c, t = time.process_time(), time.perf_counter()
     for ch in chunks:
@@ -41,7 +41,7 @@ def main() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
-    from bertpipe.pretrain import tokstore
+    from bertpipe.stages.pretrain import tokstore
 
     backend = Tokenizer.from_file(str(args.raw / "bert-base-chinese" / "tokenizer.json"))
     with sqlite3.connect(args.raw / "china_law" / "laws.db") as c:

@@ -5,15 +5,15 @@
 
 1. the precision policy's choice for the device and the matmul peaks measured here (bf16, fp16, fp32/TF32);
 2. a BERT-base-shaped MLM (12 layers, hidden 768, vocab 21128) at seq 512: bertpipe's pretrain loop
-   (bertpipe.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on grouped,
+   (bertpipe.stages.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on grouped,
    full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul peak;
    the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same rows
    as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile time;
-3. one finetune epoch (bertpipe.training.loop.train, sequence classification) in bf16 and in fp16 + GradScaler, with
+3. one finetune epoch (bertpipe.lib.training.loop.train, sequence classification) in bf16 and in fp16 + GradScaler, with
    its MFU;
 4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA
    provider when it is installed;
-5. whole stages (bench/gpu_stages.py, ``--stages off`` skips them): the real ``python -m bertpipe.cli splits``,
+5. whole stages (bench/gpu_stages.py, ``--stages off`` skips them): the real ``python -m bertpipe.doors.cli splits``,
    ``prepare``, ``start``, ``vocab``, ``pretrain`` and ``finetune``, one process each, on a tiny project built in a
    temp dir (a synthetic corpus and keyword task, a WordPiece tokenizer over their characters, a random
    BERT-base-shaped encoder as ``model.base``) with tracking off (``tracking.uri: none``: no MLflow): each stage's
@@ -87,7 +87,7 @@ def random_examples(n: int, seq: int, seed: int, docs: int = 1):
     """``n`` full rows of random ids; ``docs`` > 1 packs that many documents per row ([SEP] between them)."""
     import numpy as np
 
-    from bertpipe.pretrain.data import Example
+    from bertpipe.stages.pretrain.data import Example
 
     g = np.random.default_rng(seed)
     out = []
@@ -106,10 +106,10 @@ def random_examples(n: int, seq: int, seed: int, docs: int = 1):
 def run_bertpipe(a, tok, device, prec_name: str, docs: int = 1, compile_setting: str = "off") -> dict:
     from transformers import BertForMaskedLM
 
-    from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.pretrain.model import PretrainModel
-    from bertpipe.pretrain.params import PretrainParams
-    from bertpipe.pretrain.train import Dist, eval_batches, train
+    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
+    from bertpipe.stages.pretrain.model import PretrainModel
+    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.stages.pretrain.train import Dist, eval_batches, train
 
     p = PretrainParams(max_seq_len=a.seq, batch_size=a.batch, max_steps=a.steps, lr=1e-4, warmup_ratio=0.1,
                        eval_every=10**9, save_every=10**9, log_every=max(1, a.steps // 4), precision=prec_name,
@@ -163,8 +163,8 @@ def finetune_epoch(a, device, precision: str) -> dict:
 
     from transformers import BertForSequenceClassification
 
-    from bertpipe.training.loop import train
-    from bertpipe.training.params import TrainParams
+    from bertpipe.lib.training.loop import train
+    from bertpipe.lib.training.params import TrainParams
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(bert_config(a)).to(device)
@@ -255,7 +255,7 @@ def main() -> int:
         a.layers, a.hidden, a.heads, a.seq, a.batch, a.steps, a.mm = 12, 768, 12, 512, 32, 40, 8192
         a.ft_seq, a.ft_batch, a.ft_examples, a.inf_batch, a.inf_reps = 128, 32, 4096, 256, 20
 
-    from bertpipe.device import pick_device, precision_for
+    from bertpipe.infra.device import pick_device, precision_for
 
     device = pick_device(a.device)
     if device.type == "cuda":

@@ -1,7 +1,7 @@
 """domain_adaptation: prepare -> [base] -> vocab -> pretrain -> finetune (tasks x encoders) -> evaluate -> register.
 
 Every stage is submitted at once with its upstream stages' futures as ``wait_for`` (the graph comes from
-``bertpipe.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside pretraining,
+``bertpipe.graph.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside pretraining,
 all finetunes together. ``flow.max_parallel`` bounds how many run at once and divides the cores among them
 (tasks.parallel); stages that never overlap another run in this process on every core. ``flow.runner: dask`` runs
 the stage tasks on a Dask cluster instead (tasks.cluster, docs/distributed.md).
@@ -21,12 +21,12 @@ from prefect import flow
 from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from bertpipe import dvclock
-from bertpipe.config import Config
-from bertpipe.pipeline import all_stages, load_config, until_targets, upstream
-from bertpipe.progress import lines_unless_terminal
-from bertpipe.stage import Stage
-from bertpipe.tracking import flow_run
+from bertpipe.core.stage import Stage
+from bertpipe.doors.dvc import dvclock
+from bertpipe.graph.pipeline import all_stages, load_config, until_targets, upstream
+from bertpipe.infra.config import Config
+from bertpipe.infra.progress import lines_unless_terminal
+from bertpipe.infra.tracking import flow_run
 from bertpipe_prefect.flows import artifacts, cancel
 from bertpipe_prefect.flows.knobs import Knobs
 from bertpipe_prefect.flows.summary import stage_line, summary
@@ -112,7 +112,7 @@ def domain_adaptation(
         for n, (status, r) in outcomes.items():
             print(stage_line(n, status, stages[n].output(cfg)))
         futures[failed[0]].result()  # raises the first failure: the flow run fails with it
-    # in a DVC repo, dvc.lock records what the run built or found fresh, as `dvc commit` would (bertpipe.dvclock)
+    # in a DVC repo, dvc.lock records what the run built or found fresh, as `dvc commit` would (bertpipe.doors.dvc.dvclock)
     line = dvclock.record(cfg, [n for n, (status, _) in outcomes.items() if status in ("built", "cached")])
     if line:
         print(line)

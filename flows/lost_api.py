@@ -15,7 +15,7 @@ import os
 import traceback
 from typing import Any, Callable
 
-from bertpipe.errors import BertpipeError
+from bertpipe.infra.errors import BertpipeError
 
 _lost: list[str] = []  # why the API was found gone in this process (the first time)
 
@@ -116,9 +116,9 @@ def _no_engine_traceback(record: logging.LogRecord) -> bool:
 
 def outcome(cfg, until: str | None, started: float, error: BaseException) -> dict[str, dict]:
     """The results of a run whose flow call raised ``error`` because the Prefect API was gone (see module doc)."""
-    from bertpipe.freshness import plan
-    from bertpipe.pipeline import all_stages, until_targets, upstream
-    from bertpipe.stage import read_manifest
+    from bertpipe.core.stage import read_manifest
+    from bertpipe.graph.freshness import plan
+    from bertpipe.graph.pipeline import all_stages, until_targets, upstream
     from bertpipe_prefect.tasks.parallel import select
 
     stages = all_stages(cfg)

@@ -2,9 +2,9 @@
 
 1. validate each new file as prepare will read it, then copy it into ``flow.drop_dir`` (the originals are never
    touched; a bad file changes nothing) and `dvc add` it in a DVC repo; a non-empty drop dir joins the domain corpus
-   for every front door (see ``bertpipe.prepare.declare.with_incoming``);
+   for every front door (see ``bertpipe.stages.prepare.declare.with_incoming``);
 2. run domain_adaptation: prepare sees new content, so everything downstream re-runs. Where pretraining starts is
-   the graph's decision (``bertpipe.lineage``), the same for every front door: with ``flow.retrain_from: champion``
+   the graph's decision (``bertpipe.lib.lineage``), the same for every front door: with ``flow.retrain_from: champion``
    the vocab stage extends the champion encoder's tokenizer with the new words and pretraining continues from it;
    with ``base`` the base is adapted again;
 3. register scores the new versions against the champions on the same held-out test sets and promotes or not.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from bertpipe.incoming import add_files, drop_dir
-from bertpipe.pipeline import load_config
+from bertpipe.doors.cli.incoming import add_files, drop_dir
+from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.summary import summary
 from bertpipe_prefect.tasks.env import prefect_env
@@ -34,18 +34,18 @@ def retrain(params: str = "params.yaml", add: list[str] | None = None, profile: 
     cfg = load_config(params, profile, overrides)
     added = add_files(cfg, list(add or []))
     if added:
-        from bertpipe.versioning import dvc_add_if_repo
+        from bertpipe.infra.versioning import dvc_add_if_repo
 
         dvc_add_if_repo(drop_dir(cfg), cfg.root, log=print)
         dvc_yaml = cfg.root / "dvc.yaml"
         if dvc_yaml.exists():
-            from bertpipe.dvcfile import HEADER, render
+            from bertpipe.doors.dvc.dvcfile import HEADER, render
 
             if dvc_yaml.read_text(encoding="utf-8").startswith(HEADER):
                 dvc_yaml.write_text(render(load_config(params, profile, overrides)), encoding="utf-8")
     results = domain_adaptation(params, profile, overrides)
-    from bertpipe.layout import base_model, read_start, start_file
-    from bertpipe.startrecord import describe
+    from bertpipe.lib.layout import base_model, read_start, start_file
+    from bertpipe.lib.startrecord import describe
 
     # What the start stage decided in this run (it asked the registry; this door asks nothing itself).
     cfg = load_config(params, profile, overrides)

@@ -5,7 +5,7 @@ New data: a watcher thread in this process polls the drop dir and, for files it 
 mtime), emits a Prefect event ``bertpipe.incoming.files`` about the resource ``bertpipe.drop-dir.<abs path>``; the
 deployment carries a DeploymentEventTrigger on that event, so the server's automation starts a run (visible in the
 UI as triggered by the event, and any other emitter of the event triggers it too). The run then reads the drop dir's
-files as one more domain source (bertpipe.prepare.declare.with_incoming).
+files as one more domain source (bertpipe.stages.prepare.declare.with_incoming).
 
 Point it at a server first (`prefect server start --host 127.0.0.1` and
 `export PREFECT_API_URL=http://127.0.0.1:4200/api`); stop this process before stopping the server."""
@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.tasks.env import prefect_env
 
@@ -72,7 +72,7 @@ def deployment(params: str = "params.yaml", profile: str | None = None, override
         # relative to the cwd: the same in a checkout and an install, and a project's own flows/ cannot shadow it
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    from bertpipe.pipeline import COMMANDS
+    from bertpipe.graph.pipeline import COMMANDS
     from bertpipe_prefect.flows.knobs import typed_schema
 
     typed_schema(dep._parameter_openapi_schema, list(COMMANDS), sorted(cfg.params.profiles))  # UI dropdowns

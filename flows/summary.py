@@ -25,15 +25,15 @@ def stage_line(name: str, status: str, out: Any) -> str:
 
 def registry_lines(cfg) -> list[str]:
     """What the register stage did, decision included (new champion, below the floor, not promoted and why): the
-    register stage's own lines (``bertpipe.register.decision.summary_lines``), so the two never drift."""
-    from bertpipe.register.decision import summary_lines
+    register stage's own lines (``bertpipe.stages.register.decision.summary_lines``), so the two never drift."""
+    from bertpipe.stages.register.decision import summary_lines
 
     return summary_lines(cfg.work / "register" / "registry.json")
 
 
 def summary(results: dict[str, dict], cfg) -> str:
     """What a person wants at the end: per stage built / cached / skipped, the report, the registry, the UI."""
-    from bertpipe.tracking import display_uri, tracking_uri
+    from bertpipe.infra.tracking import display_uri, tracking_uri
 
     lines = [stage_line(name, status_of(r), r.get("out", "")) for name, r in results.items()]
     counts = {s: sum(status_of(r) == s for r in results.values()) for s in STATUSES}

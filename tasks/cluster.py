@@ -2,7 +2,7 @@
 
 Why Dask (not Ray): prefect-dask's task runner hands upstream futures to the Dask scheduler, so a stage waiting for
 its inputs holds no worker; and ``distributed.Client.get_executor()`` is a ``concurrent.futures`` executor, which
-is all prepare's shards need (``bertpipe.prepare.shard.use_executor``), so the library imports neither.
+is all prepare's shards need (``bertpipe.stages.prepare.shard.use_executor``), so the library imports neither.
 
 On a cluster a stage task may run on another machine: it gets only plain arguments (the params file's absolute path,
 profile, overrides) and reads everything else from there, so the project must be at the same path on every worker
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from bertpipe.config import Config
+from bertpipe.infra.config import Config
 from bertpipe_prefect.tasks import parallel
 
 # (task, parameters, wait_for) -> future
@@ -39,7 +39,7 @@ def submitting(cfg: Config) -> Iterator[Submit | None]:
     if fp.runner == "local":
         yield None
         return
-    from bertpipe.extras import require
+    from bertpipe.infra.extras import require
 
     require("dask", "flow.runner: dask")
     from prefect_dask import DaskTaskRunner
@@ -111,10 +111,10 @@ def cluster_executor() -> Iterator[tuple[Any, int]]:
 @contextlib.contextmanager
 def parent_run_env(run_id: str) -> Iterator[None]:
     """The flow's MLflow run as the parent of the stage runs made in this process and its children (the variable
-    ``bertpipe.tracking.flow_run`` sets in the flow's own process; a worker elsewhere gets it from here)."""
+    ``bertpipe.infra.tracking.flow_run`` sets in the flow's own process; a worker elsewhere gets it from here)."""
     import os
 
-    from bertpipe.tracking import PARENT_ENV
+    from bertpipe.infra.tracking import PARENT_ENV
 
     if not run_id:
         yield

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def prefect_env(cfg=None) -> Path:
-    """Set Prefect's environment for ``cfg`` (a ``bertpipe.config.Config``; None: $BERTPIPE_ROOT or the cwd, with
+    """Set Prefect's environment for ``cfg`` (a ``bertpipe.infra.config.Config``; None: $BERTPIPE_ROOT or the cwd, with
     the default state dir). Returns PREFECT_HOME."""
     if cfg is not None:
         state = Path(cfg.state)

@@ -27,14 +27,14 @@ import threading
 import time
 from typing import Iterator
 
-from bertpipe.cores import auto_workers, usable_cores  # noqa: F401 (auto_workers: used here and imported from here)
+from bertpipe.infra.cores import auto_workers, usable_cores  # noqa: F401 (auto_workers: used here and imported from here)
 
-# The graph as {stage: [upstream stages]}, in a topological order (bertpipe.pipeline.all_stages's order).
+# The graph as {stage: [upstream stages]}, in a topological order (bertpipe.graph.pipeline.all_stages's order).
 Graph = dict[str, list[str]]
 
 
 def cores() -> int:
-    """Cores this process may use (``bertpipe.cores.usable_cores``: affinity mask and cgroup quota)."""
+    """Cores this process may use (``bertpipe.infra.cores.usable_cores``: affinity mask and cgroup quota)."""
     return usable_cores()
 
 
@@ -231,7 +231,7 @@ def slot(key: str, priority: int, name: str = "") -> Iterator[list[str]]:
 def child_env(threads: int, devices: list[str] | None = None) -> dict[str, str]:
     """The environment of a stage's child process: its share of the cores, set before torch starts its pools, and
     its slot's GPUs (``devices``, default: those of the slot this thread holds; none held: unchanged). A stage that
-    computes recorded numbers then sets torch's count itself (``bertpipe.cores``), as it does in every door."""
+    computes recorded numbers then sets torch's count itself (``bertpipe.infra.cores``), as it does in every door."""
     env = dict(os.environ)
     devices = devices if devices is not None else getattr(_held, "devices", None)
     if devices:

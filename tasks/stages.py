@@ -1,4 +1,4 @@
-"""One Prefect task per stage. Each calls ``bertpipe.stage.run_stage`` on the library's Stage object (or the stage's
+"""One Prefect task per stage. Each calls ``bertpipe.core.stage.run_stage`` on the library's Stage object (or the stage's
 CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint, computed
 when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly when its
 output is fresh (and the CLI and `dvc repro` would skip it too)."""
@@ -15,13 +15,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import CachePolicy
 
-from bertpipe.config import Config
+from bertpipe.infra.config import Config
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.freshness import FLOW_STAGE_ENV
-from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
-from bertpipe.prepare.shard import use_executor
+from bertpipe.core.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.graph.freshness import FLOW_STAGE_ENV
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.prepare.shard import use_executor
 from bertpipe_prefect.tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
 from bertpipe_prefect.tasks.parallel import child_env, slot
 
@@ -31,7 +31,7 @@ def _config(params: str, profile: str | None, overrides: list[str]) -> Config:
 
 
 def _stage(stage_name: str, cfg: Config) -> Stage:
-    from bertpipe.pipeline import all_stages
+    from bertpipe.graph.pipeline import all_stages
 
     return all_stages(cfg)[stage_name]
 
@@ -103,7 +103,7 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
     """Run the stage through the CLI in a child process with ``threads`` torch threads. Stages that run beside
     others need this: transformers builds models under a process-wide meta-device context while loading, which
     breaks a forward pass in a neighbouring thread, and torch's thread pools are per process."""
-    cmd = [sys.executable, "-m", "bertpipe.cli", *_stage(stage_name, cfg).command, "--params", params]
+    cmd = [sys.executable, "-m", "bertpipe.doors.cli", *_stage(stage_name, cfg).command, "--params", params]
     if profile is not None:
         cmd += ["--profile", profile]
     for o in overrides:
@@ -173,11 +173,11 @@ def _run_logger():
 
 def _relay(pipe, fh, stage_name: str) -> None:
     """Copy the child's output to its log file and to the task run's logger (so it reaches the Prefect UI), as whole
-    lines: a progress bar's carriage-return redraws become a line every few seconds (``bertpipe.progress.Lines``).
+    lines: a progress bar's carriage-return redraws become a line every few seconds (``bertpipe.infra.progress.Lines``).
     The logger's lines carry the stage's name once: the child's own ``[stage]`` lines are not prefixed again."""
     import codecs
 
-    from bertpipe.progress import Lines
+    from bertpipe.infra.progress import Lines
 
     logger = _run_logger()
     prefix = f"[{stage_name}]"

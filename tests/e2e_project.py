@@ -20,7 +20,7 @@ from typing import Callable
 
 import yaml
 
-from bertpipe.prepare.params import LAWS_QUERY
+from bertpipe.stages.prepare.params import LAWS_QUERY
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -42,7 +42,7 @@ def one_task() -> dict:
     """``finetune.tasks`` holding the default sentiment task alone, for projects whose tests stop at the tasks or
     prepare stage: the three default tasks cost the splits stage ~26 CPU-s (all of MSRA's and laws.db's examples,
     uncapped), sentiment alone ~7 (measured)."""
-    from bertpipe.finetune.params import default_tasks
+    from bertpipe.stages.finetune.params import default_tasks
 
     return {"tasks": {"sentiment": default_tasks()["sentiment"].model_dump(mode="json", exclude_defaults=True)}}
 
@@ -176,9 +176,9 @@ def build_chain(root: Path, target: str | None = None) -> None:
     """The project at ``root`` built in this process, stage by stage upstream first (``run_stage``): the whole chain,
     or what ``target`` needs, as `dvc repro <target>` would build it. For a project a test starts from, where how it
     was built is no part of the claim."""
-    from bertpipe.freshness import upstream_graph
-    from bertpipe.pipeline import all_stages, load_config
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.graph.freshness import upstream_graph
+    from bertpipe.graph.pipeline import all_stages, load_config
 
     cfg = load_config(root / "params.yaml")
     stages = all_stages(cfg)
@@ -189,14 +189,14 @@ def build_chain(root: Path, target: str | None = None) -> None:
 
 
 def invoke(argv: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.cli.app``), in ``cwd``, with ``env`` as
+    """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.doors.cli.commands.app``), in ``cwd``, with ``env`` as
     the whole environment while it runs (variables not in it are unset), like ``subprocess.run(..., text=True,
     capture_output=True)``. An exception the CLI lets through is a traceback on stderr and exit status 1, as the
     console script would print it. What ``cli.main`` adds around the app (the lifeline, SIGTERM as Ctrl-C) needs a
     process of its own: test_lifeline, test_kill_recovery."""
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     argv = [str(a) for a in argv]
     saved = dict(os.environ)  # restored whole afterwards: a command may set a variable for what it starts

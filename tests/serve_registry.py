@@ -40,10 +40,10 @@ def tiny_model(path: Path, tokenizer_dir: Path, kind: str, seed: int, steps: int
 def build_registry(root: Path, tokenizer_dir: Path, versions: int = 2, kind: str = "cls",
                    name: str = "bertpipe-sentiment", hidden: int = 32, layers: int = 1) -> tuple[Path, list[str]]:
     """A project dir (params.yaml + state) whose registry holds ``versions`` versions of ``name``; v1 is champion."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.register.record import log_and_register
-    from bertpipe.registry.champion import promote
-    from bertpipe.tracking import client, experiment_id, fluent_mlflow
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client, experiment_id, fluent_mlflow
+    from bertpipe.lib.registered.champion import promote
+    from bertpipe.stages.register.record import log_and_register
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text(yaml.safe_dump({"paths": {"work": "work", "state": ".bertpipe"}}))

@@ -1,5 +1,5 @@
 """A catalogue of bad inputs, each run through the real `bertpipe` command in a temp project, in this process
-(``e2e_project.invoke``: Typer's CliRunner on ``bertpipe.cli.app``, the case's cwd and environment).
+(``e2e_project.invoke``: Typer's CliRunner on ``bertpipe.doors.cli.commands.app``, the case's cwd and environment).
 
 For every case: non-zero exit, exactly one `error:` line that names the file/line/key (a regex per case), no
 traceback, no new directory (temp or output) under work/, and every file of the case byte-identical afterwards.

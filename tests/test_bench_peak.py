@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.device import Caps, choose_precision
+from bertpipe.infra.device import Caps, choose_precision
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 TIMING_BENCHES = ("bench_pretrain.py", "bench_finetune.py")

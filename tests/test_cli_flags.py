@@ -8,7 +8,7 @@ import json
 from typer.testing import CliRunner
 
 import bertpipe
-from bertpipe.cli import app
+from bertpipe.doors.cli.commands import app
 
 runner = CliRunner()
 
@@ -50,7 +50,7 @@ def test_stages_json_matches_the_table_and_check_fails_while_stale(tmp_path):
 
 def test_stages_check_passes_when_every_stage_is_fresh(tmp_path, monkeypatch):
     # Building every stage of a project takes minutes; the exit status depends only on the freshness rows.
-    from bertpipe import freshness
+    from bertpipe.graph import freshness
 
     params = _project(tmp_path)
     real = freshness.plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from bertpipe.cli import app
+from bertpipe.doors.cli.commands import app
 
 
 def test_schedule_is_the_cron_command_and_models_serve_the_http_server():
@@ -24,7 +24,7 @@ def test_until_is_one_rule_for_every_door(tmp_path):
                                           "finetune: {tasks: {}}\n")
     res = CliRunner().invoke(app, ["schedule", "--params", str(tmp_path / "params.yaml"), "--until", "nosuch"])
     assert res.exit_code == 2 and "--until 'nosuch': not a stage of this pipeline" in res.output
-    from bertpipe.pipeline import until_targets
+    from bertpipe.graph.pipeline import until_targets
 
     assert until_targets(["prepare", "finetune/a/base", "finetune/a/adapted", "evaluate"], "finetune") == [
         "finetune/a/base", "finetune/a/adapted"]

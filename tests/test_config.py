@@ -1,7 +1,7 @@
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 
 
 def write(tmp_path, text):

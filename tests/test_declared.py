@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.graph.pipeline import all_stages, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,14 +29,14 @@ LEAF = {
         "    return {\"tasks\": n}\n"
     ),
     "declare.py": (
-        "from bertpipe.declared import Family\n"
-        "from bertpipe.layout import splits_dir\n"
-        "from bertpipe.leaf.params import LeafParams\n"
-        "from bertpipe.stage import Stage, deferred\n\n"
+        "from bertpipe.core.declared import Family\n"
+        "from bertpipe.lib.layout import splits_dir\n"
+        "from bertpipe.stages.leaf.params import LeafParams\n"
+        "from bertpipe.core.stage import Stage, deferred\n\n"
         "VERSION = \"1\"\n\n\n"
         "def leaf_stage():\n"
         "    return Stage(\"leaf\", VERSION, (\"leaf\",), lambda c: {\"splits\": splits_dir(c)},\n"
-        "                 lambda c: c.work / \"leaf\", deferred(\"bertpipe.leaf.stage:build\"),\n"
+        "                 lambda c: c.work / \"leaf\", deferred(\"bertpipe.stages.leaf.stage:build\"),\n"
         "                 code=(\"leaf\",))\n\n\n"
         "LEAF = Family(\"leaf\", \"Count the tasks (a toy leaf).\", lambda c: [leaf_stage()], params={\"leaf\": LeafParams})\n"
     ),
@@ -46,12 +46,12 @@ CHECK = r"""
 import contextlib, sys
 from pathlib import Path
 from typer.testing import CliRunner
-from bertpipe.cli import app
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.contracts import render
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import COMMANDS, all_stages, load_config, upstream
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.doors.cli.commands import app
+from bertpipe.graph.contracts import render
+from bertpipe.graph.pipeline import COMMANDS, all_stages, load_config, upstream
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.infra.errors import BertpipeError
 
 root = Path(sys.argv[1])
 cfg = load_config(root / "params.yaml")
@@ -61,8 +61,7 @@ assert list(stages)[-1] == "leaf" and upstream("leaf", cfg) == ["splits"], list(
 assert "leaf" in COMMANDS
 assert "Count the tasks" in CliRunner().invoke(app, ["--help"]).output
 independence = render().split('type = "independence"')[1].split("ignore_imports")[0]
-assert '"bertpipe.leaf",' in independence, independence
-assert '"bertpipe.leaf",' in render().split('type = "forbidden"')[1].split("forbidden_modules")[0]
+assert '"bertpipe.stages.leaf",' in independence, independence
 try:
     load_config(root / "params.yaml", overrides=["leaf.bogus=1"])
     raise SystemExit("an unknown key in the leaf's section was accepted")
@@ -78,15 +77,15 @@ print((res.out / "leaf.txt").read_text().strip())
 def test_a_leaf_stage_is_one_package_and_one_line_in_the_list(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(REPO / "bertpipe", src / "bertpipe", ignore=shutil.ignore_patterns("__pycache__"))
-    pkg = src / "bertpipe" / "leaf"
+    pkg = src / "bertpipe" / "stages" / "leaf"
     pkg.mkdir()
     for name, text in LEAF.items():
         (pkg / name).write_text(text, encoding="utf-8")
-    graph = src / "bertpipe" / "pipeline.py"
+    graph = src / "bertpipe" / "graph" / "pipeline.py"
     text = graph.read_text(encoding="utf-8")
     # the one entry in the list (with the import that names it)
-    text = text.replace("from bertpipe.finetune.declare import FINETUNE\n",
-                        "from bertpipe.finetune.declare import FINETUNE\nfrom bertpipe.leaf.declare import LEAF\n")
+    text = text.replace("from bertpipe.stages.finetune.declare import FINETUNE\n",
+                        "from bertpipe.stages.finetune.declare import FINETUNE\nfrom bertpipe.stages.leaf.declare import LEAF\n")
     text = text.replace("EVALUATE, REGISTER)", "EVALUATE, REGISTER, LEAF)")
     graph.write_text(text, encoding="utf-8")
     project = tmp_path / "project"
@@ -108,7 +107,7 @@ def test_the_composed_params_travel_to_another_process(tmp_path):
     """A loaded config's params pickle (a Dask worker or child process receives them) as the graph's model."""
     import pickle
 
-    from bertpipe.pipeline import Params
+    from bertpipe.graph.pipeline import Params
 
     params = tmp_path / "params.yaml"
     params.write_text("paths: {work: w}\nfinetune: {tasks: {}}\nevaluate: {split: dev}\n", encoding="utf-8")
@@ -121,8 +120,8 @@ HEAVY = ("torch", "transformers", "mlflow")
 LIGHT_GRAPH = r"""
 import json, sys
 from pathlib import Path
-from bertpipe.dvcfile import effective_files
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.doors.dvc.dvcfile import effective_files
+from bertpipe.graph.pipeline import all_stages, load_config
 
 cfg = load_config(Path(sys.argv[1]) / "params.yaml")
 assert "finetune/t/base" in all_stages(cfg) and effective_files(cfg)
@@ -132,8 +131,8 @@ print(json.dumps(sorted(m for m in sys.argv[2:] if m in sys.modules)))
 FRESH_RUN = r"""
 import json, sys
 from pathlib import Path
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
 
 cfg = load_config(Path(sys.argv[1]) / "params.yaml")
 assert run_stage(all_stages(cfg)["finetune/t/base"], cfg).skipped
@@ -161,7 +160,7 @@ def test_the_graph_and_a_fresh_stage_import_no_model_or_tracking_library(tmp_pat
         encoding="utf-8")
     assert _imported(LIGHT_GRAPH, tmp_path, *HEAVY) == []
 
-    from bertpipe.stage import NO_TRACKING, fingerprint, run_stage, write_json
+    from bertpipe.core.stage import NO_TRACKING, fingerprint, run_stage, write_json
 
     cfg = load_config(tmp_path / "params.yaml")
     stages = all_stages(cfg)
@@ -171,4 +170,4 @@ def test_the_graph_and_a_fresh_stage_import_no_model_or_tracking_library(tmp_pat
     out = ft.output(cfg)
     out.mkdir(parents=True)
     write_json(out / "manifest.json", {"stage": ft.name, "fingerprint": fingerprint(ft, cfg)[0]})
-    assert _imported(FRESH_RUN, tmp_path, *HEAVY, "bertpipe.finetune.stage") == []
+    assert _imported(FRESH_RUN, tmp_path, *HEAVY, "bertpipe.stages.finetune.stage") == []

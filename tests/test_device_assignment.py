@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from bertpipe.pretrain.run import resolve_nproc, torchrun_command
+from bertpipe.stages.pretrain.run import resolve_nproc, torchrun_command
 from bertpipe_prefect.tasks import parallel
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.stage import Stage, run_stage
+from bertpipe.core.stage import Stage, run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -38,7 +38,7 @@ def _stage(build) -> Stage:
 def _checkpoint(ctx):
     import torch
 
-    from bertpipe.training.checkpoint import atomic_save  # the training loop's checkpoint writer
+    from bertpipe.lib.training.checkpoint import atomic_save  # the training loop's checkpoint writer
 
     (ctx.out / "part.txt").write_text("begun")
     atomic_save({"model": torch.zeros(2_000_000)}, ctx.scratch / "last.pt")  # 8 MB into a 2 MB paths.state
@@ -95,7 +95,7 @@ def test_a_full_work_dir_is_named_not_state(tmp_path):
 def test_the_dir_named_is_the_one_holding_the_file_the_error_names(tmp_path):
     import errno
 
-    from bertpipe.diskfull import disk_full, full_dirs
+    from bertpipe.infra.diskfull import disk_full, full_dirs
 
     work, state = tmp_path / "w", tmp_path / "s"
     err = OSError(errno.ENOSPC, "No space left on device", str(state / "scratch" / "last.pt"))

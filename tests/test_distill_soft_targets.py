@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe.distill.loss import Distiller, soft_loss
-from bertpipe.training.loop import backward_step
+from bertpipe.lib.training.loop import backward_step
+from bertpipe.stages.distill.loss import Distiller, soft_loss
 
 torch.set_num_threads(1)
 T = 2.0

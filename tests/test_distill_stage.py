@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from tests import synthetic as S
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.distill.declare import distill_stage
-from bertpipe.export.declare import export_stage
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.splits.declare import splits_stage
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.stages.distill.declare import distill_stage
+from bertpipe.stages.export.declare import export_stage
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.splits.declare import splits_stage
 
 torch.set_num_threads(1)
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -106,7 +106,7 @@ def test_export_matches_torch_and_int8_is_smaller(built, key):
     meta = json.loads((res.out / "task.json").read_text(encoding="utf-8"))
     assert meta["labels"] and meta["type"] in ("classification", "ner")
     # dynamic axes: another batch size and sequence length than the export's dummy input run through onnxruntime
-    from bertpipe.inference.backends import session
+    from bertpipe.lib.inference.backends import session
 
     sess = session(res.out / "model.onnx")
     ids = torch.randint(1000, 3000, (3, 29)).numpy()
@@ -118,9 +118,9 @@ def test_export_matches_torch_and_int8_is_smaller(built, key):
 def test_student_shapes_and_the_distillation_loss(tmp_path, zh_tokenizer_dir):
     from transformers import AutoModelForTokenClassification
 
-    from bertpipe.distill.loss import Distiller
-    from bertpipe.distill.params import DistillParams
-    from bertpipe.distill.student import layer_map, make_student
+    from bertpipe.stages.distill.loss import Distiller
+    from bertpipe.stages.distill.params import DistillParams
+    from bertpipe.stages.distill.student import layer_map, make_student
 
     assert layer_map(6, 3) == [1, 3, 5] and layer_map(12, 6) == [1, 3, 5, 7, 9, 11] and layer_map(4, 1) == [3]
     enc = S.tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=4, hidden=64)

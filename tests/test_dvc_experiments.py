@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.config import dvc_exp_project, dvc_exp_state
+from bertpipe.infra.config import dvc_exp_project, dvc_exp_state
 from tests.e2e_project import REPO, build_chain, copy_code, env_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -53,11 +53,11 @@ PROFILES = """tiny:
 STAGES = ("splits", "prepare", "vocab", "pretrain", "finetune/cls/base", "evaluate")
 
 
-PROBE = "bertpipe/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
+PROBE = "bertpipe/stages/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
 KEYS = """
 import json
-from bertpipe.freshness import plan
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.graph.freshness import plan
+from bertpipe.graph.pipeline import all_stages, load_config
 from bertpipe_prefect.tasks.stages import cache_key
 cfg = load_config("params.yaml")
 stages = all_stages(cfg)
@@ -103,7 +103,7 @@ def test_readme_set_params_apply_to_the_demo_params_file(tmp_path):
     the effective value, whatever the profile says."""
     from dvc.utils.hydra import apply_overrides
 
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
 
     overrides = readme_set_params()
     assert overrides, "README shows no dvc exp run -S"
@@ -156,7 +156,7 @@ def project(tmp_path_factory, zh_tokenizer_dir):
 
 
 def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(project):
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
 
     before = fingerprints(project)
     scores0 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
@@ -280,7 +280,7 @@ def dvc_status(root: Path) -> set:
 
 
 def test_a_code_change_stales_its_stage_and_dependants_only(project):
-    """A code line appended to the copy's bertpipe/vocab/extend.py, which only the vocab stage imports:
+    """A code line appended to the copy's bertpipe/stages/vocab/extend.py, which only the vocab stage imports:
 
     - `bertpipe stages`: vocab and the built stages below it turn stale; the other built stages stay fresh;
     - the Prefect cache keys (the expected fingerprints) change for vocab and every stage below it in the graph,
@@ -290,8 +290,8 @@ def test_a_code_change_stales_its_stage_and_dependants_only(project):
       `dvc repro params` it reports vocab and no other stage (DVC reruns what is below at `dvc repro` time, once
       vocab's output changes). A comment edit (the digest is of the syntax tree) leaves every stage but `params`
       unchanged."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.pipeline import all_stages, upstream
+    from bertpipe.graph.pipeline import all_stages, upstream
+    from bertpipe.graph.pipeline import load_config
 
     root = project
     built = {"splits", "prepare", "start", "vocab", "pretrain", "finetune/cls/base", "evaluate"}

@@ -1,4 +1,4 @@
-"""dvc.lock as a run records it (bertpipe.dvclock) when `dvc commit` is killed half-way or fails: the lock files are
+"""dvc.lock as a run records it (bertpipe.doors.dvc.dvclock) when `dvc commit` is killed half-way or fails: the lock files are
 the old ones or the new ones, never cut short, and a failure says DVC's reason.
 
 The kill lands inside DVC's own write of dvc.lock: a ``sitecustomize`` on the `dvc commit` process's PYTHONPATH
@@ -15,8 +15,8 @@ import sys
 import pytest
 import yaml
 
-from bertpipe import dvclock
-from bertpipe.pipeline import load_config
+from bertpipe.doors.dvc import dvclock
+from bertpipe.graph.pipeline import load_config
 from tests.e2e_project import invoke, run, write_project
 
 pytestmark = pytest.mark.slow  # seven `dvc commit` processes of ~2 CPU-s each
@@ -98,7 +98,7 @@ def test_a_run_killed_with_its_dvc_commit_is_repaired_by_the_next(project, kill_
     root, cfg, recorded = project
     (root / "dvc.lock").write_text(recorded)
     kill_in_write("group")
-    code = f"from bertpipe import dvclock; from bertpipe.pipeline import load_config; " \
+    code = f"from bertpipe import dvclock; from bertpipe.graph.pipeline import load_config; " \
            f"dvclock.record(load_config({str(root / 'params.yaml')!r}), [])"
     killed = run([sys.executable, "-c", code], root, check=False, prefect="ephemeral")
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])

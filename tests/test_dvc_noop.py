@@ -32,12 +32,12 @@ v = c.create_model_version("elsewhere", source="file:///nonexistent")
 c.set_registered_model_alias("elsewhere", "champion", v.version)
 """
 HEAVY = ("mlflow", "torch", "prefect", "transformers")
-START = "stages/start/dvc.yaml:start"  # DVC's name of the stage in its own file (bertpipe.dvcfile)
+START = "stages/start/dvc.yaml:start"  # DVC's name of the stage in its own file (bertpipe.doors.dvc.dvcfile)
 
 
 def start_cmd(root) -> tuple[set[str], str]:
     """(the heavy top-level modules `bertpipe start` imports (python -X importtime), built / cached)."""
-    proc = run([sys.executable, "-X", "importtime", "-m", "bertpipe.cli", "start"], root)
+    proc = run([sys.executable, "-X", "importtime", "-m", "bertpipe.doors.cli", "start"], root)
     mods = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert mods, proc.stderr[-2000:]
     return mods & set(HEAVY), proc.stdout.split()[1]

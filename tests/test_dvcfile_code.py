@@ -16,10 +16,10 @@ import yaml
 
 from typer.testing import CliRunner
 
-from bertpipe.cli import app
-from bertpipe.dvcfile import (CODE, EFFECTIVE, HEADER, dvc_files, dvc_stage_name, dvc_yaml, effective_file,
+from bertpipe.doors.cli.commands import app
+from bertpipe.doors.dvc.dvcfile import (CODE, EFFECTIVE, HEADER, dvc_files, dvc_stage_name, dvc_yaml, effective_file,
                               effective_files, render_effective, render_files)
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.graph.pipeline import all_stages, load_config
 from tests.e2e_project import REPO, write_project
 
 
@@ -144,13 +144,13 @@ def test_the_committed_generated_files_are_what_this_install_generates(tmp_path,
 
 
 def test_a_run_records_dvc_lock_only_with_the_settings_dvc_yaml_describes(tmp_path, monkeypatch, sample_raw):
-    """What a run does with dvc.lock (bertpipe.dvclock; the run that records it: test_pipeline_e2e): nothing outside a
+    """What a run does with dvc.lock (bertpipe.doors.dvc.dvclock; the run that records it: test_pipeline_e2e): nothing outside a
     DVC repo; in one, a run whose --set moves a stage's resolved params leaves dvc.lock alone and says how to record
     it, since dvc.yaml and params_effective/ describe the params file, not that run. An input outside the project
     given as an absolute path stays absolute in dvc.yaml, so a moved project's dvc.yaml is current as it stands."""
     import subprocess
 
-    from bertpipe import dvclock
+    from bertpipe.doors.dvc import dvclock
 
     cfg = load_config(write_project(tmp_path, sample_raw))
     monkeypatch.chdir(tmp_path)

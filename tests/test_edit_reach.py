@@ -4,7 +4,7 @@ what it says: it reaches the stage's spec (what the fingerprint hashes and the m
 door, narrowing a search space that names it.
 
 The finished project is simulated as in test_fingerprint_scope (every stage's manifest written with the fingerprint
-``bertpipe.freshness`` expects, in graph order); each edit is the config a door would load (``--set``, params.yaml's
+``bertpipe.graph.freshness`` expects, in graph order); each edit is the config a door would load (``--set``, params.yaml's
 own keys, a Prefect knob) and ``plan`` is asked which stages are stale against it.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.freshness import plan
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.graph.freshness import plan
+from bertpipe.graph.pipeline import all_stages, load_config
 from bertpipe_prefect.flows.knobs import KEYS, Knobs
 from tests.e2e_project import invoke
 from tests.test_fingerprint_scope import below, finish
@@ -182,7 +182,7 @@ def _profiles() -> list[tuple[Path, str]]:
 @pytest.mark.parametrize("params, profile", _profiles(), ids=lambda v: v if isinstance(v, str) else v.parent.name)
 def test_no_shipped_profile_sets_a_value_its_search_space_names(params, profile):
     """A profile that sets a search space never also sets the value it would narrow: the search it ships runs."""
-    from bertpipe.finetune.params import task_settings
+    from bertpipe.stages.finetune.params import task_settings
 
     cfg = load_config(params, profile)
     for task in cfg.params.finetune.tasks:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests import synthetic as S
-from bertpipe.tasklib import Example
-from bertpipe.scoring import baselines as BL
+from bertpipe.lib.labelled import Example
+from bertpipe.lib.measures import baselines as BL
 
 
 def _cls(rows, prefix):

@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from bertpipe.scoring import bootstrap as B
-from bertpipe.scoring import metrics as M
-from bertpipe.training import tagging as T
+from bertpipe.lib.measures import bootstrap as B
+from bertpipe.lib.measures import metrics as M
+from bertpipe.lib.training import tagging as T
 
 
 def test_macro_f1_matches_the_finetune_metric():

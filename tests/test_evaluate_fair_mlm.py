@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.stages.evaluate.params import EvaluateParams
 from tests.synthetic import tiny_encoder
-from bertpipe.scoring import fair_mlm as F
-from bertpipe.scoring import windows as W
-from bertpipe.scoring.encoder_gate import encoder_gate_score
+from bertpipe.lib.measures import fair_mlm as F
+from bertpipe.lib.measures import windows as W
+from bertpipe.lib.measures.encoder_gate import encoder_gate_score
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def test_spans_depend_only_on_texts_and_seed(texts):
         assert 0 < len(window) <= 40 and spans == sorted(spans)
         assert all(any(ch.isalnum() for ch in window[a:b]) for a, b in spans)
     # the window ends on a jieba word boundary: the chosen words are whole
-    from bertpipe.textseg import jieba_spans
+    from bertpipe.lib.textseg import jieba_spans
 
     for window, spans in w1:
         words = set(jieba_spans(window))
@@ -151,7 +151,7 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
     assert sample == W.test_texts(corpus, 5, seed=0) != W.test_texts(corpus, 5, seed=1)
     assert len(sample) == 5 and sample != texts[:5] and sample == [t for t in texts[:12] if t in sample]
     assert name == "neg_nll_per_char" and value == pytest.approx(-direct["b"]["nll_per_char"], rel=1e-9)
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     pq.write_table(pa.table({"text": ["", "  "]}), corpus / "test.parquet")
     with pytest.raises(BertpipeError, match="test: no text"):
@@ -162,7 +162,7 @@ def test_gate_score_reads_the_domain_test_split(encoders, texts, tmp_path):
 
 
 def test_a_headless_encoder_is_refused_not_scored_with_a_random_head(zh_tokenizer_dir, tmp_path):
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     headless = tiny_encoder(tmp_path / "headless", zh_tokenizer_dir, layers=1, hidden=32, with_mlm_head=False)
     with pytest.raises(BertpipeError, match="no masked-LM head"):

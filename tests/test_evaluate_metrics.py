@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.scoring import metrics as M
+from bertpipe.lib.measures import metrics as M
 
 
 def test_classification_metrics_by_hand():

@@ -12,16 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import family_stages, load_config
-from bertpipe.evaluate.stage import compare, interval, verdict
+from bertpipe.graph.pipeline import family_stages, load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.evaluate.stage import compare, interval, verdict
 from tests import synthetic as S
-from bertpipe.layout import finetune_pairs
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.splits.declare import splits_stage
-from bertpipe.stage import run_stage, write_json
-from bertpipe.layout import task_dir
-from bertpipe.tasklib import SPLITS_JSON, read_task
+from bertpipe.core.stage import run_stage, write_json
+from bertpipe.lib.labelled import SPLITS_JSON, read_task
+from bertpipe.lib.layout import finetune_pairs
+from bertpipe.lib.layout import task_dir
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.splits.declare import splits_stage
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -98,11 +98,11 @@ def test_a_degenerate_encoder_gets_no_difference_and_the_verdict_names_it():
 
 
 def test_a_class_an_encoder_never_gets_right_that_a_baseline_finds_is_named_in_the_verdict_and_report():
-    from bertpipe.evaluate import report as R
-    from bertpipe.evaluate.stage import lost_classes
-    from bertpipe.scoring import baselines as BL
-    from bertpipe.scoring import metrics as M
-    from bertpipe.tasklib import Example
+    from bertpipe.lib.labelled import Example
+    from bertpipe.lib.measures import baselines as BL
+    from bertpipe.lib.measures import metrics as M
+    from bertpipe.stages.evaluate import report as R
+    from bertpipe.stages.evaluate.stage import lost_classes
 
     rows = S.keyword_classification(240, seed=3, labels=("pos", "neg", "mid"))
     train, test = [[Example(id=str(r["id"]), text=r["text"], label=r["label"]) for r in part]
@@ -241,7 +241,7 @@ def test_report_base_vs_adapted(project):
         sum(ex.label == top for ex in splits["test"]) / len(splits["test"]))
     assert cls_b["tfidf"]["macro_f1"] > 0.8  # the keyword task is easy for character n-grams
     assert ner_b["majority"]["f1"] == 0.0 and ner_b["lexicon"]["f1"] > 0.5
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     logged = client(cfg).get_run(res.run_id).data.metrics  # baselines are logged with the evaluate run
     assert logged["cls.baseline_tfidf.macro_f1"] == pytest.approx(cls_b["tfidf"]["macro_f1"])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests import synthetic as S
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
 
 torch.set_num_threads(1)
 
@@ -51,7 +51,7 @@ register: {register_encoder: false}
 
 @pytest.mark.slow
 def test_ner_and_qa_pyfunc_from_the_registry(registered):
-    from bertpipe.tracking import client, fluent_mlflow
+    from bertpipe.infra.tracking import client, fluent_mlflow
 
     root, cfg = registered
     reg = json.loads((root / "work" / "register" / "registry.json").read_text(encoding="utf-8"))
@@ -82,7 +82,7 @@ def test_ner_and_qa_pyfunc_from_the_registry(registered):
 def test_models_predict_with_bad_lines_every_backend(registered, tmp_path):
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     root, _ = registered
     src = tmp_path / "in.jsonl"
@@ -122,7 +122,7 @@ def test_models_predict_classification_from_the_transformers_flavor(registered, 
     """The classification version is a transformers-flavor model; its ONNX files come from the version's run."""
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     root, _ = registered
     src = tmp_path / "in.txt"
@@ -166,8 +166,8 @@ def test_export_checks_score_each_backend_once(registered):
     """The export checks run the test split once per backend (raw outputs and scores from one pass)."""
     from types import SimpleNamespace
 
-    from bertpipe.inference.backends import OrtModel, load_torch
-    from bertpipe.export.stage import _task_checks
+    from bertpipe.lib.inference.backends import OrtModel, load_torch
+    from bertpipe.stages.export.stage import _task_checks
 
     root, cfg = registered
     model_dir = root / "work" / "finetune" / "cls" / "adapted" / "model"

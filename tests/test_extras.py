@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 from tests.e2e_project import env_for
 
 CLI = "import sys; sys.modules[sys.argv[1]] = None; sys.argv = ['bertpipe', *sys.argv[2:]]; " \
-      "from bertpipe.cli import main; main()"
+      "from bertpipe.doors.cli.commands import main; main()"
 
 
 def test_models_serve_without_the_serve_extra_is_one_line(tmp_path):

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe import families as F
-from bertpipe.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
-from bertpipe.textseg import jieba_spans, tokenize_with_words
-from bertpipe.vocab import embeddings, extend, mining
-from bertpipe.vocab.params import VocabParams
+from bertpipe.lib import model_families as F
+from bertpipe.lib.textseg import jieba_spans, tokenize_with_words
+from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+from bertpipe.stages.vocab import embeddings, extend, mining
+from bertpipe.stages.vocab.params import VocabParams
 from tests.corpus import law_texts
 from tests.test_pretrain_support import english_texts
 from tests.families import FAMILIES, TINY, TOKENIZER_KIND, family_dirs  # noqa: F401 (a fixture)
@@ -186,7 +186,7 @@ def test_whole_word_masking_masks_every_piece_of_a_chosen_word(family, family_di
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pretrain_model_runs_every_family_with_a_pair_head(family, family_dirs):
-    from bertpipe.pretrain.model import PretrainModel, load_checkpoint
+    from bertpipe.stages.pretrain.model import PretrainModel, load_checkpoint
 
     mlm, tok, fresh = load_checkpoint(family_dirs[family], log=lambda *_: None)
     pm = PretrainModel(mlm, pair=True)
@@ -240,9 +240,9 @@ def chain_root(tmp_path_factory, sample_raw):
 
 
 def _run_chain(root: Path, family: str, family_dir: Path) -> dict:
-    from bertpipe.pipeline import load_config
-    from bertpipe.pipeline import all_stages
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.graph.pipeline import all_stages
+    from bertpipe.graph.pipeline import load_config
 
     proj = root / family
     if not proj.exists():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.finetune.params import default_tasks
-from bertpipe.training import taskfiles as D
-from bertpipe.training.params import TaskParams
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.lib.training import taskfiles as D
+from bertpipe.lib.training.params import TaskParams
+from bertpipe.stages.finetune.params import default_tasks
 
 FIX = Path(__file__).parent / "data" / "finetune"
 

@@ -1,6 +1,6 @@
 """A finetune's output is a function of its fingerprint: two processes that used the global RNGs differently before
 the stage give identical metrics and weights, and so do the three doors, each of which leaves torch at another thread
-count (bertpipe.cores: one count for all). And an encoder with fewer positions than finetune.train.max_seq_len
+count (bertpipe.infra.cores: one count for all). And an encoder with fewer positions than finetune.train.max_seq_len
 trains with the length clamped (a notice), instead of failing with a tensor size error."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import sys
 import pytest
 
 from tests import synthetic as S
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.pipeline import load_config
-from bertpipe.splits.declare import splits_stage
-from bertpipe.stage import run_stage
-from bertpipe.cores import usable_cores
-from bertpipe.dvcfile import dvc_stage_name
+from bertpipe.core.stage import run_stage
+from bertpipe.doors.dvc.dvcfile import dvc_stage_name
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.cores import usable_cores
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.splits.declare import splits_stage
 from bertpipe_prefect.tasks.parallel import child_env
 from tests.e2e_project import env_for, invoke, run
 
@@ -34,9 +34,9 @@ torch.set_num_threads(1)
 burn = int(sys.argv[1])  # use the global RNGs differently before the stage, as a flow's earlier tasks would
 random.random(); [random.random() for _ in range(burn)]
 np.random.rand(burn + 1); torch.rand(burn + 1)
-from bertpipe.pipeline import load_config
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.stages.finetune.declare import finetune_stage
 cfg = load_config("params.yaml")
 res = run_stage(finetune_stage(sys.argv[2], "base"), cfg, force=True, tracker_factory=lambda *a: contextlib.nullcontext())
 m = json.loads((res.out / "metrics.json").read_text())
@@ -105,7 +105,7 @@ def test_same_finetune_in_two_processes_after_different_rng_use_is_identical(tmp
 def test_the_cli_a_flow_child_and_dvc_repro_train_the_same_weights(tmp_path, zh_tokenizer_dir):
     """CPU kernels split reductions by torch's thread count, and each door leaves torch at its own: a `bertpipe`
     process at every core, the flow's child at its slot's share (OMP_NUM_THREADS, tasks.parallel.child_env), DVC's
-    command as a process of its own. Every door trains with the one count bertpipe.cores gives the stage."""
+    command as a process of its own. Every door trains with the one count bertpipe.infra.cores gives the stage."""
     import torch
 
     cfg = _project(tmp_path, zh_tokenizer_dir, "[1]", extra="tracking: {uri: none}")
@@ -126,7 +126,7 @@ def test_the_cli_a_flow_child_and_dvc_repro_train_the_same_weights(tmp_path, zh_
     assert res.returncode == 0, res.stderr[-3000:]
     weights = {"cli": built()}
     child = {**env_for(tmp_path), **{k: v for k, v in child_env(1).items() if k.endswith("_NUM_THREADS")}}
-    run([sys.executable, "-m", "bertpipe.cli", *argv], tmp_path, env=child)
+    run([sys.executable, "-m", "bertpipe.doors.cli", *argv], tmp_path, env=child)
     weights["flow child"] = built()
     run(["dvc", "init", "-q", "--no-scm"], tmp_path)
     assert weights["cli"] == weights["flow child"], weights
@@ -135,4 +135,4 @@ def test_the_cli_a_flow_child_and_dvc_repro_train_the_same_weights(tmp_path, zh_
     run(["dvc", "repro", "-q", dvc_stage_name(finetune_stage("long", "base").name)], tmp_path)
     weights["dvc repro"] = built()
     assert len(set(weights.values())) == 1, weights
-    assert cfg.params.finetune.train.num_threads == 0  # the count is bertpipe.cores's, not a setting
+    assert cfg.params.finetune.train.num_threads == 0  # the count is bertpipe.infra.cores's, not a setting

@@ -9,15 +9,15 @@ import json
 import pytest
 import torch
 
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
 from tests import synthetic as S
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.splits.declare import splits_stage
-from bertpipe.register.gate import Floor, degenerate_reason, judge
-from bertpipe.scoring import metrics as M
-from bertpipe.stage import fingerprint, run_stage
-from bertpipe.training import degenerate as D
-from bertpipe.training import imbalance as I
+from bertpipe.core.stage import fingerprint, run_stage
+from bertpipe.lib.measures import metrics as M
+from bertpipe.lib.training import degenerate as D
+from bertpipe.lib.training import imbalance as I
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.register.gate import Floor, degenerate_reason, judge
+from bertpipe.stages.splits.declare import splits_stage
 
 torch.set_num_threads(1)
 NO_TRACKING = lambda *a, **k: contextlib.nullcontext()  # noqa: E731
@@ -109,7 +109,7 @@ def test_a_search_chooses_on_dev_skips_degenerate_trials_and_never_reruns_a_stor
     res = run_stage(finetune_stage("cls", "base"), cfg)  # the real MLflow store under state/
     m = json.loads((res.out / "metrics.json").read_text())
     trials = {t["config"]["lr"]: t for t in m["search"]["trials"]}
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     c = client(cfg)
     children = c.search_runs([c.get_run(res.run_id).info.experiment_id],
@@ -149,7 +149,7 @@ def test_an_encoder_whose_every_run_is_degenerate_is_marked_so(project):
 
 
 def test_a_trial_on_the_majority_plateau_ranks_below_one_that_learns():
-    from bertpipe.finetune.search import ranked
+    from bertpipe.stages.finetune.search import ranked
 
     plateau, learning = ranked(0.40, sound=False), ranked(0.36, sound=True)  # 0.40 at a majority score of 0.40
     assert learning > plateau and ranked(0.5, True) == 0.5
@@ -157,7 +157,7 @@ def test_a_trial_on_the_majority_plateau_ranks_below_one_that_learns():
 
 def test_finetune_compile_is_in_the_fingerprint_and_on_without_a_compiler_fails_before_training(
         project, tmp_path, monkeypatch):
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     root, base = project
     off = fingerprint(finetune_stage("cls", "base"), _params(root, base, "{}"))
@@ -193,8 +193,8 @@ def test_a_run_the_search_found_degenerate_is_not_trained_again(project, capfd):
 def _scripted(curves: dict[float, list[float]], ran: list[float]):
     """What a trial "trains" in the store tests: its dev score at each evaluation, by lr, reported as training
     reports it (how a trial trains is not what they are about; test_a_search_chooses_on_dev trains for real)."""
-    from bertpipe.finetune.fit import Fit
-    from bertpipe.training.loop import TrainResult
+    from bertpipe.lib.training.loop import TrainResult
+    from bertpipe.stages.finetune.fit import Fit
 
     def run(ttp, seed, on_eval, number):
         ran.append(ttp.lr)
@@ -212,8 +212,8 @@ CURVES = {1e-2: [0.8, 0.85, 0.9], 3e-3: [0.5, 0.7, 0.95]}
 
 
 def _study(store, space: list[float], prune: bool = True):
-    from bertpipe.finetune.search import search
-    from bertpipe.training.params import SearchParams, TrainParams
+    from bertpipe.lib.training.params import SearchParams, TrainParams
+    from bertpipe.stages.finetune.search import search
 
     ran: list[float] = []
     sp = SearchParams(trials=len(space), space={"lr": space}, prune=prune, seed=1)
@@ -222,7 +222,7 @@ def _study(store, space: list[float], prune: bool = True):
 
 
 def test_a_pruned_trial_is_replayed_in_its_own_study_only(tmp_path):
-    from bertpipe.finetune.search import TrialStore
+    from bertpipe.stages.finetune.search import TrialStore
 
     store = TrialStore(tmp_path / "a", {"task": "cls"})
     _, trials, ran = _study(store, [1e-2, 3e-3])
@@ -243,7 +243,7 @@ def test_a_pruned_trial_is_replayed_in_its_own_study_only(tmp_path):
                                      '{"state": "complete", "dev": "high", "curve": [], "steps": 1, "seconds": 1, '
                                      '"reason": ""}'])
 def test_a_stored_trial_of_another_shape_is_trained_again_and_replaced(tmp_path, content):
-    from bertpipe.finetune.search import TrialStore
+    from bertpipe.stages.finetune.search import TrialStore
 
     store = TrialStore(tmp_path, {"task": "cls"})
     _study(store, [1e-2, 3e-3], prune=False)
@@ -262,7 +262,7 @@ def test_a_stored_trial_of_another_shape_is_trained_again_and_replaced(tmp_path,
 def test_a_key_applied_before_the_search_is_refused_in_the_space(tmp_path, key, values):
     """Features are cut to max_seq_len once per split, train is capped by the splits stage, dev is scored at the
     stage's precision: a trial given another value would run as every other one, and the record would say chosen."""
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     (tmp_path / "params.yaml").write_text(f"finetune: {{search: {{trials: 2, space: {{{key}: {values}}}}}}}\n")
     with pytest.raises(BertpipeError) as e:

@@ -11,12 +11,12 @@ import pytest
 import torch
 import yaml
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 from tests import synthetic as S
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.splits.declare import splits_stage
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.splits.declare import splits_stage
 from tests.e2e_project import invoke
 
 torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def _run(project: Path, task: str):
 def test_head_beats_chance_and_loads_in_a_pipeline(project, task, metric, floor):
     from transformers import AutoConfig, pipeline
 
-    from bertpipe.training.heads import auto_class
+    from bertpipe.lib.training.heads import auto_class
 
     res, m = _run(project, task)
     seed = m["per_seed"]["7"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.training import tagging as T
-from bertpipe.training import windows as W
+from bertpipe.lib.training import tagging as T
+from bertpipe.lib.training import windows as W
 
 
 @pytest.fixture(scope="module")

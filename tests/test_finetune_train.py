@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from tests.synthetic import keyword_classification, tiny_encoder
-from bertpipe.tasklib import Example
-from bertpipe.training import batches as B
-from bertpipe.training import layers
-from bertpipe.training import loop as TR
-from bertpipe.training import windows as W
-from bertpipe.training.features import featurize
-from bertpipe.training.heads import load_model
-from bertpipe.training.params import TaskParams, TrainParams
-from bertpipe.training.predict import run_model
+from bertpipe.lib.labelled import Example
+from bertpipe.lib.training import batches as B
+from bertpipe.lib.training import layers
+from bertpipe.lib.training import loop as TR
+from bertpipe.lib.training import windows as W
+from bertpipe.lib.training.features import featurize
+from bertpipe.lib.training.heads import load_model
+from bertpipe.lib.training.params import TaskParams, TrainParams
+from bertpipe.lib.training.predict import run_model
 
 torch.set_num_threads(1)
 
@@ -168,7 +168,7 @@ def _losses(encoder, feats, compile_setting: str):
 
 @pytest.mark.slow
 def test_compiled_finetune_gives_the_eager_losses(tmp_path, zh_tokenizer_dir, feats):
-    from bertpipe import execution
+    from bertpipe.infra import execution
 
     if execution.compiler_missing(torch.device("cpu")):
         pytest.skip("no C++ compiler for Inductor")
@@ -185,8 +185,8 @@ def test_compiled_finetune_gives_the_eager_losses(tmp_path, zh_tokenizer_dir, fe
 
 
 def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eager(encoder, feats, tmp_path, monkeypatch):
-    from bertpipe import execution
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra import execution
+    from bertpipe.infra.errors import BertpipeError
 
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(BertpipeError) as e:
@@ -204,7 +204,7 @@ def test_finetune_compile_on_without_a_compiler_is_one_error_and_auto_stays_eage
 
 
 def test_adamw_is_fused_on_the_cpu_and_steps_like_the_per_parameter_loop(encoder, feats):
-    from bertpipe.device import adamw
+    from bertpipe.infra.device import adamw
 
     tp = TrainParams(lr=1e-3, layer_lr_decay=0.5)
     models = [_model(encoder) for _ in range(2)]
@@ -232,8 +232,8 @@ def test_fit_takes_the_best_evaluations_dev_scoring_without_scoring_dev_again(en
 
     from transformers import AutoTokenizer
 
-    from bertpipe.finetune import fit as FIT
-    from bertpipe.training.predict import score
+    from bertpipe.lib.training.predict import score
+    from bertpipe.stages.finetune import fit as FIT
 
     tok = AutoTokenizer.from_pretrained(str(encoder))
     rows = keyword_classification(48)

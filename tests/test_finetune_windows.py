@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertpipe.training import windows as W
+from bertpipe.lib.training import windows as W
 from tests.synthetic import FILLER
 
 

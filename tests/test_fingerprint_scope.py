@@ -1,9 +1,9 @@
-"""A stage's fingerprint covers the code that computes its output and nothing else (bertpipe.codeid's rule).
+"""A stage's fingerprint covers the code that computes its output and nothing else (bertpipe.core.codeid's rule).
 
 Quick: a copy of the package in a temp dir is edited and the real demo graph's code digests and freshness are
 recomputed against it; no stage runs. And no digest names a file that only tests or benches import (editing a test
 fixture retrains nothing). A "finished" project is simulated by writing each stage's manifest with the
-fingerprint `bertpipe.freshness` expects, in graph order, so every stage starts fresh.
+fingerprint `bertpipe.graph.freshness` expects, in graph order, so every stage starts fresh.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe import codeid
-from bertpipe.freshness import plan
-from bertpipe.pipeline import all_stages, load_config, upstream
+from bertpipe.core import codeid
+from bertpipe.graph.freshness import plan
+from bertpipe.graph.pipeline import all_stages, load_config, upstream
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "\n\ndef _probe_added_by_a_test():\n    return 1\n"
@@ -95,8 +95,9 @@ def below(names: set[str], cfg, stages) -> set[str]:
 def test_infrastructure_edits_move_no_stage_fingerprint(checkout, demo):
     cfg, stages = demo
     # the runner, tracking, config loading, the graph, the CLI, the output helpers, errors: never a stage's code
-    assert {f"bertpipe/{m}.py" for m in ("stage", "outputs", "orphans", "errors", "tracking", "config", "pipeline",
-                                         "freshness", "dvcfile", "cli", "codeid", "layout")} <= codeid.INFRASTRUCTURE
+    assert {f"bertpipe/{m}.py" for m in ("core/stage", "core/outputs", "infra/orphans", "infra/errors", "infra/tracking",
+                                         "infra/config", "graph/pipeline", "graph/freshness", "doors/dvc/dvcfile",
+                                         "doors/cli/commands", "core/codeid", "lib/layout")} <= codeid.INFRASTRUCTURE
     before = digests(stages)
     assert len(set(before.values())) > 3  # stages do have different code
     for rel in sorted(codeid.INFRASTRUCTURE):
@@ -109,7 +110,7 @@ def test_infrastructure_edits_move_no_stage_fingerprint(checkout, demo):
         finally:
             f.write_text(text)
     # The probe does move a digest when it lands in domain code (so the loop above could fail).
-    f = checkout / "bertpipe/corpusio.py"
+    f = checkout / "bertpipe/lib/corpusio.py"
     f.write_text(f.read_text() + PROBE)
     moved = {n for n, d in digests(stages).items() if d != before[n]}
     assert "vocab" in moved and "pretrain" in moved and "splits" not in moved, moved
@@ -119,7 +120,7 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
     cfg, stages = demo
     assert "base" in stages  # the demo profile bootstraps its base model
     finish(cfg, stages)
-    f = checkout / "bertpipe/pretrain/train.py"
+    f = checkout / "bertpipe/stages/pretrain/train.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
     states = plan(cfg, stages)
@@ -131,19 +132,19 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
 
 
 def test_a_training_library_edit_moves_the_code_of_the_stages_that_import_it(checkout, demo):
-    """A module of a library below the stages (bertpipe/training/, bertpipe/inference/) is the code of every stage
+    """A module of a library below the stages (bertpipe/lib/training/, bertpipe/lib/inference/) is the code of every stage
     that imports it, and of no other: the one training loop is every training stage's, its task-model side finetune's
     and distill's, the scoring code also export's and register's, the speed measurement distill's and export's; the
     tasks stage's code holds none of them."""
     cfg, stages = demo
     assert any(n.startswith("distill/") for n in stages) and any(n.startswith("export/") for n in stages)
     before = digests(stages)
-    cases = (("bertpipe/training/trainloop.py", ("base", "pretrain", "finetune/", "distill/"),
+    cases = (("bertpipe/lib/training/trainloop.py", ("base", "pretrain", "finetune/", "distill/"),
               ("splits", "prepare", "vocab", "export/", "register")),
-             ("bertpipe/training/loop.py", ("finetune/", "distill/"), ("splits", "prepare", "export/", "register",
+             ("bertpipe/lib/training/loop.py", ("finetune/", "distill/"), ("splits", "prepare", "export/", "register",
                                                                        "base", "pretrain")),
-             ("bertpipe/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("splits", "prepare")),
-             ("bertpipe/inference/speed.py", ("distill/", "export/"), ("finetune/", "splits")))
+             ("bertpipe/lib/training/predict.py", ("finetune/", "distill/", "export/", "register"), ("splits", "prepare")),
+             ("bertpipe/lib/inference/speed.py", ("distill/", "export/"), ("finetune/", "splits")))
     for rel, moves, stays in cases:
         f = checkout / rel
         text = f.read_text()
@@ -162,7 +163,7 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
     """The tasks stage materialises splits; the training loop is not part of its code."""
     cfg, stages = demo
     finish(cfg, stages)
-    f = checkout / "bertpipe/training/loop.py"
+    f = checkout / "bertpipe/lib/training/loop.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
     stale = {n for n, s in plan(cfg, stages).items() if not s.fresh}
@@ -174,7 +175,7 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
 def _production_files(stages) -> set[str]:
     """What the doors run, by the import graph (codeid's parser, infrastructure followed too): the CLI, the Prefect
     door (flows/, tasks/) and every stage's build, external and launcher, with what they import, transitively."""
-    roots = [REPO / "bertpipe" / "cli.py"]
+    roots = [REPO / "bertpipe" / "doors" / "cli" / "commands.py"]
     roots += [f for door in ("flows", "tasks") for f in sorted((REPO / door).glob("*.py"))]
     for st in stages.values():
         for fn in (st.build, st.external, st.launcher):
@@ -203,7 +204,7 @@ def test_no_stage_digest_names_a_file_only_tests_or_benches_import(tmp_path):
     stages = all_stages(cfg)
     assert {"tapt", "distill", "export", "register"} <= {st.family for st in stages.values()}
     production = _production_files(stages)
-    assert "bertpipe/finetune/stage.py" in production and "bertpipe/training/loop.py" in production
+    assert "bertpipe/stages/finetune/stage.py" in production and "bertpipe/lib/training/loop.py" in production
     for name, st in stages.items():
         extra = set(st.code_identity()["files"]) - production
         assert not extra, f"{name}'s code digest names {sorted(extra)}, which no door imports"

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.slow
 
 FLOW = r"""
 import json, sys
+from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.tasks.env import prefect_env
-from bertpipe.pipeline import load_config
 overrides = json.loads(sys.argv[1])
 prefect_env(load_config("params.yaml", None, overrides))
 results = domain_adaptation("params.yaml", None, overrides, "finetune")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bertpipe.pipeline import all_stages, load_config, upstream
+from bertpipe.graph.pipeline import all_stages, load_config, upstream
 from bertpipe_prefect.tasks import parallel
 from tests.e2e_project import write_project
 
@@ -110,7 +110,7 @@ def test_slots_admit_by_priority_and_never_exceed_the_count():
 def test_a_user_error_in_a_stage_process_stays_one_line(tmp_path, sample_raw):
     import pytest
 
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
     from bertpipe_prefect.tasks.stages import _isolated
 
     params = write_project(tmp_path, sample_raw, {"finetune": {"tasks": {"mine": {
@@ -131,7 +131,7 @@ def test_a_stage_error_in_the_flow_process_pickles_without_the_cluster_probe_s_e
     import distributed  # noqa: F401 (its import installs tblib's exception pickling, as in a flow run)
     import pytest
 
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
     from bertpipe_prefect.tasks.cluster import cluster_executor
 
     with pytest.raises(BertpipeError) as info:
@@ -158,8 +158,8 @@ def test_base_encoder_only_registers_the_encoder_and_stages_says_why_a_stage_wai
     inputs" with no reason and `bertpipe run` failed at register); a stage that does wait says on what."""
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
-    from bertpipe.freshness import plan
+    from bertpipe.doors.cli.commands import app
+    from bertpipe.graph.freshness import plan
 
     g = demo_graph(tmp_path, sample_raw, {"finetune": {"encoders": ["base"]}})
     assert not any(n.endswith("/adapted") for n in g)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from bertpipe.codeid import code_files, code_identity
-from bertpipe.pipeline import load_config
-from bertpipe.freshness import plan
-from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.core.codeid import code_files, code_identity
+from bertpipe.core.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.graph.freshness import plan
+from bertpipe.graph.pipeline import load_config
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -69,15 +69,15 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
 
 def test_code_identity_follows_imports_and_is_recorded(tmp_path):
     vocab = code_files(("vocab",))
-    assert "bertpipe/vocab/extend.py" in vocab and "bertpipe/corpusio.py" in vocab  # its package + domain helpers
+    assert "bertpipe/stages/vocab/extend.py" in vocab and "bertpipe/lib/corpusio.py" in vocab  # its package + domain helpers
     # infrastructure (the runner, the graph, config loading, tracking) is neither counted nor followed
-    assert not {"bertpipe/stage.py", "bertpipe/pipeline.py", "bertpipe/config.py", "bertpipe/tracking.py",
-                "bertpipe/lineage.py", "bertpipe/outputs.py"} & set(vocab), vocab
-    assert not any(f.startswith(("bertpipe/finetune/", "bertpipe/prepare/")) for f in vocab), vocab
+    assert not {"bertpipe/core/stage.py", "bertpipe/graph/pipeline.py", "bertpipe/infra/config.py", "bertpipe/infra/tracking.py",
+                "bertpipe/lib/lineage.py", "bertpipe/core/outputs.py"} & set(vocab), vocab
+    assert not any(f.startswith(("bertpipe/stages/finetune/", "bertpipe/stages/prepare/")) for f in vocab), vocab
     distill, finetune = code_files(("distill",)), code_files(("finetune",))
     # both train through the training library's loop: a library module a stage imports is that stage's code
-    assert "bertpipe/training/loop.py" in distill and "bertpipe/training/loop.py" in finetune
-    assert not any(f.startswith("bertpipe/finetune/") for f in distill), distill  # stages import no other stage
+    assert "bertpipe/lib/training/loop.py" in distill and "bertpipe/lib/training/loop.py" in finetune
+    assert not any(f.startswith("bertpipe/stages/finetune/") for f in distill), distill  # stages import no other stage
     ident = code_identity(("vocab",), ("torch", "no-such-dist"))
     assert set(ident["files"]) == set(vocab) and ident["libs"]["no-such-dist"] == "absent"
     assert ident["digest"] != code_identity(("vocab",), ("torch",))["digest"]
@@ -98,7 +98,7 @@ def test_a_one_stage_command_whose_params_file_needs_its_set_to_resolve_is_not_r
     """``bertpipe prepare --set paths.raw=DIR`` with a params file whose own paths.raw holds no data (an evidence or
     copied project): the stale-upstream check compares with the params file alone only where that resolves, so the
     command goes on rather than failing on the file's own missing inputs."""
-    from bertpipe.freshness import refuse_stale_upstream
+    from bertpipe.graph.freshness import refuse_stale_upstream
 
     (tmp_path / "params.yaml").write_text(
         "paths: {raw: no-such-raw, work: w, state: s}\n"
@@ -114,7 +114,7 @@ def test_a_one_stage_command_whose_params_file_needs_its_set_to_resolve_is_not_r
 def test_a_one_stage_command_for_a_stage_only_its_profile_has_is_not_refused(tmp_path, sample_raw):
     """``bertpipe tapt --task t --set profile=evidence``, where only that profile names the tapt encoder: the stage is
     not in the params file's own graph, so there is nothing to compare it with (not a crash on the missing stage)."""
-    from bertpipe.freshness import refuse_stale_upstream
+    from bertpipe.graph.freshness import refuse_stale_upstream
 
     (tmp_path / "params.yaml").write_text(
         f"paths: {{raw: {sample_raw}, work: w, state: s}}\n"

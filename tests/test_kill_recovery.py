@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.stage import write_json
+from bertpipe.core.stage import write_json
 from tests.corpus import tiny_sentiment_rows
 from tests.e2e_project import Started, env_for, invoke, run, start, write_project
 
@@ -165,8 +165,8 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
     assert leftovers(killed) == [], log
     assert not list((killed / ".bertpipe" / "open-runs").glob("*.json"))
 
-    from bertpipe.pipeline import load_config
-    from bertpipe.tracking import client, experiment_id
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client, experiment_id
 
     cfg = load_config(killed / "params.yaml")
     c = client(cfg)
@@ -179,8 +179,8 @@ def test_killed_stages_recover_to_the_uninterrupted_result(tmp_path, sample_raw,
 REGISTER_CHILD = """
 import sys
 from pathlib import Path
-from bertpipe.pipeline import load_config
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
 from tests.test_register import register_stage
 root = Path(sys.argv[1])
 run_stage(register_stage(root / "ft" / "good"), load_config(root / "params.yaml"))
@@ -228,8 +228,8 @@ def test_register_killed_between_version_and_fingerprint_tag_registers_once(tmp_
 
     from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
 
-    from bertpipe.stage import run_stage
-    from bertpipe.tracking import client
+    from bertpipe.core.stage import run_stage
+    from bertpipe.infra.tracking import client
 
     cfg = make_project(tmp_path, register_yaml="register_encoder: false, floor: none")
     write_baselines(tmp_path)
@@ -264,9 +264,9 @@ KILLED_AFTER_CROWNING = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])  # the repo, for tests.test_register
-from bertpipe.pipeline import load_config
-from bertpipe.register import stage as register
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.stages.register import stage as register
 from tests.test_register import register_stage
 
 crown = register.set_champion_locked
@@ -288,9 +288,9 @@ def test_register_killed_after_moving_the_champion_records_the_decision_it_made(
     attempt journaled."""
     from tests.test_register import finetune_dir, make_project, record, register_stage, versions, write_baselines
 
-    from bertpipe.registry.champion import history
-    from bertpipe.stage import run_stage
-    from bertpipe.tracking import client
+    from bertpipe.core.stage import run_stage
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.registered.champion import history
 
     cfg = make_project(tmp_path, register_yaml="register_encoder: false, floor: none")
     write_baselines(tmp_path)

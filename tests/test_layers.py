@@ -66,12 +66,33 @@ def test_no_import_cycles_between_modules():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]  # the check can fail
 
 
-def test_committed_contracts_are_the_ones_the_graph_derives():
-    """pyproject.toml's import-linter contracts are generated from the graph's list of stage families, so a stage
-    added to the list is inside them; regenerate with `python -m bertpipe.contracts`."""
-    from bertpipe.contracts import PYPROJECT, render, stage_packages, written
+def test_committed_contracts_are_the_ones_the_folders_derive():
+    """pyproject.toml's import-linter contracts are generated from bertpipe/'s folders, so a module or stage package
+    added to a folder is inside them; regenerate with `python -m bertpipe.graph.contracts`."""
+    from bertpipe.graph.contracts import PYPROJECT, render, stage_packages, written
 
     text = PYPROJECT.read_text(encoding="utf-8")
-    assert written(text) == text, "import-linter contracts out of date: run `python -m bertpipe.contracts`"
+    assert written(text) == text, "import-linter contracts out of date: run `python -m bertpipe.graph.contracts`"
     assert "stage packages stand side by side" in render()
-    assert {"bertpipe.splits", "bertpipe.finetune", "bertpipe.register"} <= set(stage_packages())
+    assert {"bertpipe.stages.splits", "bertpipe.stages.finetune", "bertpipe.stages.register"} <= set(stage_packages())
+
+
+def test_bertpipe_holds_its_layers_and_its_face_only(tmp_path, monkeypatch):
+    """`ls bertpipe` is the layers: every folder is one of them, no module stands beside them but __init__.py."""
+    from bertpipe.graph import contracts
+
+    assert contracts.outside_layers() == []
+    for name in (*contracts.LAYERS, "misc"):  # the check can fail: a folder or a module beside the layers
+        (tmp_path / name).mkdir()
+    for name in ("__init__.py", "helpers.py"):
+        (tmp_path / name).touch()
+    monkeypatch.setattr(contracts, "PACKAGE", tmp_path)
+    assert contracts.outside_layers() == ["helpers.py", "misc"]
+
+
+def test_each_stage_family_is_declared_by_a_stage_package():
+    """The graph's families come from the folders of bertpipe/stages/, the packages the independence contract holds."""
+    from bertpipe.graph.contracts import stage_packages
+    from bertpipe.graph.pipeline import FAMILIES
+
+    assert {f.package for f in FAMILIES} == set(stage_packages())

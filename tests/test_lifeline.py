@@ -1,5 +1,5 @@
 """A SIGKILLed bertpipe command leaves no process behind: its pool workers (spawned, as the tokenizer pools are) and
-multiprocessing's resource tracker go with it (``bertpipe.lifeline``, started by the CLI's ``main``)."""
+multiprocessing's resource tracker go with it (``bertpipe.infra.lifeline``, started by the CLI's ``main``)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import psutil
 
-from bertpipe import lifeline
+from bertpipe.infra import lifeline
 
 PROGRAM = """
 import multiprocessing as mp, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from bertpipe import lifeline
+from bertpipe.infra import lifeline
 
 def pid(_):
     return os.getpid()

@@ -86,8 +86,8 @@ def postgres():
 def test_register_through_an_mlflow_server_on_postgresql(tmp_path, postgres, zh_tokenizer_dir):
     from tests.test_register import finetune_dir, make_project, record, register_stage, write_baselines
 
-    from bertpipe.pipeline import load_config
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.graph.pipeline import load_config
 
     uri, connect = postgres
     port = _free_port()

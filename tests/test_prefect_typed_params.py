@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 SCRIPT = r"""
 import json, sys
 from prefect.client.orchestration import get_client
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import fingerprint, read_manifest
+from bertpipe.core.stage import fingerprint, read_manifest
+from bertpipe.graph.pipeline import all_stages, load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.schedule import deployment
 
@@ -41,7 +41,7 @@ print("OUT=" + json.dumps({"schema": schema, "run_params": run_params, "fps": fp
 
 
 def test_deployment_schema_is_typed_and_knobs_take_effect(tmp_path, sample_raw):
-    from bertpipe.pipeline import COMMANDS
+    from bertpipe.graph.pipeline import COMMANDS
 
     root = tmp_path / "proj"
     # One small default task: the knob reaches the splits stage whatever it holds (MSRA's 2.2M lines only add time).

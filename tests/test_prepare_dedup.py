@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertpipe.cleaning.dedup import (
+from bertpipe.lib.cleaning.dedup import (
     components,
     exact_key,
     jaccard,
@@ -211,7 +211,7 @@ def test_lsh_params_make_datasketchs_choice(num_perm):
     """Own quadrature (no datasketch/scipy import in every worker), same (bands, rows) as datasketch's."""
     from datasketch.lsh import _optimal_param
 
-    from bertpipe.cleaning.dedup import lsh_params
+    from bertpipe.lib.cleaning.dedup import lsh_params
 
     for threshold in (0.5, 0.7, 0.8, 0.9):
         for recall_weight in (0.5, 0.9):

@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from bertpipe.errors import BertpipeError
+from bertpipe.infra.errors import BertpipeError
 from tests import synthetic as S
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import run_stage
-from bertpipe.layout import task_dir
-from bertpipe.tasklib import read_task
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.lib.labelled import read_task
+from bertpipe.lib.layout import task_dir
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.prepare.ingest import Ingest
-from bertpipe.prepare.params import LAWS_QUERY, SourceParams
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.prepare.ingest import Ingest
+from bertpipe.stages.prepare.params import LAWS_QUERY, SourceParams
 
 DATA = Path(__file__).parent / "data" / "prepare"
 REVIEWS = [x for x in (DATA / "neg_small.txt").read_text(encoding="utf-8").split("\n") if x.strip()][:20]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.prepare.files import open_regular, text_lines
-from bertpipe.prepare.ingest import Ingest
-from bertpipe.prepare.params import SourceParams
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.prepare.files import open_regular, text_lines
+from bertpipe.stages.prepare.ingest import Ingest
+from bertpipe.stages.prepare.params import SourceParams
 from tests.test_prepare_stage import make_config
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
@@ -27,7 +27,7 @@ UTF8 = [f"第{i}条 依法成立的合同，对当事人具有法律约束力。
 
 def _cli(params: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "bertpipe.cli", *args, "--params", str(params)], env=env,
+    return subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", *args, "--params", str(params)], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -44,7 +44,7 @@ def _one_error(r: subprocess.CompletedProcess, *expected: str) -> str:
 
 def _no_prepare_run(cfg, opened: bool = False) -> None:
     """No run left RUNNING; ``opened``: prepare's run may exist (closed), the error coming from inside the build."""
-    from bertpipe.tracking import client, experiment_id
+    from bertpipe.infra.tracking import client, experiment_id
 
     c = client(cfg)
     runs = c.search_runs([experiment_id(cfg, c)])
@@ -66,7 +66,7 @@ def test_fifo_source_is_refused_before_any_run(tmp_path):
 @pytest.mark.parametrize("how", ["glob", "directory"])
 def test_fifo_among_a_sources_files_is_refused_with_the_inputs(tmp_path, how):
     """own_inputs runs before the fingerprint and the MLflow run: a FIFO a glob or directory matches fails there."""
-    from bertpipe.prepare.sources import own_inputs
+    from bertpipe.stages.prepare.sources import own_inputs
 
     d = tmp_path / "in"
     d.mkdir()
@@ -92,7 +92,7 @@ def test_open_regular_does_not_block_on_a_fifo_or_read_a_device(tmp_path):
 
 
 def test_retrain_add_refuses_a_fifo(tmp_path):
-    from bertpipe.incoming import check_file
+    from bertpipe.doors.cli.incoming import check_file
 
     cfg = make_config(tmp_path)
     fifo = tmp_path / "new.jsonl"

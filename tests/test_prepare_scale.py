@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.proctree import peak_rss
+from bertpipe.infra.proctree import peak_rss
 from tests.gen_prepare import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +29,11 @@ RSS_BOUND_MB = 480
 RUN = """
 import json, sys
 from pathlib import Path
-from bertpipe.cleaning.clean import Cleaner
-from bertpipe.cleaning.dedup import normal_form
-from bertpipe.cleaning.exclude import EvalTexts
-from bertpipe.prepare.corpus import prepare_corpus
-from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams
+from bertpipe.lib.cleaning.clean import Cleaner
+from bertpipe.lib.cleaning.dedup import normal_form
+from bertpipe.lib.cleaning.exclude import EvalTexts
+from bertpipe.stages.prepare.corpus import prepare_corpus
+from bertpipe.stages.prepare.params import CorpusParams, PrepareParams, SourceParams
 
 corpus, out, tasks = sys.argv[1:4]
 texts = json.loads(Path(tasks).read_text(encoding="utf-8"))

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.cleaning.dedup import normal_form
-from bertpipe.cleaning.exclude import EvalTexts
+from bertpipe.lib.cleaning.dedup import normal_form
+from bertpipe.lib.cleaning.exclude import EvalTexts
 from tests import synthetic as S
-from bertpipe.prepare.declare import prepare_stage
-from bertpipe.prepare.corpus import prepare_corpus
-from bertpipe.prepare.params import CorpusParams, PrepareParams, SourceParams
-from bertpipe.prepare.shard import use_executor
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.stages.prepare.corpus import prepare_corpus
+from bertpipe.stages.prepare.declare import prepare_stage
+from bertpipe.stages.prepare.params import CorpusParams, PrepareParams, SourceParams
+from bertpipe.stages.prepare.shard import use_executor
 from tests.test_prepare_stage import LAWS, make_config
 
 NO_TRACKER = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -108,7 +108,7 @@ def test_shard_results_are_plain_data(tmp_path):
     """What a batch returns crosses process and machine boundaries: dataclasses of numpy arrays and builtins."""
     import pickle
 
-    from bertpipe.prepare.shard import BatchJob, process_batch
+    from bertpipe.stages.prepare.shard import BatchJob, process_batch
 
     p = PrepareParams()
     docs = [{"id": "a", "text": "第一条 为了规范合同行为，制定本法。", "group": "a", "source": "s"},

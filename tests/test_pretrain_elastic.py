@@ -38,8 +38,8 @@ def documented_command() -> str:
 
 def _project(root: Path, raw: Path, tokenizer: Path, **pretrain) -> Path:
     """A project whose `pretrain` stage continues a tiny BERT (work/vocab/model) on real law texts."""
-    from bertpipe.pretrain import model
-    from bertpipe.pretrain.params import ArchParams
+    from bertpipe.stages.pretrain import model
+    from bertpipe.stages.pretrain.params import ArchParams
 
     texts = law_texts(raw, 300)
     write_corpus(root / "work" / "prepare" / "domain", texts[:260], texts[260:])
@@ -83,7 +83,7 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
     two = _project(tmp_path / "two", sample_raw, zh_tokenizer_dir).parent
     # The reference: one process, the same effective batch (8 x 2 accumulation x 1 = 8 x 1 x 2 processes). It runs
     # beside the two agents.
-    ref = subprocess.Popen([sys.executable, "-m", "bertpipe.torchrun", "--stage", "pretrain", "--no-tracking",
+    ref = subprocess.Popen([sys.executable, "-m", "bertpipe.doors.cli.torchrun", "--stage", "pretrain", "--no-tracking",
                             "--params", "params.yaml"], cwd=one, env=ENV, stdout=subprocess.DEVNULL,
                            stderr=open(tmp_path / "one.log", "w"), start_new_session=True)
     command = documented_command()
@@ -136,8 +136,8 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
     assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
 
     # MLflow: the stage's run says it restarted and where it resumed; the killed attempt's run is closed as KILLED
-    from bertpipe.pipeline import load_config
-    from bertpipe.tracking import client
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client
 
     c = client(load_config(str(two / "params.yaml")))
     run = c.get_run(manifest["mlflow_run_id"])

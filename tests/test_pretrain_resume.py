@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM
 
-from bertpipe.pretrain.train import state_digest
+from bertpipe.stages.pretrain.train import state_digest
 from tests.e2e_project import start
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE, ARGS = "bertpipe.torchrun", ["--stage", "base", "--no-tracking", "--params"]
+MODULE, ARGS = "bertpipe.doors.cli.torchrun", ["--stage", "base", "--no-tracking", "--params"]
 RUN = [sys.executable, "-m", MODULE, *ARGS]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "MLFLOW_DISABLE_TELEMETRY": "true"}

@@ -12,14 +12,14 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.pretrain.declare import base_stage
-from bertpipe.pretrain import data
-from bertpipe.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.pretrain.stage import objective_model
-from bertpipe.pretrain.train import Dist, eval_batches, state_digest, train
-from bertpipe.stage import fingerprint, run_stage
+from bertpipe.core.stage import fingerprint, run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.pretrain import data
+from bertpipe.stages.pretrain.declare import base_stage
+from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
+from bertpipe.stages.pretrain.stage import objective_model
+from bertpipe.stages.pretrain.train import Dist, eval_batches, state_digest, train
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 torch.set_num_threads(1)
@@ -71,7 +71,7 @@ def test_discriminator_learns_and_encoder_is_saved_headless(rtd_base):
     assert "RTD (ELECTRA)" in report and "discriminator" in report
 
     # the encoder comparison does not apply to it: one line saying why, not a score from a random head
-    from bertpipe.scoring.fair_mlm import has_mlm_head, score_windows
+    from bertpipe.lib.measures.fair_mlm import has_mlm_head, score_windows
 
     with pytest.raises(BertpipeError, match="no masked-LM head"):
         score_windows(out / "model", [("本法所称的发明创造", [(0, 2)])], 64)
@@ -84,8 +84,8 @@ def test_discriminator_learns_and_encoder_is_saved_headless(rtd_base):
 
 def test_rtd_encoder_finetunes_in_the_finetune_stage(rtd_base, tmp_path):
     from tests import synthetic as S
-    from bertpipe.finetune.declare import finetune_stage
-    from bertpipe.splits.declare import splits_stage
+    from bertpipe.stages.finetune.declare import finetune_stage
+    from bertpipe.stages.splits.declare import splits_stage
 
     root, _, _ = rtd_base
     enc = tmp_path / "enc"
@@ -119,8 +119,8 @@ class _Crash(Exception):
 def test_resume_after_a_crash_replays_the_same_steps(sample_raw, zh_tokenizer_dir, tmp_path):
     """A run that dies after its step-3 checkpoint, resumed, ends bit-identical to an uninterrupted run: the
     generator, its sampling stream and the discriminator head are all in the checkpoint or a function of the step."""
-    from bertpipe.pretrain.model import from_scratch, load_tokenizer
-    from bertpipe.pretrain.params import ArchParams, PretrainParams
+    from bertpipe.stages.pretrain.model import from_scratch, load_tokenizer
+    from bertpipe.stages.pretrain.params import ArchParams, PretrainParams
 
     tok = load_tokenizer(zh_tokenizer_dir)
     p = PretrainParams(arch=ArchParams(**TINY_ARCH), max_seq_len=64, batch_size=8, max_steps=6, save_every=3,

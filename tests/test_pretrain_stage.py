@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.pretrain.declare import base_stage, pretrain_stage
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.pretrain.declare import base_stage, pretrain_stage
 from tests.test_pretrain_support import TINY_ARCH, english_texts, law_texts, write_corpus, write_params
 
 torch.set_num_threads(1)
@@ -52,10 +52,10 @@ def test_base_from_scratch_loss_falls(tmp_path, sample_raw, zh_tokenizer_dir):
 def test_weights_follow_the_stage_not_the_doors_thread_count(tmp_path, sample_raw, zh_tokenizer_dir):
     """The CLI (torch's default: every core) and the flow (a child process with its share, or its own process with
     every core) give a stage different ambient thread counts; CPU reductions split by thread count, so the weights
-    differed under one fingerprint. The stage sets its own count (bertpipe.cores.training_threads)."""
+    differed under one fingerprint. The stage sets its own count (bertpipe.infra.cores.training_threads)."""
     from safetensors.torch import load_file
 
-    from bertpipe.cores import training_threads
+    from bertpipe.infra.cores import training_threads
 
     texts = law_texts(sample_raw, 300)
     weights, fps = [], set()

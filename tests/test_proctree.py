@@ -1,4 +1,4 @@
-"""bertpipe.proctree: the process-tree peak RSS that the benches and the bounded-memory tests read."""
+"""bertpipe.infra.proctree: the process-tree peak RSS that the benches and the bounded-memory tests read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("psutil")
 
-from bertpipe.proctree import TreeMonitor, peak_rss  # noqa: E402
+from bertpipe.infra.proctree import TreeMonitor, peak_rss  # noqa: E402
 
 # The root holds little; its child (a grandchild of the test) holds ~300 MB and burns CPU for a moment.
 TREE = r"""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 PROFILES = PARAMS.with_name("profiles.yaml")  # the shipped profiles live beside params.yaml (out of DVC's view)

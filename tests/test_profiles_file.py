@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 
 
 def write(root, params: dict, profiles) -> None:
@@ -38,7 +38,7 @@ def test_a_bad_profiles_file_is_one_line_naming_it(tmp_path):
 
 
 def test_dvc_params_stage_depends_on_the_profiles_file(tmp_path):
-    from bertpipe.dvcfile import _params_stage
+    from bertpipe.doors.dvc.dvcfile import _params_stage
 
     write(tmp_path, {"profile": "p"}, {"p": {"pretrain": {"max_steps": 7}}})
     assert _params_stage(load_config(tmp_path / "params.yaml"))["deps"] == ["params.yaml", "profiles.yaml"]

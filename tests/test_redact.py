@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.redact import mask_text, mask_uri
+from bertpipe.infra.redact import mask_text, mask_uri
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -28,7 +28,7 @@ def test_mask_uri_and_mask_text_agree_on_a_bare_uri():
 def test_an_unreachable_server_is_one_masked_line():
     from mlflow.exceptions import MlflowException
 
-    from bertpipe.tracking import unreachable_line
+    from bertpipe.infra.tracking import unreachable_line
 
     line = unreachable_line(MlflowException("API request to http://a:pw6@127.0.0.1:1/api/x failed with exception y"))
     assert line == "MLflow tracking server not reachable: API request to http://127.0.0.1:1/api/x failed with exception y"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.pipeline import load_config
-from bertpipe.register import stage as register
-from bertpipe.register.declare import VERSION
-from bertpipe.stage import Stage, run_stage, write_json
-from bertpipe.tasklib import Example, write_split
+from bertpipe.core.stage import Stage, run_stage, write_json
+from bertpipe.graph.pipeline import load_config
+from bertpipe.lib.labelled import Example, write_split
+from bertpipe.stages.register import stage as register
+from bertpipe.stages.register.declare import VERSION
 
 LABELS = ["neg", "pos"]
 POS = ["这个产品很好", "质量很好", "服务好", "好用", "非常好", "很好很满意", "真好", "好极了"]
@@ -80,10 +80,10 @@ def score_on_test(model_dir: Path, root: Path, task: str) -> tuple[float, list[d
     """The model's macro-F1 and predictions on the task's test split, with the training library's scoring code."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from bertpipe.tasklib import read_split
-    from bertpipe.training.features import featurize
-    from bertpipe.training.params import TaskParams, TrainParams
-    from bertpipe.training.predict import score
+    from bertpipe.lib.labelled import read_split
+    from bertpipe.lib.training.features import featurize
+    from bertpipe.lib.training.params import TaskParams, TrainParams
+    from bertpipe.lib.training.predict import score
 
     tp, trp = TaskParams.model_validate(task_params()), TrainParams()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -130,7 +130,7 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
     """The register stage over hand-made finetune outputs: the graph's finetune stages, output dirs replaced."""
     from dataclasses import replace
 
-    from bertpipe.finetune.declare import finetune_stage
+    from bertpipe.stages.finetune.declare import finetune_stage
 
     def sources(c):
         return {f"finetune/{t}": replace(finetune_stage(t, "adapted"), output=lambda _c, ft=ft: ft)
@@ -146,8 +146,8 @@ def register_stage(*fts: Path, tasks: tuple[str, ...] = ("sentiment",)) -> Stage
 
 def write_baselines(root: Path, task: str = "sentiment") -> float:
     """work/evaluate/metrics.json with the majority-class baseline computed on the task's test split."""
-    from bertpipe.scoring.metrics import classification_metrics
-    from bertpipe.tasklib import read_split
+    from bertpipe.lib.labelled import read_split
+    from bertpipe.lib.measures.metrics import classification_metrics
 
     gold = [e.label for e in read_split(root / "work" / "splits" / task / "test.jsonl")]
     majority = Counter(gold).most_common(1)[0][0]
@@ -176,15 +176,15 @@ def record(out: Path, name: str = "bertpipe-sentiment") -> dict:
 
 
 def versions(cfg, name: str = "bertpipe-sentiment") -> list[str]:
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     return sorted((str(v.version) for v in client(cfg).search_model_versions(f"name='{name}'")), key=int)
 
 
 def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
-    from bertpipe.register.decision import summary_lines
-    from bertpipe.registry.champion import current_champion, history, promote, rollback
-    from bertpipe.tracking import client, fluent_mlflow
+    from bertpipe.infra.tracking import client, fluent_mlflow
+    from bertpipe.lib.registered.champion import current_champion, history, promote, rollback
+    from bertpipe.stages.register.decision import summary_lines
 
     cfg = make_project(tmp_path)
     floor = write_baselines(tmp_path)
@@ -252,7 +252,7 @@ def test_floor_tie_like_with_like_and_rescoring(tmp_path, zh_tokenizer_dir):
 
 
 def test_rerun_after_a_failure_registers_nothing_twice(tmp_path, zh_tokenizer_dir):
-    from bertpipe.registry.champion import history
+    from bertpipe.lib.registered.champion import history
 
     tasks = ("sentiment", "reviews")
     cfg = make_project(tmp_path, tasks=tasks)
@@ -265,7 +265,7 @@ def test_rerun_after_a_failure_registers_nothing_twice(tmp_path, zh_tokenizer_di
     weights.unlink()  # the second model is broken: logging it fails after the first was registered
     with pytest.raises(Exception):
         run_stage(register_stage(ft1, ft2, tasks=tasks), cfg)
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     c = client(cfg)
     assert versions(cfg) == ["1"]
@@ -283,9 +283,9 @@ def test_rerun_after_a_failure_registers_nothing_twice(tmp_path, zh_tokenizer_di
 def test_interleaved_promotes_lose_no_history_and_rollback_to_deleted_version(tmp_path):
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
-    from bertpipe.registry.champion import history, promote
-    from bertpipe.tracking import client
+    from bertpipe.doors.cli.commands import app
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.registered.champion import history, promote
 
     (tmp_path / "params.yaml").write_text("paths: {work: work, state: state}\n")
     cfg = load_config(tmp_path / "params.yaml")
@@ -324,9 +324,9 @@ def test_promote_refuses_a_degenerate_version_without_force(tmp_path):
     hand either unless --force says so: one error line, the champion unchanged."""
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
-    from bertpipe.registry.champion import promote
-    from bertpipe.tracking import client
+    from bertpipe.doors.cli.commands import app
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.registered.champion import promote
 
     (tmp_path / "params.yaml").write_text("paths: {work: work, state: state}\n")
     c = client(load_config(tmp_path / "params.yaml"))
@@ -349,7 +349,7 @@ def test_promote_refuses_a_degenerate_version_without_force(tmp_path):
 def test_models_cli(tmp_path, zh_tokenizer_dir):
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     cfg = make_project(tmp_path)
     run_stage(register_stage(finetune_output(tmp_path, zh_tokenizer_dir, 0.7, 5)), cfg)
@@ -366,7 +366,7 @@ def test_models_cli(tmp_path, zh_tokenizer_dir):
 
 
 def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tmp_path, zh_tokenizer_dir):
-    pytest.importorskip("bertpipe.scoring.bootstrap")
+    pytest.importorskip("bertpipe.lib.measures.bootstrap")
     cfg = make_project(tmp_path, "register_encoder: false, require_ci: true, ci_samples: 200")
     # One text carries both labels, so every model gets one of them wrong.
     write_task(tmp_path, "sentiment", examples("test", 24) + [Example(id=f"amb{i}", text="一般般", label=LABELS[i])
@@ -380,7 +380,7 @@ def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tm
     recs = [json.loads(x) for x in (other / "predictions_test.jsonl").read_text().splitlines()]
     wrong = next(r for r in recs if r["pred"] != r["label"])
     wrong["pred"] = wrong["label"]
-    from bertpipe.scoring.metrics import classification_metrics
+    from bertpipe.lib.measures.metrics import classification_metrics
 
     metrics["per_seed"]["42"]["test"]["macro_f1"] = classification_metrics(
         [r["label"] for r in recs], [r["pred"] for r in recs], LABELS)[0]["macro_f1"]
@@ -391,7 +391,7 @@ def test_require_ci_blocks_an_improvement_the_interval_cannot_tell_from_noise(tm
 
 
 def test_test_set_identity_is_data_and_eval_settings_not_training_params(tmp_path):
-    from bertpipe.register.gate import test_identity
+    from bertpipe.stages.register.gate import test_identity
 
     cfg = make_project(tmp_path)
     ft = tmp_path / "ft"
@@ -457,8 +457,8 @@ def evaluate_comparison(cfg, base: Path, adapted: Path) -> dict[str, float]:
     """The evaluate stage's encoder comparison into work/evaluate/metrics.json; its gate scores."""
     from types import SimpleNamespace
 
-    from bertpipe.evaluate.stage import _encoder_comparison
-    from bertpipe.layout import corpus_dir
+    from bertpipe.lib.layout import corpus_dir
+    from bertpipe.stages.evaluate.stage import _encoder_comparison
 
     ctx = SimpleNamespace(inputs={"corpus": corpus_dir(cfg, "domain"), "base": base, "adapted": adapted}, cfg=cfg,
                           log=lambda m: None, counts={})
@@ -470,9 +470,9 @@ def evaluate_comparison(cfg, base: Path, adapted: Path) -> dict[str, float]:
 def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, sample_raw):
     import shutil
 
-    from bertpipe.registry.champion import current_champion
-    from bertpipe.scoring.encoder_gate import encoder_gate_score
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.measures.encoder_gate import encoder_gate_score
+    from bertpipe.lib.registered.champion import current_champion
     from tests.corpus import law_texts
 
     (tmp_path / "params.yaml").write_text(
@@ -525,8 +525,8 @@ def test_encoder_gate_floor_reuse_and_rescoring(tmp_path, zh_tokenizer_dir, samp
 def test_a_manifest_with_bad_task_params_is_one_error_line(tmp_path):
     """A finetune output whose manifest holds task params this version cannot read (here: no `format`) is named in
     one error line, not a pydantic traceback."""
-    from bertpipe.errors import BertpipeError
-    from bertpipe.register.gate import task_settings
+    from bertpipe.infra.errors import BertpipeError
+    from bertpipe.stages.register.gate import task_settings
 
     (tmp_path / "params.yaml").write_text("paths: {work: work, state: .bertpipe}\n")
     cfg = load_config(tmp_path / "params.yaml")
@@ -543,8 +543,8 @@ def test_a_model_registered_from_a_worker_thread_gets_its_inferred_signature(tmp
     fails and falls back with a warning; the signature is inferred from the pipeline's output instead. Other stage
     threads read the environment meanwhile: MLflow must not swap os.environ's accessors under them (its tracking of
     API-key variables; a thread adding a name while it lists them failed the logging)."""
-    from bertpipe.register.record import log_and_register
-    from bertpipe.tracking import experiment_id, fluent_mlflow
+    from bertpipe.infra.tracking import experiment_id, fluent_mlflow
+    from bertpipe.stages.register.record import log_and_register
 
     make_project(tmp_path)
     cfg = load_config(tmp_path / "params.yaml")
@@ -595,9 +595,9 @@ def test_registering_and_loading_print_no_mlflow_warning(tmp_path, zh_tokenizer_
 
     from transformers import AutoTokenizer, BertConfig, BertForTokenClassification
 
-    from bertpipe import modelcard
-    from bertpipe.register.record import log_and_register
-    from bertpipe.tracking import experiment_id, fluent_mlflow, tracking_uri
+    from bertpipe.infra.tracking import experiment_id, fluent_mlflow, tracking_uri
+    from bertpipe.lib import modelcard
+    from bertpipe.stages.register.record import log_and_register
 
     cfg = make_project(tmp_path)
     cls_dir = tiny_classifier(tmp_path / "cls", zh_tokenizer_dir, seed=1)

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
 from tests import synthetic as S
-from bertpipe.finetune.declare import finetune_stage
-from bertpipe.splits.declare import splits_stage
-from bertpipe.stage import run_stage
-from bertpipe.layout import task_dir
-from bertpipe.tasklib import split_info
+from bertpipe.core.stage import run_stage
+from bertpipe.lib.labelled import split_info
+from bertpipe.lib.layout import task_dir
+from bertpipe.stages.finetune.declare import finetune_stage
+from bertpipe.stages.splits.declare import splits_stage
 from tests.test_register import examples, register_stage, write_baselines
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     cfg = load_config(tmp_path / "params.yaml")
     run_stage(splits_stage(cfg), cfg)
     ft = run_stage(finetune_stage("sentiment", "base"), cfg)
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     splits = split_info(task_dir(cfg, "sentiment"))["splits"]
     want = {f"sentiment/{s}": i["sha256"][:36] for s, i in splits.items() if i.get("sha256")}

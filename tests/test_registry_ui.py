@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.pipeline import load_config
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
 from tests.test_register import finetune_output, register_stage
 
 pytestmark = pytest.mark.slow

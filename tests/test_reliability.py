@@ -52,8 +52,8 @@ def register_project(root: Path, tok: Path) -> None:
 def test_register_waits_for_an_mlflow_store_another_process_holds_locked(tmp_path, zh_tokenizer_dir):
     """Before: pysqlite gave up after 5 s and register died with an `OperationalError: database is locked`
     traceback. Now it says it is waiting, waits, and registers once the lock is gone."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.tracking import client
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client
 
     root = tmp_path / "proj"
     register_project(root, zh_tokenizer_dir)
@@ -122,8 +122,8 @@ def leftovers(root: Path) -> list[str]:
 
 
 def no_running_runs(root: Path) -> list[str]:
-    from bertpipe.pipeline import load_config
-    from bertpipe.tracking import client, experiment_id
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client, experiment_id
 
     cfg = load_config(root / "params.yaml")
     c = client(cfg)

@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bertpipe.cli import app
-from bertpipe.incoming import add_files
-from bertpipe.pipeline import load_config
+from bertpipe.doors.cli.commands import app
+from bertpipe.doors.cli.incoming import add_files
+from bertpipe.graph.pipeline import load_config
 from tests.e2e_project import write_project
 
 GOOD = json.dumps({"id": "a1", "text": "第一条 为了规范数据，制定本法。"}, ensure_ascii=False) + "\n"

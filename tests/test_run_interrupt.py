@@ -1,6 +1,6 @@
 """SIGTERM to `bertpipe run` while stages run in their own processes: the run ends (non-zero) within seconds, every
 stage process it started is stopped rather than left to run to the end, and no temp dir is left under work/. SIGKILL:
-nothing it started outlives it (bertpipe.lifeline)."""
+nothing it started outlives it (bertpipe.infra.lifeline)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from bertpipe.lifeline import EVERY_S
+from bertpipe.infra.lifeline import EVERY_S
 from tests.e2e_project import env_for, shared_prefect_api, stop
 from tests.test_kill_recovery import leftovers, make_project
 
@@ -23,7 +23,7 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     out = []
     for c in proc.children(recursive=True):
         try:
-            if "bertpipe.cli" in " ".join(c.cmdline()):
+            if "bertpipe.doors.cli" in " ".join(c.cmdline()):
                 out.append(c)
         except psutil.NoSuchProcess:
             pass
@@ -76,7 +76,7 @@ def _prefect_server(proc: psutil.Process) -> bool:
 
 def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokenizer_dir):
     """SIGKILL (the OOM killer, kill -9) of `bertpipe run`: its temporary Prefect server, and whatever else it has
-    started by then, ends with it (bertpipe.lifeline; the same watcher ends a stage process's pools)."""
+    started by then, ends with it (bertpipe.infra.lifeline; the same watcher ends a stage process's pools)."""
     root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=_prefect_server)
     tree: list[psutil.Process] = []
     try:
@@ -126,8 +126,8 @@ def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp
     finetune's) end KILLED, not FAILED."""
     import httpx
 
-    from bertpipe.pipeline import load_config
-    from bertpipe.tracking import client
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client
 
     finetune_log = tmp_path / "p" / ".bertpipe" / "logs" / "finetune__sentiment__base.log"
 

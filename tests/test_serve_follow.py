@@ -19,9 +19,9 @@ NAME = "bertpipe-sentiment"
 def _register_broken(root: Path, tokenizer_dir: Path) -> str:
     """A version registered like any other whose weights in the artifact store are then damaged (a disk error, a
     half-copied store): its files fail to load."""
-    from bertpipe.pipeline import load_config
-    from bertpipe.register.record import log_and_register
-    from bertpipe.tracking import experiment_id, fluent_mlflow
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import experiment_id, fluent_mlflow
+    from bertpipe.stages.register.record import log_and_register
 
     cfg = load_config(root / "params.yaml")
     before = set((root / ".bertpipe").rglob("*.safetensors"))
@@ -49,13 +49,13 @@ def _until(check, timeout: float = 60.0, what: str = ""):
 
 @pytest.mark.slow
 def test_a_version_that_fails_to_load_does_not_stop_alias_following(tmp_path, zh_tokenizer_dir):
-    from bertpipe.pipeline import load_config
-    from bertpipe.registry.champion import promote
-    from bertpipe.serve.app import RegistryModelAPI
-    from bertpipe.serve.params import ServeParams
-    from bertpipe.serve.predictor import ModelRef
-    from bertpipe.serve.schema import TextRequest
-    from bertpipe.tracking import client
+    from bertpipe.doors.serve.app import RegistryModelAPI
+    from bertpipe.doors.serve.predictor import ModelRef
+    from bertpipe.doors.serve.schema import TextRequest
+    from bertpipe.graph.pipeline import load_config
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.inference.serve_params import ServeParams
+    from bertpipe.lib.registered.champion import promote
 
     root, made = build_registry(tmp_path / "project", zh_tokenizer_dir, versions=2)
     state = tmp_path / "state.json"

@@ -12,11 +12,11 @@ from pathlib import Path
 import yaml
 
 from tests import synthetic as S
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import fingerprint, run_stage
-from bertpipe.layout import task_dir
-from bertpipe.tasklib import SPLITS, read_task, split_info
-from bertpipe.splits.leaks import leak_text, near_pairs
+from bertpipe.core.stage import fingerprint, run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.lib.labelled import SPLITS, read_task, split_info
+from bertpipe.lib.layout import task_dir
+from bertpipe.stages.splits.leaks import leak_text, near_pairs
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 

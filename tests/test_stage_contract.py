@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.core.stage import Stage, is_fresh, read_manifest, run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -146,7 +146,7 @@ def test_fluent_mlflow_leaves_no_registry_behind(project, tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    from bertpipe.tracking import fluent_mlflow
+    from bertpipe.infra.tracking import fluent_mlflow
 
     cfg = load_config(project / "params.yaml")
     with fluent_mlflow(cfg) as mlflow:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError, Terminated
-from bertpipe.pipeline import load_config
-from bertpipe.stage import Stage, read_manifest, run_stage
+from bertpipe.core.stage import Stage, read_manifest, run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError, Terminated
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -83,7 +83,7 @@ def test_a_sigterm_that_lands_in_a_weakref_callback_still_terminates():
 
     code = """
 import os, signal, time, weakref
-from bertpipe.errors import Terminated, raise_terminated
+from bertpipe.infra.errors import Terminated, raise_terminated
 
 signal.signal(signal.SIGTERM, raise_terminated)
 
@@ -128,8 +128,8 @@ def test_sigterm_mid_build_removes_the_temp_dir_and_keeps_the_old_output(cfg):
 
 
 def test_runs_of_dead_processes_are_closed_by_the_next_run(cfg):
-    from bertpipe.orphans import mark_open, owner_tags
-    from bertpipe.tracking import client, experiment_id, stage_run
+    from bertpipe.infra.orphans import mark_open, owner_tags
+    from bertpipe.infra.tracking import client, experiment_id, stage_run
 
     c = client(cfg)
     dead = subprocess.Popen(["true"])
@@ -162,7 +162,7 @@ def test_runs_of_dead_processes_are_closed_by_the_next_run(cfg):
     ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
 ])
 def test_tracking_uri_credentials_are_never_shown(uri, shown, cfg):
-    from bertpipe.tracking import display_uri
+    from bertpipe.infra.tracking import display_uri
 
     assert display_uri(uri) == shown
     with_uri = cfg.with_overrides([f"tracking.uri={uri}"])

@@ -20,11 +20,11 @@ import sys
 import pytest
 import yaml
 
-from bertpipe.errors import BertpipeError
-from bertpipe.freshness import plan
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.stage import read_manifest, run_stage
-from bertpipe.layout import read_start, start_dir, start_file
+from bertpipe.core.stage import read_manifest, run_stage
+from bertpipe.graph.freshness import plan
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.lib.layout import read_start, start_dir, start_file
 from tests.test_fingerprint_scope import REPO, finish
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
@@ -46,7 +46,7 @@ def project(tmp_path, sample_raw, uri: str | None = None):
 def test_stages_reads_nothing_from_mlflow(tmp_path, sample_raw):
     proj, cfg = project(tmp_path, sample_raw, DEAD)
     finish(cfg, all_stages(cfg))
-    probe = ("import sys\nfrom bertpipe.cli import app\n"
+    probe = ("import sys\nfrom bertpipe.doors.cli.commands import app\n"
              "try:\n    app(['stages'], standalone_mode=False)\n"
              "finally:\n    print('MLFLOW_IMPORTED' if 'mlflow' in sys.modules else 'NO_MLFLOW')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
@@ -76,7 +76,7 @@ def test_an_unreachable_registry_is_an_error_not_the_base(tmp_path, sample_raw, 
 
 
 def test_a_new_champion_rewrites_start_and_stales_vocab(tmp_path, sample_raw):
-    from bertpipe.registry.versions import cache_dir
+    from bertpipe.lib.registered.versions import cache_dir
     from tests.test_retrain_lineage import NAME, _client, _register
 
     _, cfg = project(tmp_path, sample_raw)

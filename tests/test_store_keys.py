@@ -1,4 +1,4 @@
-"""The keyed stores (the fair-MLM windows, the pretrain token store) take their code identity from bertpipe.codeid:
+"""The keyed stores (the fair-MLM windows, the pretrain token store) take their code identity from bertpipe.core.codeid:
 the module that builds a store and every bertpipe module it imports, found from the imports as a stage's code is.
 An edit to the segmentation, or to a module the tokenization starts to import, makes a new key.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import bertpipe
-from bertpipe.keyedstore import store_key
-from bertpipe.pretrain import tokstore
-from bertpipe.scoring import windows
+from bertpipe.lib.keyedstore import store_key
+from bertpipe.lib.measures import windows
+from bertpipe.stages.pretrain import tokstore
 
 corpus = Path(sys.argv[1])
 evaluate = SimpleNamespace(mlm_max_texts=10, mlm_seed=0, mlm_mask_prob=0.15)
@@ -90,13 +90,13 @@ def test_a_module_the_tokenization_starts_to_import_counts(copy):
 
 
 def test_store_code_is_the_builder_and_what_it_imports():
-    from bertpipe.codeid import module_code
+    from bertpipe.core.codeid import module_code
 
-    windows = module_code(("bertpipe.scoring.windows",))
-    assert {"bertpipe/scoring/windows.py", "bertpipe/textseg.py", "bertpipe/corpusio.py"} <= set(windows)
-    assert not any(f.startswith("bertpipe/vocab/") or f.endswith("fair_mlm.py") for f in windows)  # not the scorer
-    tokens = module_code(("bertpipe.pretrain.tokstore",))
-    assert {"bertpipe/pretrain/tokstore.py", "bertpipe/pretrain/data.py", "bertpipe/textseg.py"} <= set(tokens)
-    assert "bertpipe/pretrain/train.py" not in tokens  # training code never moves the store
+    windows = module_code(("bertpipe.lib.measures.windows",))
+    assert {"bertpipe/lib/measures/windows.py", "bertpipe/lib/textseg.py", "bertpipe/lib/corpusio.py"} <= set(windows)
+    assert not any(f.startswith("bertpipe/stages/vocab/") or f.endswith("fair_mlm.py") for f in windows)  # not the scorer
+    tokens = module_code(("bertpipe.stages.pretrain.tokstore",))
+    assert {"bertpipe/stages/pretrain/tokstore.py", "bertpipe/stages/pretrain/data.py", "bertpipe/lib/textseg.py"} <= set(tokens)
+    assert "bertpipe/stages/pretrain/train.py" not in tokens  # training code never moves the store
     with pytest.raises(ValueError, match="no such module"):
         module_code(("bertpipe.no_such_module",))

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from tests import synthetic as S
-from bertpipe.pipeline import all_stages, load_config
-from bertpipe.export.declare import export_stage
-from bertpipe.pretrain.tapt.declare import tapt_stage
-from bertpipe.pretrain.tapt.corpus import tapt_corpus
-from bertpipe.stage import run_stage
-from bertpipe.tasklib import Example, read_split, write_split
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import all_stages, load_config
+from bertpipe.lib.labelled import Example, read_split, write_split
+from bertpipe.stages.export.declare import export_stage
+from bertpipe.stages.tapt.corpus import tapt_corpus
+from bertpipe.stages.tapt.declare import tapt_stage
 
 torch.set_num_threads(1)
 NO_TRACKING = {"tracker_factory": lambda *a: contextlib.nullcontext()}
@@ -105,7 +105,7 @@ def test_tapt_stage_trains_and_saves_a_masked_lm(project):
     assert run_stage(tapt_stage("cls"), cfg, **NO_TRACKING).skipped
     # a tapt param is in the fingerprint
     cfg2 = cfg.with_overrides(["tapt.mask_prob=0.2"])
-    from bertpipe.stage import is_fresh
+    from bertpipe.core.stage import is_fresh
 
     assert is_fresh(tapt_stage("cls"), cfg)[0] and not is_fresh(tapt_stage("cls"), cfg2)[0]
 
@@ -141,7 +141,7 @@ def test_export_takes_the_best_dev_score_and_skips_a_degenerate_finetune(project
     assert sel["encoder"] == first and not sel["degenerate"] and sel["dev"] == dev
     assert Path(sel["source"]) == root / "work" / "finetune" / "cls" / first
     # register registers the same finetune and names its encoder
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     (root / "work" / "evaluate").mkdir(exist_ok=True)
     run_stage(stages["register"], cfg)
@@ -170,7 +170,7 @@ def test_export_takes_the_best_dev_score_and_skips_a_degenerate_finetune(project
 def test_stages_lists_tapt_and_its_command_runs_it(project):
     from typer.testing import CliRunner
 
-    from bertpipe.cli import app
+    from bertpipe.doors.cli.commands import app
 
     root, _, _ = project
     params = str(root / "params.yaml")
@@ -186,7 +186,7 @@ def test_stages_lists_tapt_and_its_command_runs_it(project):
 
 
 def test_encoders_accept_tapt_and_name_the_known_ones(tmp_path):
-    from bertpipe.errors import BertpipeError
+    from bertpipe.infra.errors import BertpipeError
 
     p = tmp_path / "params.yaml"
     p.write_text("finetune: {encoders: [base, adapted, tapt]}\ntapt: {epochs: 3, mask_prob: 0.2}\n", encoding="utf-8")

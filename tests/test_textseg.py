@@ -6,7 +6,7 @@ import pytest
 from tokenizers import AddedToken
 from transformers import AutoTokenizer
 
-from bertpipe.textseg import jieba_spans, tokenize_with_words
+from bertpipe.lib.textseg import jieba_spans, tokenize_with_words
 
 TEXTS = [
     "根据合同法第107条规定，当事人应当支付违约金3000元。",

@@ -8,8 +8,8 @@ import pickle
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from bertpipe.pretrain.tokstore import BackendTokenizer
-from bertpipe.textseg import tokenize_with_words
+from bertpipe.lib.textseg import tokenize_with_words
+from bertpipe.stages.pretrain.tokstore import BackendTokenizer
 
 ZH = ["中华人民共和国民法典第一条为了保护民事主体的合法权益。",
       "依照法律规定，2024年起施行，共计1260条。",

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bertpipe.evaluate import stage as evaluate_stage
-from bertpipe.evaluate.params import EvaluateParams
+from bertpipe.stages.evaluate import stage as evaluate_stage
+from bertpipe.stages.evaluate.params import EvaluateParams
 from tests.synthetic import tiny_encoder
-from bertpipe.scoring import encoder_gate as G
-from bertpipe.scoring import fair_mlm as F
-from bertpipe.scoring import windows as W
-from bertpipe.scoring.encoder_gate import encoder_gate_score
+from bertpipe.lib.measures import encoder_gate as G
+from bertpipe.lib.measures import fair_mlm as F
+from bertpipe.lib.measures import windows as W
+from bertpipe.lib.measures.encoder_gate import encoder_gate_score
 from tests.corpus import law_texts
 
 torch.set_num_threads(1)
@@ -117,7 +117,7 @@ def test_register_reads_the_gate_scores_evaluate_recorded(tmp_path, corpus, enco
     import json
     import shutil
 
-    from bertpipe.register.gate import encoder_floor
+    from bertpipe.stages.register.gate import encoder_floor
 
     p = EvaluateParams(mlm_max_seq_len=64, mlm_max_texts=10, bootstrap_samples=0)
     params = SimpleNamespace(evaluate=p, model=SimpleNamespace(base=str(encoders["base"])))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertpipe import keyedstore
+from bertpipe.lib import keyedstore
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -23,7 +23,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 OPEN = r"""
 import sys
 from pathlib import Path
-from bertpipe import keyedstore
+from bertpipe.lib import keyedstore
 root, key, hold = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 def build(tmp):
@@ -116,7 +116,7 @@ def test_gc_command_keeps_what_the_outputs_reference(tmp_path):
     params = {"paths": {"work": str(tmp_path / "work"), "state": str(state), "raw": str(tmp_path)}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     t = time.time()
-    out = subprocess.run([sys.executable, "-m", "bertpipe.cli", "gc", "--params", str(tmp_path / "params.yaml"),
+    out = subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", "gc", "--params", str(tmp_path / "params.yaml"),
                           "--keep-recent", "1", "--json"], env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)

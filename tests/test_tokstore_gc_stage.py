@@ -13,7 +13,7 @@ from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, writ
 from tests.test_tokstore_gc import _key, _open, _release
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = [sys.executable, "-m", "bertpipe.torchrun", "--stage", "base", "--no-tracking", "--params"]
+RUN = [sys.executable, "-m", "bertpipe.doors.cli.torchrun", "--stage", "base", "--no-tracking", "--params"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONPATH": str(REPO)}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from bertpipe.cli import app
+from bertpipe.doors.cli.commands import app
 from tests.synthetic import FILLER, KEYS, keyword_classification, tiny_encoder, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ PROBE = """
 import sys
 for name in ("mlflow", "prefect"):
     sys.modules[name] = None
-from bertpipe.cli import app
+from bertpipe.doors.cli.commands import app
 for argv in sys.argv[1:]:
     code = app(argv.split(), standalone_mode=False)  # a failed command returns its exit status
     if code:

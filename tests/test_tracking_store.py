@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.stage import is_fresh, run_stage
+from bertpipe.core.stage import is_fresh, run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
 from tests.e2e_project import free_port
 from tests.test_register import finetune_dir, make_project, record, register_stage, write_baselines
 
@@ -53,7 +53,7 @@ def project(root: Path):
 
 
 def test_a_store_left_half_created_is_rebuilt_and_one_holding_runs_refused(tmp_path):
-    from bertpipe.tracking import client, experiment_id
+    from bertpipe.infra.tracking import client, experiment_id
 
     cfg = project(tmp_path / "empty")
     cfg.state.mkdir(parents=True)
@@ -82,7 +82,7 @@ def test_a_killed_creation_leaves_no_store(tmp_path):
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     cfg = project(tmp_path / "p")
-    code = ("from bertpipe.pipeline import load_config; from bertpipe.tracking import client; "
+    code = ("from bertpipe.graph.pipeline import load_config; from bertpipe.infra.tracking import client; "
             f"client(load_config({str(tmp_path / 'p' / 'params.yaml')!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
@@ -98,7 +98,7 @@ def test_a_killed_creation_leaves_no_store(tmp_path):
             row = con.execute("SELECT version_num FROM alembic_version").fetchone() if "alembic_version" in tables \
                 else None
         assert row is not None and row[0] == _get_latest_schema_revision(), f"a half-created store: {row}"
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     client(cfg).search_registered_models()
     assert not list(cfg.state.glob(".mlflow.db.creating-*"))
@@ -118,7 +118,7 @@ def registered(tmp_path_factory, zh_tokenizer_dir):
 
 def the_register_stage(ft: Path):
     """tests/test_register.py's register stage over ``ft``, with the pipeline's own rule for a lost registry."""
-    from bertpipe.register.declare import register_stage as pipeline_register
+    from bertpipe.stages.register.declare import register_stage as pipeline_register
 
     return replace(register_stage(ft), lost=pipeline_register().lost)
 
@@ -132,7 +132,7 @@ def tree_digest(root: Path) -> str:
 
 
 def test_a_copied_project_logs_into_its_own_artifacts(registered, tmp_path):
-    from bertpipe.tracking import client, experiment_id
+    from bertpipe.infra.tracking import client, experiment_id
 
     ref, ft = registered
     copy = tmp_path / "copy"
@@ -152,7 +152,7 @@ def test_a_copied_project_logs_into_its_own_artifacts(registered, tmp_path):
 
 
 def test_register_is_stale_when_the_registry_lost_its_versions(registered, tmp_path):
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     ref, ft = registered
     root = tmp_path / "p"
@@ -170,7 +170,7 @@ def test_register_is_stale_when_the_registry_lost_its_versions(registered, tmp_p
     assert run_stage(st, cfg2).skipped
 
     # the store deleted: stale, and asking does not create it again
-    from bertpipe.register.present import missing
+    from bertpipe.stages.register.present import missing
 
     (cfg2.state / "mlflow.db").unlink()
     assert "does not exist" in missing(cfg2, r.out) and not (cfg2.state / "mlflow.db").exists()
@@ -180,8 +180,8 @@ def test_register_is_stale_when_the_registry_lost_its_versions(registered, tmp_p
 
 
 def test_a_re_created_model_is_not_answered_from_the_deleted_ones_files(registered, tmp_path, zh_tokenizer_dir):
-    from bertpipe.registry.files import local_version
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
+    from bertpipe.lib.registered.files import local_version
 
     ref, _ = registered
     root = tmp_path / "p"
@@ -206,7 +206,7 @@ def test_a_re_created_model_is_not_answered_from_the_deleted_ones_files(register
 
 
 def test_an_unanswering_tracking_server_is_retried_aloud_and_given_up_in_time(tmp_path, capfd, monkeypatch):
-    from bertpipe.tracking import client, unreachable_line
+    from bertpipe.infra.tracking import client, unreachable_line
 
     for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(var, raising=False)
@@ -227,7 +227,7 @@ def test_a_store_holding_other_schema_data_is_one_error_line_not_created_over(tm
     cfg = project(tmp_path)
     cfg.state.mkdir(parents=True)
     (cfg.state / "mlflow.db").write_bytes(b"not a database, but someone's file" * 100)
-    from bertpipe.tracking import client
+    from bertpipe.infra.tracking import client
 
     with pytest.raises(BertpipeError, match=r"mlflow\.db: not a readable MLflow sqlite store"):
         client(cfg)
@@ -283,8 +283,8 @@ def test_bertpipe_stages_asks_no_tracking_server(tmp_path, sample_raw):
     import socket
     import threading
 
-    from bertpipe.freshness import plan
-    from bertpipe.pipeline import all_stages
+    from bertpipe.graph.freshness import plan
+    from bertpipe.graph.pipeline import all_stages
     from tests.e2e_project import invoke, write_project
 
     cfg = load_config(write_project(tmp_path, sample_raw))

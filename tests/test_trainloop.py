@@ -1,4 +1,4 @@
-"""The one training loop (bertpipe.training.trainloop) with a stage-free objective: a linear regression fed by a
+"""The one training loop (bertpipe.lib.training.trainloop) with a stage-free objective: a linear regression fed by a
 pure function of the step. What every stage gets from it: a resumed run replays the steps of an uninterrupted one,
 early stopping keeps the best evaluation, and progress into a log file is not a line per step."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from bertpipe.training.trainloop import FP32, Objective, Plan, run
+from bertpipe.lib.training.trainloop import FP32, Objective, Plan, run
 
 torch.set_num_threads(1)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertpipe.pipeline import load_config
-from bertpipe.vocab.declare import vocab_stage
-from bertpipe.stage import run_stage
-from bertpipe.vocab.embeddings import extend_model, load_mlm, mlm_loss, output_bias, piece_ids
-from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.stages.vocab.declare import vocab_stage
+from bertpipe.stages.vocab.embeddings import extend_model, load_mlm, mlm_loss, output_bias, piece_ids
+from bertpipe.stages.vocab.extend import extend_tokenizer, load_tokenizer
 from tests.test_vocab_helpers import decided, tiny_zh_model, write_corpus
 
 DATA = Path(__file__).parent / "data" / "vocab"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from bertpipe.errors import BertpipeError
-from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer, tokenizer_stats
-from bertpipe.vocab.mining import unk_forms
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.vocab.extend import extend_tokenizer, load_tokenizer, tokenizer_stats
+from bertpipe.stages.vocab.mining import unk_forms
 from tests.test_vocab_helpers import legal_texts
 
 WORDS_ZH = ["合同法", "违约金", "当事人", "人民法院", "不可抗力", "知识产权", "中华人民共和国", "法院", "民事"]

@@ -54,8 +54,8 @@ def decided(cfg):
     """``cfg`` after the start stage wrote where pretraining starts (the vocab stage's ``start`` input)."""
     import contextlib
 
-    from bertpipe.start.declare import start_stage
-    from bertpipe.stage import run_stage
+    from bertpipe.core.stage import run_stage
+    from bertpipe.stages.start.declare import start_stage
 
     run_stage(start_stage(), cfg, tracker_factory=lambda *a: contextlib.nullcontext())
     return cfg

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.pipeline import load_config
-from bertpipe.vocab.declare import vocab_stage
-from bertpipe.stage import run_stage
-from bertpipe.vocab.embeddings import INITS
-from bertpipe.vocab.extend import extend_tokenizer, load_tokenizer, moved_ids, tokenizer_stats, unk_counts
-from bertpipe.vocab.mining import unk_forms
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.stages.vocab.declare import vocab_stage
+from bertpipe.stages.vocab.embeddings import INITS
+from bertpipe.stages.vocab.extend import extend_tokenizer, load_tokenizer, moved_ids, tokenizer_stats, unk_counts
+from bertpipe.stages.vocab.mining import unk_forms
 from tests.test_vocab_helpers import decided, legal_texts, tiny_zh_model, write_corpus
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731

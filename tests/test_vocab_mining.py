@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bertpipe.errors import BertpipeError
-from bertpipe.vocab.extend import load_tokenizer
-from bertpipe.vocab.count import is_cjk_word
-from bertpipe.vocab.mining import GlossaryTerm, mine_batches, read_glossary, unk_forms
-from bertpipe.vocab.params import VocabParams
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.vocab.count import is_cjk_word
+from bertpipe.stages.vocab.extend import load_tokenizer
+from bertpipe.stages.vocab.mining import GlossaryTerm, mine_batches, read_glossary, unk_forms
+from bertpipe.stages.vocab.params import VocabParams
 from tests.test_vocab_helpers import legal_texts
 
 

@@ -11,10 +11,10 @@ import torch
 from tests.test_vocab_helpers import decided, legal_texts, tiny_zh_model, write_corpus
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-from bertpipe.errors import BertpipeError
-from bertpipe.pipeline import load_config
-from bertpipe.vocab.declare import vocab_stage
-from bertpipe.stage import run_stage
+from bertpipe.core.stage import run_stage
+from bertpipe.graph.pipeline import load_config
+from bertpipe.infra.errors import BertpipeError
+from bertpipe.stages.vocab.declare import vocab_stage
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 

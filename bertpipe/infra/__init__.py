@@ -1,0 +1,1 @@
+"""Infrastructure below everything: errors, config loading, tracking, processes, devices and cores."""

@@ -1,2 +1,0 @@
-"""The splits stage: every finetune task's train/dev/test splits, materialised once into work/splits/ (read them with
-``bertpipe.tasklib``)."""
