@@ -116,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         root = Path(tmp)
         _project(root, _raw(), args.train)
-        cli = [sys.executable, "-m", "bertpipe.doors.cli"]
+        cli = [sys.executable, "-m", "bertpipe"]
         alone_s: dict[str, float] = {}
         for threads in args.alone_threads:
             for t in TASKS:

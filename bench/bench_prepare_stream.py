@@ -44,7 +44,7 @@ def run(code: Path, corpus: Path, workers: int, tmp: Path) -> dict:
     (proj / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(code), "MLFLOW_DISABLE_TELEMETRY": "true"}
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "bertpipe.doors.cli", "prepare", "--params", str(proj / "params.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "bertpipe", "prepare", "--params", str(proj / "params.yaml")],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     mon = TreeMonitor(proc.pid, every=0.05)
     _, err = proc.communicate()  # reads stderr as it comes (a full pipe would stall the stage)

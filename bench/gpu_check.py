@@ -13,7 +13,7 @@
    its MFU;
 4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA
    provider when it is installed;
-5. whole stages (bench/gpu_stages.py, ``--stages off`` skips them): the real ``python -m bertpipe.doors.cli splits``,
+5. whole stages (bench/gpu_stages.py, ``--stages off`` skips them): the real ``python -m bertpipe splits``,
    ``prepare``, ``start``, ``vocab``, ``pretrain`` and ``finetune``, one process each, on a tiny project built in a
    temp dir (a synthetic corpus and keyword task, a WordPiece tokenizer over their characters, a random
    BERT-base-shaped encoder as ``model.base``) with tracking off (``tracking.uri: none``: no MLflow): each stage's

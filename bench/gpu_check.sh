@@ -2,7 +2,7 @@
 # The GPU check, one command of <= 9.5 minutes on a CUDA machine that has torch and transformers but not bertpipe's
 # other dependencies:
 #     bench/gpu_check.sh [--smoke] [--stages off] [--json out.json]
-# Its last section runs whole stages (`python -m bertpipe.doors.cli splits|prepare|start|vocab|pretrain|finetune`) on a tiny
+# Its last section runs whole stages (`python -m bertpipe splits|prepare|start|vocab|pretrain|finetune`) on a tiny
 # project with tracking off, so MLflow and Prefect are not needed (bench/gpu_stages.py). What it needs beyond torch
 # and transformers (with their own dependencies: numpy, pyyaml, filelock, tqdm, ...): pydantic, typer, jieba,
 # accelerate (HF Trainer) and psutil, installed from wheels carried in bench/wheels (no index) when missing; and

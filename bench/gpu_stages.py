@@ -5,7 +5,7 @@
 It builds a project in a temp dir from nothing the GPU machine lacks (no corpus or tokenizer download): a WordPiece
 tokenizer over the characters of ``tests.synthetic``'s texts, a randomly initialised BERT saved with it
 (``model.base``: that save_pretrained dir), a synthetic domain corpus and a keyword classification task; then runs
-``python -m bertpipe.doors.cli splits|prepare|start|vocab|pretrain|finetune`` with ``tracking.uri: none`` (no MLflow) and
+``python -m bertpipe splits|prepare|start|vocab|pretrain|finetune`` with ``tracking.uri: none`` (no MLflow) and
 reports each stage's wall time, pretrain's tokens/s and finetune's examples/s (from their manifests) and the device
 and precision each stage says it used. A stage that fails ends the section with its last output lines.
 
@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 STAGES = ("splits", "prepare", "start", "vocab", "pretrain", "finetune")
-# What `python -m bertpipe.doors.cli <stage>` imports for these stages beyond torch and transformers (module names)
+# What `python -m bertpipe <stage>` imports for these stages beyond torch and transformers (module names)
 NEEDS = ("pydantic", "typer", "jieba", "yaml", "numpy", "filelock", "pyarrow", "pandas", "matplotlib", "sklearn")
 SPECIAL = ["[PAD]"] + [f"[unused{i}]" for i in range(1, 10)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PUNCT = list("。，！？；：、") + list(".,!?;:")  # prepare's NFKC turns the full-width ones into these
@@ -151,7 +151,7 @@ def run_stages(root: Path, log=say) -> dict:
     results: dict = {}
     for stage in STAGES:
         t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", stage, "--params", "params.yaml"], cwd=root,
+        r = subprocess.run([sys.executable, "-m", "bertpipe", stage, "--params", "params.yaml"], cwd=root,
                            env=env, capture_output=True, text=True)
         secs = time.perf_counter() - t
         if r.returncode != 0:

@@ -103,7 +103,7 @@ def _isolated(stage_name: str, params: str, profile: str | None, overrides: list
     """Run the stage through the CLI in a child process with ``threads`` torch threads. Stages that run beside
     others need this: transformers builds models under a process-wide meta-device context while loading, which
     breaks a forward pass in a neighbouring thread, and torch's thread pools are per process."""
-    cmd = [sys.executable, "-m", "bertpipe.doors.cli", *_stage(stage_name, cfg).command, "--params", params]
+    cmd = [sys.executable, "-m", "bertpipe", *_stage(stage_name, cfg).command, "--params", params]
     if profile is not None:
         cmd += ["--profile", profile]
     for o in overrides:

@@ -37,7 +37,7 @@ START = "stages/start/dvc.yaml:start"  # DVC's name of the stage in its own file
 
 def start_cmd(root) -> tuple[set[str], str]:
     """(the heavy top-level modules `bertpipe start` imports (python -X importtime), built / cached)."""
-    proc = run([sys.executable, "-X", "importtime", "-m", "bertpipe.doors.cli", "start"], root)
+    proc = run([sys.executable, "-X", "importtime", "-m", "bertpipe", "start"], root)
     mods = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert mods, proc.stderr[-2000:]
     return mods & set(HEAVY), proc.stdout.split()[1]

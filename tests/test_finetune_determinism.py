@@ -126,7 +126,7 @@ def test_the_cli_a_flow_child_and_dvc_repro_train_the_same_weights(tmp_path, zh_
     assert res.returncode == 0, res.stderr[-3000:]
     weights = {"cli": built()}
     child = {**env_for(tmp_path), **{k: v for k, v in child_env(1).items() if k.endswith("_NUM_THREADS")}}
-    run([sys.executable, "-m", "bertpipe.doors.cli", *argv], tmp_path, env=child)
+    run([sys.executable, "-m", "bertpipe", *argv], tmp_path, env=child)
     weights["flow child"] = built()
     run(["dvc", "init", "-q", "--no-scm"], tmp_path)
     assert weights["cli"] == weights["flow child"], weights

@@ -20,7 +20,7 @@ SECRET = "pa55-Wx9"
 def test_a_credential_in_set_is_refused_before_prefect_starts(tmp_path, command):
     env = {**os.environ, "HOME": str(tmp_path / "home")}
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", *command, "--set",
+    proc = subprocess.run([sys.executable, "-m", "bertpipe", *command, "--set",
                            f"tracking.uri=https://alice:{SECRET}@mlflow.example", "--set", "pretrain.max_steps=2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

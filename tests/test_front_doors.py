@@ -109,7 +109,7 @@ def test_a_stage_s_user_error_ends_the_flow_with_its_one_line(tmp_path, sample_r
     train.write_text("".join(json.dumps({"text": f"第{i}条评论", "label": "pos"}) + "\n" for i in range(40)))
     write_project(tmp_path, sample_raw, {"paths": {"raw": str(train.parent)}, "finetune": {
         "encoders": ["base"], "tasks": {"t": {"type": "classification", "format": "jsonl", "train": "{raw}/t.jsonl"}}}})
-    proc = run([sys.executable, "-m", "bertpipe.doors.cli", "run", "--until", "splits", "--set", "flow.max_parallel=1"],
+    proc = run([sys.executable, "-m", "bertpipe", "run", "--until", "splits", "--set", "flow.max_parallel=1"],
                tmp_path, check=False)
     both = proc.stdout + proc.stderr
     assert proc.returncode == 2, both[-3000:]

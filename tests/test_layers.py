@@ -78,13 +78,14 @@ def test_committed_contracts_are_the_ones_the_folders_derive():
 
 
 def test_bertpipe_holds_its_layers_and_its_face_only(tmp_path, monkeypatch):
-    """`ls bertpipe` is the layers: every folder is one of them, no module stands beside them but __init__.py."""
+    """`ls bertpipe` is the layers: every folder is one of them, no module stands beside them but the package's face
+    (__init__.py, __main__.py)."""
     from bertpipe.graph import contracts
 
     assert contracts.outside_layers() == []
     for name in (*contracts.LAYERS, "misc"):  # the check can fail: a folder or a module beside the layers
         (tmp_path / name).mkdir()
-    for name in ("__init__.py", "helpers.py"):
+    for name in ("__init__.py", "__main__.py", "helpers.py"):
         (tmp_path / name).touch()
     monkeypatch.setattr(contracts, "PACKAGE", tmp_path)
     assert contracts.outside_layers() == ["helpers.py", "misc"]

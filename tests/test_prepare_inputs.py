@@ -27,7 +27,7 @@ UTF8 = [f"第{i}条 依法成立的合同，对当事人具有法律约束力。
 
 def _cli(params: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", *args, "--params", str(params)], env=env,
+    return subprocess.run([sys.executable, "-m", "bertpipe", *args, "--params", str(params)], env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -55,7 +55,7 @@ finetune:
     assert invoke(["splits"], root, env).returncode == 0
     log = tmp_path / "finetune.log"
     with open(log, "wb") as err:  # the console script as a user runs it: `bertpipe finetune ... 2> finetune.log`
-        proc = subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", "finetune", "--task", "cls", "--encoder", "base"],
+        proc = subprocess.run([sys.executable, "-m", "bertpipe", "finetune", "--task", "cls", "--encoder", "base"],
                               cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=600)
     text = log.read_bytes().decode("utf-8")  # as written: no newline translation
     assert proc.returncode == 0, text[-3000:]

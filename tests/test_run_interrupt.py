@@ -23,7 +23,7 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     out = []
     for c in proc.children(recursive=True):
         try:
-            if "bertpipe.doors.cli" in " ".join(c.cmdline()):
+            if c.cmdline()[1:3] == ["-m", "bertpipe"]:
                 out.append(c)
         except psutil.NoSuchProcess:
             pass

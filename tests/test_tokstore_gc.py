@@ -116,7 +116,7 @@ def test_gc_command_keeps_what_the_outputs_reference(tmp_path):
     params = {"paths": {"work": str(tmp_path / "work"), "state": str(state), "raw": str(tmp_path)}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     t = time.time()
-    out = subprocess.run([sys.executable, "-m", "bertpipe.doors.cli", "gc", "--params", str(tmp_path / "params.yaml"),
+    out = subprocess.run([sys.executable, "-m", "bertpipe", "gc", "--params", str(tmp_path / "params.yaml"),
                           "--keep-recent", "1", "--json"], env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)

@@ -38,9 +38,10 @@ def stage_packages() -> list[str]:
 
 
 def outside_layers() -> list[str]:
-    """What bertpipe/ holds besides its layers and its face (``__init__.py``): a folder or module none of them is."""
+    """What bertpipe/ holds besides its layers and its face (``__init__.py``, and ``__main__.py``: ``python -m
+    bertpipe``): a folder or module none of them is."""
     return sorted(p.name for p in PACKAGE.iterdir()
-                  if p.name not in (*LAYERS, "__init__.py", "__pycache__"))
+                  if p.name not in (*LAYERS, "__init__.py", "__main__.py", "__pycache__"))
 
 
 def _list(items, indent: str = "  ") -> str:

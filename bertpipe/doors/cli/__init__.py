@@ -1,2 +1,2 @@
-"""The `bertpipe` command line (Typer app in commands.py; `python -m bertpipe.doors.cli` runs it), `retrain --add`'s
+"""The `bertpipe` command line (the Typer app in commands.py; `python -m bertpipe` runs it too), `retrain --add`'s
 intake, and the torchrun entry point."""

@@ -651,6 +651,3 @@ def main() -> None:  # pragma: no cover
     signal.signal(signal.SIGTERM, raise_terminated)
     app()
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
