@@ -8,7 +8,8 @@ each stage's command replaced by a stand-in that only creates its output paths:
 - ``before``: each stage lists its own ~20 source files as deps and its resolved values as DVC params of one file,
   ``params.effective.json``;
 - ``after``: the code folder once, as a dep of the ``params`` stage; each stage depends on its own
-  ``params_effective/<stage>.json`` (its resolved values and code digest: bertpipe.doors.dvc.dvcfile), all in one dvc.yaml;
+  ``params_effective/<stage>.json`` (its resolved values and code digest: bertpipe.doors.dvc.dvcfile), all in one
+  dvc.yaml;
 - ``split``: ``after`` with the always_changed stage (start) in its own ``stages/start/dvc.yaml`` (``wdir: ../..``),
   the layout `bertpipe dvc-yaml` writes: DVC rewrites start's ~20-line lock after running it, not the root dvc.lock.
 

@@ -7,9 +7,9 @@ copies (tests/gen_prepare.py), as one jsonl source of the domain corpus, general
 CLI in a fresh project; ``--before`` runs the same command with another checkout first on PYTHONPATH (e.g. main
 before streaming). Prints one row per run: code, MB, workers, wall s, peak RSS MB, RSS/corpus, MB/s, kept docs, and
 the per-document phase (ingest, cleaning, task exclusion, keys and sketches: what the workers share) in wall and CPU
-seconds: the parent's (stats.json) plus the worker processes' (start-up included, polled by bertpipe.infra.proctree). Then,
-per corpus, 2 workers against 1: the phase's wall ratio under the machine's load, and the ratio the CPU seconds allow
-on 2 free cores (the phase ends when the busier of the parent and the workers does). Say the load beside them.
+seconds: the parent's (stats.json) plus the worker processes' (start-up included, polled by bertpipe.infra.proctree).
+Then, per corpus, 2 workers against 1: the phase's wall ratio under the machine's load, and the ratio the CPU seconds
+allow on 2 free cores (the phase ends when the busier of the parent and the workers does). Say the load beside them.
 """
 
 from __future__ import annotations

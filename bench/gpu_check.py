@@ -5,10 +5,11 @@
 
 1. the precision policy's choice for the device and the matmul peaks measured here (bf16, fp16, fp32/TF32);
 2. a BERT-base-shaped MLM (12 layers, hidden 768, vocab 21128) at seq 512: bertpipe's pretrain loop
-   (bertpipe.stages.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on grouped,
-   full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul peak;
-   the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same rows
-   as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile time;
+   (bertpipe.stages.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on
+   grouped, full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul
+   peak; the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same
+   rows as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile
+   time;
 3. one finetune epoch (bertpipe.lib.training.loop.train, sequence classification) in bf16 and in fp16 + GradScaler, with
    its MFU;
 4. inference: torch (eager, autocast) at batch 1 (latency) and at the throughput batch (256), and onnxruntime's CUDA

@@ -1,8 +1,8 @@
 """domain_adaptation: prepare -> [base] -> vocab -> pretrain -> finetune (tasks x encoders) -> evaluate -> register.
 
 Every stage is submitted at once with its upstream stages' futures as ``wait_for`` (the graph comes from
-``bertpipe.graph.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside pretraining,
-all finetunes together. ``flow.max_parallel`` bounds how many run at once and divides the cores among them
+``bertpipe.graph.pipeline.upstream``), so whatever the graph allows runs concurrently: base finetunes beside
+pretraining, all finetunes together. ``flow.max_parallel`` bounds how many run at once and divides the cores among them
 (tasks.parallel); stages that never overlap another run in this process on every core. ``flow.runner: dask`` runs
 the stage tasks on a Dask cluster instead (tasks.cluster, docs/distributed.md).
 
@@ -112,7 +112,8 @@ def domain_adaptation(
         for n, (status, r) in outcomes.items():
             print(stage_line(n, status, stages[n].output(cfg)))
         futures[failed[0]].result()  # raises the first failure: the flow run fails with it
-    # in a DVC repo, dvc.lock records what the run built or found fresh, as `dvc commit` would (bertpipe.doors.dvc.dvclock)
+    # in a DVC repo, dvc.lock records what the run built or found fresh, as `dvc commit` would
+    # (bertpipe.doors.dvc.dvclock)
     line = dvclock.record(cfg, [n for n, (status, _) in outcomes.items() if status in ("built", "cached")])
     if line:
         print(line)

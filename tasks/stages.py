@@ -1,7 +1,7 @@
-"""One Prefect task per stage. Each calls ``bertpipe.core.stage.run_stage`` on the library's Stage object (or the stage's
-CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint, computed
-when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly when its
-output is fresh (and the CLI and `dvc repro` would skip it too)."""
+"""One Prefect task per stage. Each calls ``bertpipe.core.stage.run_stage`` on the library's Stage object (or the
+stage's CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint,
+computed when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly
+when its output is fresh (and the CLI and `dvc repro` would skip it too)."""
 
 from __future__ import annotations
 

@@ -189,10 +189,10 @@ def build_chain(root: Path, target: str | None = None) -> None:
 
 
 def invoke(argv: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.doors.cli.commands.app``), in ``cwd``, with ``env`` as
-    the whole environment while it runs (variables not in it are unset), like ``subprocess.run(..., text=True,
-    capture_output=True)``. An exception the CLI lets through is a traceback on stderr and exit status 1, as the
-    console script would print it. What ``cli.main`` adds around the app (the lifeline, SIGTERM as Ctrl-C) needs a
+    """`bertpipe *argv` in this process (Typer's ``CliRunner`` on ``bertpipe.doors.cli.commands.app``), in ``cwd``, with
+    ``env`` as the whole environment while it runs (variables not in it are unset), like ``subprocess.run(...,
+    text=True, capture_output=True)``. An exception the CLI lets through is a traceback on stderr and exit status 1, as
+    the console script would print it. What ``cli.main`` adds around the app (the lifeline, SIGTERM as Ctrl-C) needs a
     process of its own: test_lifeline, test_kill_recovery."""
     from typer.testing import CliRunner
 

@@ -1,5 +1,5 @@
-"""dvc.lock as a run records it (bertpipe.doors.dvc.dvclock) when `dvc commit` is killed half-way or fails: the lock files are
-the old ones or the new ones, never cut short, and a failure says DVC's reason.
+"""dvc.lock as a run records it (bertpipe.doors.dvc.dvclock) when `dvc commit` is killed half-way or fails: the lock
+files are the old ones or the new ones, never cut short, and a failure says DVC's reason.
 
 The kill lands inside DVC's own write of dvc.lock: a ``sitecustomize`` on the `dvc commit` process's PYTHONPATH
 writes half of DVC's first write to a dvc.lock, then SIGKILLs `dvc commit` alone (the run goes on) or its whole

@@ -144,9 +144,9 @@ def test_the_committed_generated_files_are_what_this_install_generates(tmp_path,
 
 
 def test_a_run_records_dvc_lock_only_with_the_settings_dvc_yaml_describes(tmp_path, monkeypatch, sample_raw):
-    """What a run does with dvc.lock (bertpipe.doors.dvc.dvclock; the run that records it: test_pipeline_e2e): nothing outside a
-    DVC repo; in one, a run whose --set moves a stage's resolved params leaves dvc.lock alone and says how to record
-    it, since dvc.yaml and params_effective/ describe the params file, not that run. An input outside the project
+    """What a run does with dvc.lock (bertpipe.doors.dvc.dvclock; the run that records it: test_pipeline_e2e): nothing
+    outside a DVC repo; in one, a run whose --set moves a stage's resolved params leaves dvc.lock alone and says how to
+    record it, since dvc.yaml and params_effective/ describe the params file, not that run. An input outside the project
     given as an absolute path stays absolute in dvc.yaml, so a moved project's dvc.yaml is current as it stands."""
     import subprocess
 

@@ -4,8 +4,8 @@ what it says: it reaches the stage's spec (what the fingerprint hashes and the m
 door, narrowing a search space that names it.
 
 The finished project is simulated as in test_fingerprint_scope (every stage's manifest written with the fingerprint
-``bertpipe.graph.freshness`` expects, in graph order); each edit is the config a door would load (``--set``, params.yaml's
-own keys, a Prefect knob) and ``plan`` is asked which stages are stale against it.
+``bertpipe.graph.freshness`` expects, in graph order); each edit is the config a door would load (``--set``,
+params.yaml's own keys, a Prefect knob) and ``plan`` is asked which stages are stale against it.
 """
 
 from __future__ import annotations

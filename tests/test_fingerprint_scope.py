@@ -132,10 +132,10 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
 
 
 def test_a_training_library_edit_moves_the_code_of_the_stages_that_import_it(checkout, demo):
-    """A module of a library below the stages (bertpipe/lib/training/, bertpipe/lib/inference/) is the code of every stage
-    that imports it, and of no other: the one training loop is every training stage's, its task-model side finetune's
-    and distill's, the scoring code also export's and register's, the speed measurement distill's and export's; the
-    tasks stage's code holds none of them."""
+    """A module of a library below the stages (bertpipe/lib/training/, bertpipe/lib/inference/) is the code of every
+    stage that imports it, and of no other: the one training loop is every training stage's, its task-model side
+    finetune's and distill's, the scoring code also export's and register's, the speed measurement distill's and
+    export's; the tasks stage's code holds none of them."""
     cfg, stages = demo
     assert any(n.startswith("distill/") for n in stages) and any(n.startswith("export/") for n in stages)
     before = digests(stages)

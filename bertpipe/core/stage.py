@@ -52,7 +52,8 @@ class StageContext:
     params: Any  # the stage's own params section (a pydantic model)
     inputs: dict[str, Path | str]
     out: Path
-    # Survives a crash and is keyed by fingerprint, so a rerun of the same work finds its checkpoints; removed on success.
+    # Survives a crash and is keyed by fingerprint, so a rerun of the same work finds its checkpoints; removed on
+    # success.
     scratch: Path
     fingerprint: str
     tracker: Any = None  # bertpipe.infra.tracking.StageRun or None
@@ -114,7 +115,8 @@ class Stage:
     code: tuple[str, ...] = ()  # packages under bertpipe/ whose code (and what it imports) builds the output
     libs: tuple[str, ...] = ()  # distributions whose installed versions are fingerprinted
     cli: tuple[str, ...] = ()  # the `bertpipe` arguments that run it (default: its name)
-    # Runs it in one process: run_stage, or for base/pretrain bertpipe.stages.pretrain.run.run (works in every torchrun rank).
+    # Runs it in one process: run_stage, or for base/pretrain bertpipe.stages.pretrain.run.run (works in every torchrun
+    # rank).
     launcher: Callable[..., "StageResult | None"] | None = None
     # Structured identity of the fanned-out stages, so no door parses names: finetune (task, encoder), distill
     # (task), export (model = the export key, task = its task or None for the encoder).

@@ -49,7 +49,8 @@ class ModelParams(Section):
     tokenizer: str = ""
     language: Literal["zh", "en"] = "zh"
     # Force where domain adaptation starts (a save_pretrained dir): the vocab stage extends this encoder and
-    # pretraining continues from it. Empty: bertpipe.lib.lineage decides (the base, or the champion per flow.retrain_from).
+    # pretraining continues from it. Empty: bertpipe.lib.lineage decides (the base, or the champion per
+    # flow.retrain_from).
     continue_from: str = ""
 
 
@@ -282,7 +283,8 @@ def read_config(model: type[CoreParams], path: str | Path | None = None, profile
                 overrides: list[str] | None = None,
                 after: tuple[Callable[[Any, Path, str], Any], ...] = ()) -> Config:
     """Read params.yaml into ``model`` (or use the embedded defaults when ``path`` is None and no params.yaml
-    exists); ``after``: adjustments of the validated params, in order (see ``bertpipe.core.declared.Family.on_load``)."""
+    exists); ``after``: adjustments of the validated params, in order (see
+    ``bertpipe.core.declared.Family.on_load``)."""
     src = Path(path) if path is not None else Path(DEFAULT_PARAMS)
     if src.exists():
         from bertpipe.infra.yamlio import load_yaml_mapping  # duplicate keys, non-mappings, alias bombs, deep nesting

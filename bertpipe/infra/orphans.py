@@ -68,8 +68,8 @@ def mark_closed(cfg: Config, run_id: str) -> None:
 def close_orphans(cfg: Config, connect: Callable[[], Any]) -> list[str]:
     """Mark KILLED the MLflow runs whose process died without closing them (SIGKILL, OOM killer, power loss).
     Called by every stage run, fresh or not, so a project is never left showing RUNNING runs of dead processes.
-    ``connect()`` gives the MLflow client (``bertpipe.infra.tracking`` passes its own: this module sits below it), called
-    only when a dead process's marker is found."""
+    ``connect()`` gives the MLflow client (``bertpipe.infra.tracking`` passes its own: this module sits below it),
+    called only when a dead process's marker is found."""
     try:
         markers = sorted(_markers(cfg).glob("*.json"))
     except OSError:

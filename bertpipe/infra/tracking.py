@@ -105,7 +105,8 @@ def check_uri(uri: str, key: str) -> str:
 
 
 def display_uri(uri: str) -> str:
-    """A tracking URI fit to print or store (credentials dropped): ``bertpipe.infra.redact.mask_uri``, the one masker."""
+    """A tracking URI fit to print or store (credentials dropped): ``bertpipe.infra.redact.mask_uri``, the one
+    masker."""
     return mask_uri(uri)
 
 
@@ -132,8 +133,8 @@ _READY: set[str] = set()
 
 def client(cfg: Config, create: bool = True):
     """An MlflowClient on the project's tracking store. The embedded sqlite store is created on first use, whole or
-    not at all (``bertpipe.infra.mlflow_store``); ``create=False`` (commands that only read the registry) refuses, with one
-    error line, a sqlite store that does not exist instead of creating it."""
+    not at all (``bertpipe.infra.mlflow_store``); ``create=False`` (commands that only read the registry) refuses, with
+    one error line, a sqlite store that does not exist instead of creating it."""
     uri = tracking_uri(cfg)
     quiet_env(uri)
     from bertpipe.infra.sqlite_wait import db_path

@@ -1,1 +1,2 @@
-"""Shared libraries and domain helpers (training, inference, measures, corpora, model facts): what stages compute with."""
+"""Shared libraries and domain helpers (training, inference, measures, corpora, model facts): what stages compute
+with."""

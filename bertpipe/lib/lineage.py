@@ -2,8 +2,8 @@
 
 `bertpipe run`, `bertpipe retrain`, the scheduled deployment and `dvc repro` all build the same graph
 (``bertpipe.graph.pipeline``); its ``start`` stage asks the registry once per run (``resolve``) and writes the answer to
-``work/start/start.json`` (``bertpipe.stages.start``), which the vocab stage's inputs read; pretraining continues from the
-vocab stage's model. No door passes its own starting point, so none can undo another's work, and no graph walk
+``work/start/start.json`` (``bertpipe.stages.start``), which the vocab stage's inputs read; pretraining continues from
+the vocab stage's model. No door passes its own starting point, so none can undo another's work, and no graph walk
 queries MLflow. A registry that cannot be reached is an error, never "start from the base".
 
 The rule (``flow.retrain_from: champion``):

@@ -5,8 +5,8 @@ inference worker process come with it; it is a FastAPI app, so the guard is ordi
 
 What bertpipe adds around it:
 - ``bertpipe.doors.serve.guard.Guard`` (API-server process): every body is read under a timeout and decoded once by the
-  typed request models of ``bertpipe.doors.serve.schema`` before it is admitted; bad ones get a 4xx and a one-line reason,
-  overload 503 + Retry-After, and while draining (SIGTERM/SIGINT) or while the inference worker restarts, 503.
+  typed request models of ``bertpipe.doors.serve.schema`` before it is admitted; bad ones get a 4xx and a one-line
+  reason, overload 503 + Retry-After, and while draining (SIGTERM/SIGINT) or while the inference worker restarts, 503.
 - ``RegistryModelAPI`` (inference worker): loads the version the alias points at, checks the alias every ``poll_s``
   in a background thread and swaps in a new version under the same lock the batches run under, so no request is
   dropped or answered by a half-loaded model; every response names the version that produced it, and a state file

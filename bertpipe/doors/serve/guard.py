@@ -6,8 +6,8 @@ Order matters, and each step is why a past failure cannot recur:
 2. the body is read under ``serve.body_timeout_s`` for the whole body and ``serve.max_body_bytes`` -> 408 / 413.
    A request is NOT counted in flight while its body trickles in: 256 connections sending headers and one byte used
    to fill ``max_queue`` and turn every real request into 503;
-3. the body is decoded once by ``bertpipe.doors.serve.schema.decode`` (the same pydantic types FastAPI and the worker see)
-   -> 400 / 413 / 422 with a one-line reason;
+3. the body is decoded once by ``bertpipe.doors.serve.schema.decode`` (the same pydantic types FastAPI and the worker
+   see) -> 400 / 413 / 422 with a one-line reason;
 4. only then is it admitted (at most ``max_queue`` at once, else 503) and passed on; if the inference worker dies
    while the request waits, it is answered 503 instead of hanging until the request timeout;
 5. a response the worker marked as a per-item failure (``{"error": ..., "status": N}``) gets that status, so one

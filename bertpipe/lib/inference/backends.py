@@ -1,5 +1,6 @@
 """The model behind a backend: torch (the saved dir), ONNX or int8 (an onnxruntime session behind the slice of the
-torch module interface ``bertpipe.lib.training.predict.run_model`` uses), so every backend is scored by the same code."""
+torch module interface ``bertpipe.lib.training.predict.run_model`` uses), so every backend is scored by the same
+code."""
 
 from __future__ import annotations
 

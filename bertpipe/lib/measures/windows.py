@@ -8,8 +8,8 @@ jieba: the test split's share of the tokenizing, the same for every evaluate run
 everything they depend on: the corpus (its prepare fingerprint, else its test bytes), the sample size and seed, the
 window length (set by the compared models' positions), the mask fraction, jieba's version and the code that chooses
 them: this module and every bertpipe module it imports (``codeid.module_code``, the rule a stage's code follows), so
-an edit to the segmentation in ``bertpipe.lib.textseg`` makes a new store. The models' own tokenizers are not in the key:
-each model tokenizes the windows itself when it scores them (``fair_mlm.score_windows``).
+an edit to the segmentation in ``bertpipe.lib.textseg`` makes a new store. The models' own tokenizers are not in the
+key: each model tokenizes the windows itself when it scores them (``fair_mlm.score_windows``).
 """
 
 from __future__ import annotations

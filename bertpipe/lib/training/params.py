@@ -51,7 +51,8 @@ class TrainParams(_Strict):
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     unfreeze: list[UnfreezePhase] = Field(default_factory=list, max_length=20)
     evals_per_epoch: int = Field(1, ge=1, le=100, strict=True)
-    # auto: bf16 where the device has bf16 units, fp16 + GradScaler on older GPUs, fp32 elsewhere (bertpipe/infra/device.py)
+    # auto: bf16 where the device has bf16 units, fp16 + GradScaler on older GPUs, fp32 elsewhere
+    # (bertpipe/infra/device.py)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     max_seq_len: int = Field(256, ge=16, le=8192, strict=True)
     eval_batch_size: int = Field(64, ge=1, le=4096, strict=True)

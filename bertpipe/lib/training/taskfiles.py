@@ -18,8 +18,8 @@ from bertpipe.infra.errors import BertpipeError, utf8_error
 from bertpipe.infra.sqlite_io import reading
 from bertpipe.lib.labelled import Example
 from bertpipe.lib.training import tagging
-from bertpipe.lib.training.fields import (disjoint as _disjoint, get as _get, label as _label, scalar_text as _scalar_text,
-                                      text as _text)
+from bertpipe.lib.training.fields import (disjoint as _disjoint, get as _get, label as _label,
+                                          scalar_text as _scalar_text, text as _text)
 from bertpipe.lib.training.params import TaskParams
 
 SPLITS = ("train", "dev", "test")

@@ -6,7 +6,8 @@ from bertpipe.core.codeid import MODEL_LIBS
 from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.infra.config import Config
-from bertpipe.lib.layout import adapted_model, base_model, corpus_dir, evaluate_out, finetune_out, finetune_pairs, task_dir
+from bertpipe.lib.layout import (adapted_model, base_model, corpus_dir, evaluate_out, finetune_out, finetune_pairs,
+                                 task_dir)
 from bertpipe.stages.evaluate.params import EvaluateParams
 
 VERSION = "2"
@@ -22,8 +23,9 @@ def evaluate_stage() -> Stage:
         ins.update({f"splits/{t}": task_dir(cfg, t) for t in cfg.params.finetune.tasks})
         return ins
 
-    return Stage("evaluate", VERSION, ("evaluate",), inputs, evaluate_out, deferred("bertpipe.stages.evaluate.stage:build"),
-                 code=("evaluate",), libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",))
+    return Stage("evaluate", VERSION, ("evaluate",), inputs, evaluate_out,
+                 deferred("bertpipe.stages.evaluate.stage:build"), code=("evaluate",),
+                 libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",))
 
 
 EVALUATE = Family("evaluate", "Evaluate finetuned models; base vs adapted report.", lambda c: [evaluate_stage()],

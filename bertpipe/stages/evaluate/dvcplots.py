@@ -1,8 +1,8 @@
 """What `dvc metrics` and `dvc plots` read, under the evaluate output.
 
 The generated dvc.yaml declares one summary metrics file and the image folder (top-level ``metrics:`` and
-``plots:``, bertpipe.doors.dvc.dvcfile): the summary holds the few numbers a run is judged by, so `dvc metrics show` is one
-short row and `dvc exp show` a column per task, metric and encoder rather than one per interval end and baseline;
+``plots:``, bertpipe.doors.dvc.dvcfile): the summary holds the few numbers a run is judged by, so `dvc metrics show` is
+one short row and `dvc exp show` a column per task, metric and encoder rather than one per interval end and baseline;
 `dvc metrics diff` / `dvc plots diff` compare two commits or experiments without knowing bertpipe's nested
 metrics.json. The rest is written beside it for whoever wants it, not declared:
 

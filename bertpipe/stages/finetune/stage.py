@@ -85,7 +85,8 @@ def build(ctx, task: str, encoder: str) -> dict:
     p, tp, sp = settings.task, settings.train, settings.search
     for key, by in settings.narrowed.items():
         ctx.log(f"{task}/{encoder} search: {key} is set by {by} ({getattr(tp, key)!r}): the space is narrowed to it")
-    # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only the setting
+    # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only the
+    # setting
     ctx.counts["torch_threads"] = use_training_threads(tp.num_threads)
     device = pick_device(tp.device)
     should_compile(tp.compile, 0, device, settings.key("compile"))  # `on` without a compiler fails before the data is read

@@ -33,7 +33,8 @@ from bertpipe.lib.cleaning.dedup import components, keep_rank, lsh_candidates, l
 from bertpipe.lib.cleaning.exclude import EvalTexts, merge_excluded
 from bertpipe.stages.prepare.ingest import Ingest, source_files
 from bertpipe.stages.prepare.params import CorpusParams, PrepareParams
-from bertpipe.stages.prepare.shard import BatchJob, keep_out_sketch, merge_counts, process_batch, run_batches, shard_count
+from bertpipe.stages.prepare.shard import (BatchJob, keep_out_sketch, merge_counts, process_batch, run_batches,
+                                          shard_count)
 from bertpipe.stages.prepare.split import assign_split_codes
 from bertpipe.stages.prepare.store import Store, batch_path
 from bertpipe.stages.prepare.write import ids_hash, write_splits

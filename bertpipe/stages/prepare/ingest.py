@@ -2,8 +2,9 @@
 
 Every document is a dict with ``id``, ``text``, ``group``, ``source`` and the source's meta fields. Files are read
 incrementally (text in chunks, parquet in record batches, SQLite through a cursor), so memory does not grow with a
-file. Only regular files are opened, and text decoding follows ``bertpipe.stages.prepare.files``'s encoding policy (UTF-8 or
-GB18030, one per file unless ``encoding: per-line``); anything else is an error naming the file, line and byte offset.
+file. Only regular files are opened, and text decoding follows ``bertpipe.stages.prepare.files``'s encoding policy
+(UTF-8 or GB18030, one per file unless ``encoding: per-line``); anything else is an error naming the file, line and byte
+offset.
 """
 
 from __future__ import annotations

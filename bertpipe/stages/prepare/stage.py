@@ -2,8 +2,8 @@
 
 Output (``ctx.out``): ``{domain,general}/{train,valid,test}/part-NNNNN.parquet`` (columns ``id, text, group, source,
 cluster`` plus the sources' meta fields; read them with ``bertpipe.lib.corpusio``), ``stats.json``,
-``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``. ``bertpipe.stages.prepare.corpus`` streams each corpus through
-a scratch directory under ``ctx.out`` that is removed before the output is published.
+``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``. ``bertpipe.stages.prepare.corpus`` streams each corpus
+through a scratch directory under ``ctx.out`` that is removed before the output is published.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; ma
 
 
 def _ranked(stage: Stage, cfg: Config, force: bool = False):
-    """The launcher of base and pretrain: the same run in every rank of a torchrun job (bertpipe.stages.pretrain.run)."""
+    """The launcher of base and pretrain: the same run in every rank of a torchrun job
+    (bertpipe.stages.pretrain.run)."""
     from bertpipe.stages.pretrain.run import run
 
     return run(stage, cfg, force=force)

@@ -2,8 +2,8 @@
 
     torchrun --nproc_per_node=2 -m bertpipe.doors.cli.torchrun --stage pretrain [--params params.yaml] [--set k=v ...]
 
-(``bertpipe.doors.cli.torchrun`` is that command's entry point: it loads the params and looks the stage up in the graph, then
-calls ``run`` here.)
+(``bertpipe.doors.cli.torchrun`` is that command's entry point: it loads the params and looks the stage up in the graph,
+then calls ``run`` here.)
 
 Several nodes (a c10d rendezvous) and elastic restarts (``--max-restarts``: the group restarts after a rank dies and
 resumes from the last checkpoint): docs/distributed.md, whose command tests/test_pretrain_elastic.py runs.

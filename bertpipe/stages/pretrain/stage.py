@@ -1,8 +1,8 @@
 """The `base` and `pretrain` stages: one build, MLM pretraining from a checkpoint (pretrain) or from params (base).
 
-Under torchrun every process runs this build (see ``bertpipe.stages.pretrain.run``): all of them train, only rank 0 writes
-``ctx.out``; the others get a throwaway ``out`` and the same ``scratch`` (checkpoints are written by rank 0 and read
-by every rank on resume, so with several nodes ``paths.state`` must be on a shared filesystem).
+Under torchrun every process runs this build (see ``bertpipe.stages.pretrain.run``): all of them train, only rank 0
+writes ``ctx.out``; the others get a throwaway ``out`` and the same ``scratch`` (checkpoints are written by rank 0 and
+read by every rank on resume, so with several nodes ``paths.state`` must be on a shared filesystem).
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def _load(ctx, p):
 
 def _build(ctx, d) -> dict:
     p = ctx.params
-    # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only p.threads
-    # base has only light neighbours in the graph (the flow runs it on every core), pretrain runs beside finetunes
+    # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only
+    # p.threads. base has only light neighbours in the graph (the flow runs it on every core), pretrain runs beside
+    # finetunes.
     threads = use_training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), alone=ctx.name == "base")
     ctx.counts["torch_threads"] = threads
     should_compile(p.compile, p.max_steps, d.device, f"{ctx.name}.compile")  # a bad setting fails before the data

@@ -23,7 +23,8 @@ def missing(cfg, out: Path) -> str | None:
     models = [m for m in data.get("models") or [] if m.get("registered", True) and m.get("version")]
     if not models:
         return None
-    from bertpipe.infra.tracking import client, display_uri, server_off_limits, store_file, tracking_uri, unreachable_line
+    from bertpipe.infra.tracking import (client, display_uri, server_off_limits, store_file, tracking_uri,
+                                         unreachable_line)
     from bertpipe.lib.registered.champion import FINGERPRINT_TAG
 
     uri = tracking_uri(cfg)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bertpipe.core.outputs import atomic_file
 from bertpipe.core.stage import StageContext, write_json
-from bertpipe.lib.registered.champion import CHALLENGER, current_champion, registry_lock, set_champion_locked, was_champion
+from bertpipe.lib.registered.champion import (CHALLENGER, current_champion, registry_lock, set_champion_locked,
+                                              was_champion)
 from bertpipe.lib.registered.versions import export_model
 from bertpipe.stages.register import card as C
 from bertpipe.stages.register import decision as D

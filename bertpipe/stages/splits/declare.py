@@ -48,8 +48,9 @@ def own_inputs(cfg) -> dict[str, Path]:
 
 
 def splits_stage(cfg) -> Stage:
-    return Stage("splits", VERSION, sections(cfg), own_inputs, splits_dir, deferred("bertpipe.stages.splits.stage:build"),
-                 params_section="finetune", code=("splits",), libs=("numpy",), spec=spec)
+    return Stage("splits", VERSION, sections(cfg), own_inputs, splits_dir,
+                 deferred("bertpipe.stages.splits.stage:build"), params_section="finetune", code=("splits",),
+                 libs=("numpy",), spec=spec)
 
 
 SPLITS = Family("splits", "Materialise every finetune task's train/dev/test splits into work/splits (caps applied).",

@@ -2,8 +2,8 @@
 
 Per task: read and clean its files (``bertpipe.lib.training.taskfiles``), find near-duplicates among all its examples
 (prepare's MinHash and settings), split off the missing dev/test by group with near-duplicate groups merged, drop what
-still crosses splits (``bertpipe.stages.splits.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``, per
-task ``train_overrides`` included), refuse an empty dev or test split (finetune would score nothing, a nan metric;
+still crosses splits (``bertpipe.stages.splits.leaks``), apply the caps (``max_train_examples``/``max_eval_examples``,
+per task ``train_overrides`` included), refuse an empty dev or test split (finetune would score nothing, a nan metric;
 see ``empty_split``) and map unknown dev/test labels. The files then hold exactly what finetune trains,
 selects and scores on, what prepare removes from the pretraining corpora, and what register identifies a test set by.
 
