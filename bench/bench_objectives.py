@@ -70,10 +70,10 @@ def step_costs(cfg, repeats: int = 3) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bertpipe.stages.pretrain import data, model
-    from bertpipe.stages.pretrain.data import collate
+    from bertpipe.lib.mlm import data, model
+    from bertpipe.lib.mlm.data import collate
+    from bertpipe.lib.mlm.masking import MaskSpec, mask_batch, normal_token_ids, seeded
     from bertpipe.stages.pretrain.declare import pretrain_stage
-    from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
     from bertpipe.stages.pretrain.stage import objective_model
 
     torch.set_num_threads(1)

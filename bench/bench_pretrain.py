@@ -76,10 +76,10 @@ def model_config(args, vocab: int):
 
 def heldout(args, tok):
     """Held-out segments with fixed token-level masks (the plain recipe's own objective, so the scoring is fair)."""
-    from bertpipe.stages.pretrain.data import build_examples
-    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.stages.pretrain.params import PretrainParams
-    from bertpipe.stages.pretrain.train import eval_batches
+    from bertpipe.lib.mlm.data import build_examples
+    from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+    from bertpipe.lib.mlm.params import PretrainParams
+    from bertpipe.lib.mlm.train import eval_batches
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=32, seed=123)
     ex = build_examples(law_texts(Path(args.raw), 400, args.docs), tok, "zh", p, 256)
@@ -88,8 +88,8 @@ def heldout(args, tok):
 
 
 def score(mlm, batches) -> float:
-    from bertpipe.stages.pretrain.model import PretrainModel
-    from bertpipe.stages.pretrain.train import Dist, evaluate
+    from bertpipe.lib.mlm.model import PretrainModel
+    from bertpipe.lib.mlm.train import Dist, evaluate
 
     return evaluate(PretrainModel(mlm, pair=False), batches, Dist())["eval_loss"]
 
@@ -145,7 +145,7 @@ def run_plain(args, tok) -> dict:
 def rows_attend_across_documents() -> None:
     """The ``bertpipe-rows`` variant: batches without ``doc_ids``, so the documents packed into a row attend to each
     other (plain padding mask) - the reference for document-confined attention's speed and held-out loss."""
-    from bertpipe.stages.pretrain import train as T
+    from bertpipe.lib.mlm import train as T
 
     collate = T.collate
     T.collate = lambda examples, pad_id: {k: v for k, v in collate(examples, pad_id).items() if k != "doc_ids"}
@@ -154,11 +154,11 @@ def rows_attend_across_documents() -> None:
 def run_bertpipe(args, tok) -> dict:
     import torch
 
-    from bertpipe.stages.pretrain.data import build_examples
-    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.stages.pretrain.model import PretrainModel
-    from bertpipe.stages.pretrain.params import PretrainParams
-    from bertpipe.stages.pretrain.train import Dist, train
+    from bertpipe.lib.mlm.data import build_examples
+    from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+    from bertpipe.lib.mlm.model import PretrainModel
+    from bertpipe.lib.mlm.params import PretrainParams
+    from bertpipe.lib.mlm.train import Dist, train
     from transformers import BertForMaskedLM
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=args.bertpipe_batch or args.batch, max_steps=args.bertpipe_steps or args.steps, lr=args.lr,
@@ -194,11 +194,11 @@ def profile_steps(args, tok) -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import BertForMaskedLM
 
-    from bertpipe.stages.pretrain.data import build_examples, collate
-    from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
-    from bertpipe.stages.pretrain.model import PretrainModel
-    from bertpipe.stages.pretrain.params import PretrainParams
-    from bertpipe.stages.pretrain.train import Batches, Dist, backward_step, make_optimizer
+    from bertpipe.lib.mlm.data import build_examples, collate
+    from bertpipe.lib.mlm.masking import MaskSpec, mask_batch, normal_token_ids, seeded
+    from bertpipe.lib.mlm.model import PretrainModel
+    from bertpipe.lib.mlm.params import PretrainParams
+    from bertpipe.lib.mlm.train import Batches, Dist, backward_step, make_optimizer
 
     p = PretrainParams(max_seq_len=args.seq, batch_size=args.batch, seed=0)
     ex = build_examples(law_texts(Path(args.raw), args.docs, 0), tok, "zh", p)
@@ -281,8 +281,8 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.stages.pretrain.data import build_examples
-    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.lib.mlm.data import build_examples
+    from bertpipe.lib.mlm.params import PretrainParams
 
     if args.threads:
         torch.set_num_threads(args.threads)

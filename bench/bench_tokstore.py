@@ -58,8 +58,10 @@ def child(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from bertpipe.stages.pretrain import data, tokstore
-    from bertpipe.stages.pretrain.params import PretrainParams
+    from bertpipe.lib.mlm import data
+
+    from bertpipe.lib.mlm.params import PretrainParams
+    from bertpipe.stages.pretrain import tokstore
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -5,7 +5,7 @@
 
 1. the precision policy's choice for the device and the matmul peaks measured here (bf16, fp16, fp32/TF32);
 2. a BERT-base-shaped MLM (12 layers, hidden 768, vocab 21128) at seq 512: bertpipe's pretrain loop
-   (bertpipe.stages.pretrain.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on
+   (bertpipe.lib.mlm.train.train) vs the HF run_mlm recipe (Trainer + DataCollatorForLanguageModeling on
    grouped, full-length blocks), same model, batch, steps and precision: tokens/s and MFU against the measured matmul
    peak; the same loop on rows packing three documents each (document-confined attention, a 4D mask) against the same
    rows as one document (the padding mask), and compiled (``compile: on``, Inductor) against eager, with the compile
@@ -88,7 +88,7 @@ def random_examples(n: int, seq: int, seed: int, docs: int = 1):
     """``n`` full rows of random ids; ``docs`` > 1 packs that many documents per row ([SEP] between them)."""
     import numpy as np
 
-    from bertpipe.stages.pretrain.data import Example
+    from bertpipe.lib.mlm.data import Example
 
     g = np.random.default_rng(seed)
     out = []
@@ -107,10 +107,10 @@ def random_examples(n: int, seq: int, seed: int, docs: int = 1):
 def run_bertpipe(a, tok, device, prec_name: str, docs: int = 1, compile_setting: str = "off") -> dict:
     from transformers import BertForMaskedLM
 
-    from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-    from bertpipe.stages.pretrain.model import PretrainModel
-    from bertpipe.stages.pretrain.params import PretrainParams
-    from bertpipe.stages.pretrain.train import Dist, eval_batches, train
+    from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+    from bertpipe.lib.mlm.model import PretrainModel
+    from bertpipe.lib.mlm.params import PretrainParams
+    from bertpipe.lib.mlm.train import Dist, eval_batches, train
 
     p = PretrainParams(max_seq_len=a.seq, batch_size=a.batch, max_steps=a.steps, lr=1e-4, warmup_ratio=0.1,
                        eval_every=10**9, save_every=10**9, log_every=max(1, a.steps // 4), precision=prec_name,

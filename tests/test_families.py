@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from bertpipe.lib import model_families as F
+from bertpipe.lib.mlm.masking import MaskSpec, mask_batch, normal_token_ids, seeded
 from bertpipe.lib.textseg import jieba_spans, tokenize_with_words
-from bertpipe.stages.pretrain.masking import MaskSpec, mask_batch, normal_token_ids, seeded
 from bertpipe.stages.vocab import embeddings, extend, mining
 from bertpipe.stages.vocab.params import VocabParams
 from tests.corpus import law_texts
@@ -186,7 +186,7 @@ def test_whole_word_masking_masks_every_piece_of_a_chosen_word(family, family_di
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pretrain_model_runs_every_family_with_a_pair_head(family, family_dirs):
-    from bertpipe.stages.pretrain.model import PretrainModel, load_checkpoint
+    from bertpipe.lib.mlm.model import PretrainModel, load_checkpoint
 
     mlm, tok, fresh = load_checkpoint(family_dirs[family], log=lambda *_: None)
     pm = PretrainModel(mlm, pair=True)

@@ -120,7 +120,7 @@ def test_a_pretrain_training_edit_stales_base_pretrain_and_below_only(checkout, 
     cfg, stages = demo
     assert "base" in stages  # the demo profile bootstraps its base model
     finish(cfg, stages)
-    f = checkout / "bertpipe/stages/pretrain/train.py"
+    f = checkout / "bertpipe/lib/mlm/train.py"
     f.write_text(f.read_text() + PROBE)
     _clear()
     states = plan(cfg, stages)

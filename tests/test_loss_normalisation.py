@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bertpipe.lib.mlm.masking import IGNORE
+from bertpipe.lib.mlm.model import PretrainModel
+from bertpipe.lib.mlm.train import Dist
+from bertpipe.lib.mlm.train import backward_step as pretrain_step
 from bertpipe.lib.training.loop import backward_step as finetune_step
-from bertpipe.stages.pretrain.masking import IGNORE
-from bertpipe.stages.pretrain.model import PretrainModel
-from bertpipe.stages.pretrain.train import Dist
-from bertpipe.stages.pretrain.train import backward_step as pretrain_step
 
 torch.set_num_threads(1)
 

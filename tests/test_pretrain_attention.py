@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from bertpipe.infra.execution import document_ids, document_mask
-from bertpipe.stages.pretrain.data import Example, build_examples, collate
-from bertpipe.stages.pretrain.masking import IGNORE
-from bertpipe.stages.pretrain.model import PretrainModel, load_checkpoint
-from bertpipe.stages.pretrain.params import PretrainParams
-from bertpipe.stages.pretrain.train import Dist, evaluate
+from bertpipe.lib.mlm.data import Example, build_examples, collate
+from bertpipe.lib.mlm.masking import IGNORE
+from bertpipe.lib.mlm.model import PretrainModel, load_checkpoint
+from bertpipe.lib.mlm.params import PretrainParams
+from bertpipe.lib.mlm.train import Dist, evaluate
 from tests.families import FAMILIES, family_dirs  # noqa: F401 (a fixture)
 from tests.test_pretrain_support import law_texts
 

@@ -8,11 +8,11 @@ import torch
 
 from bertpipe.infra import execution
 from bertpipe.infra.errors import BertpipeError
-from bertpipe.stages.pretrain.data import build_examples
-from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.stages.pretrain.model import PretrainModel, from_scratch, load_tokenizer
-from bertpipe.stages.pretrain.params import PretrainParams
-from bertpipe.stages.pretrain.train import Dist, eval_batches, train
+from bertpipe.lib.mlm.data import build_examples
+from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+from bertpipe.lib.mlm.model import PretrainModel, from_scratch, load_tokenizer
+from bertpipe.lib.mlm.params import PretrainParams
+from bertpipe.lib.mlm.train import Dist, eval_batches, train
 from tests.test_pretrain_support import law_texts
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64, "dropout": 0.0}

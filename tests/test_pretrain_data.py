@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from bertpipe.stages.pretrain.data import _sentences, build_examples, collate, epoch_batches
-from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.lib.mlm.data import _sentences, build_examples, collate, epoch_batches
+from bertpipe.lib.mlm.params import PretrainParams
 from tests.test_pretrain_support import law_texts
 
 

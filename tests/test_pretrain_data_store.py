@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 
 from bertpipe.lib import keyedstore
 from bertpipe.lib.corpusio import read_texts
+from bertpipe.lib.mlm.data import build_examples, collate
+from bertpipe.lib.mlm.params import PretrainParams
 from bertpipe.stages.pretrain import tokstore
-from bertpipe.stages.pretrain.data import build_examples, collate
-from bertpipe.stages.pretrain.params import PretrainParams
 from tests.test_pretrain_support import law_texts
 
 QUIET = {"log": lambda m: None}

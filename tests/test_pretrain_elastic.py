@@ -38,8 +38,8 @@ def documented_command() -> str:
 
 def _project(root: Path, raw: Path, tokenizer: Path, **pretrain) -> Path:
     """A project whose `pretrain` stage continues a tiny BERT (work/vocab/model) on real law texts."""
-    from bertpipe.stages.pretrain import model
-    from bertpipe.stages.pretrain.params import ArchParams
+    from bertpipe.lib.mlm import model
+    from bertpipe.lib.mlm.params import ArchParams
 
     texts = law_texts(raw, 300)
     write_corpus(root / "work" / "prepare" / "domain", texts[:260], texts[260:])

@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from bertpipe.graph.pipeline import load_config
 from bertpipe.infra.errors import BertpipeError
-from bertpipe.stages.pretrain.data import build_examples, collate
-from bertpipe.stages.pretrain.masking import IGNORE, MaskSpec, mask_batch, normal_token_ids, seeded
-from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.lib.mlm.data import build_examples, collate
+from bertpipe.lib.mlm.masking import IGNORE, MaskSpec, mask_batch, normal_token_ids, seeded
+from bertpipe.lib.mlm.params import PretrainParams
 from tests.test_pretrain_support import english_texts, law_texts
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM
 
-from bertpipe.stages.pretrain.train import state_digest
+from bertpipe.lib.mlm.train import state_digest
 from tests.e2e_project import start
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 

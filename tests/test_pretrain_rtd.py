@@ -15,11 +15,11 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 from bertpipe.core.stage import fingerprint, run_stage
 from bertpipe.graph.pipeline import load_config
 from bertpipe.infra.errors import BertpipeError
-from bertpipe.stages.pretrain import data
+from bertpipe.lib.mlm import data
+from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+from bertpipe.lib.mlm.train import Dist, eval_batches, state_digest, train
 from bertpipe.stages.pretrain.declare import base_stage
-from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
 from bertpipe.stages.pretrain.stage import objective_model
-from bertpipe.stages.pretrain.train import Dist, eval_batches, state_digest, train
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 torch.set_num_threads(1)
@@ -119,8 +119,8 @@ class _Crash(Exception):
 def test_resume_after_a_crash_replays_the_same_steps(sample_raw, zh_tokenizer_dir, tmp_path):
     """A run that dies after its step-3 checkpoint, resumed, ends bit-identical to an uninterrupted run: the
     generator, its sampling stream and the discriminator head are all in the checkpoint or a function of the step."""
-    from bertpipe.stages.pretrain.model import from_scratch, load_tokenizer
-    from bertpipe.stages.pretrain.params import ArchParams, PretrainParams
+    from bertpipe.lib.mlm.model import from_scratch, load_tokenizer
+    from bertpipe.lib.mlm.params import ArchParams, PretrainParams
 
     tok = load_tokenizer(zh_tokenizer_dir)
     p = PretrainParams(arch=ArchParams(**TINY_ARCH), max_seq_len=64, batch_size=8, max_steps=6, save_every=3,

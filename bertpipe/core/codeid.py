@@ -44,7 +44,7 @@ INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
     "doors/cli/commands", "doors/cli/incoming", "doors/dvc/dvcfile", "graph/freshness", "graph/pipeline",
     "infra/config", "infra/errors", "infra/orphans", "infra/tracking", "infra/versioning", "lib/samples",
     "lib/layout",  # where the base model, corpora and stage outputs live: paths, which are fingerprinted as inputs
-    "stages/pretrain/run",  # the torchrun launcher: which rank calls run_stage; pretrain/train.py does the training
+    "stages/pretrain/run",  # the torchrun launcher: which rank calls run_stage; lib/mlm/train.py does the training
 ))
 # A stage package's declaration (its inputs, output, params sections: all in the fingerprint) is graph wiring too.
 DECLARATION = "declare.py"

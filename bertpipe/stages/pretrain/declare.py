@@ -9,7 +9,7 @@ from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.infra.config import Config
 from bertpipe.lib.layout import base_is_scratch, base_tokenizer, corpus_dir
-from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.lib.mlm.params import PretrainParams
 
 VERSION = "2"  # 2: MLM loss normalised by the masked tokens of a whole step; max_seq_len clamped to positions
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from bertpipe.infra.execution import encoder_mask
-from bertpipe.stages.pretrain.masking import IGNORE
+from bertpipe.lib.mlm.masking import IGNORE
 
 
 def generator_config(disc_config, embedding_size: int, vocab_size: int, ratio: float):

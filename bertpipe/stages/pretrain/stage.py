@@ -18,11 +18,12 @@ import torch.distributed as dist
 from bertpipe.infra.cores import use_training_threads
 from bertpipe.infra.errors import BertpipeError
 from bertpipe.infra.execution import should_compile
+from bertpipe.lib.mlm import data, model, report
+from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+from bertpipe.lib.mlm.train import elastic_restarts, eval_batches, setup_distributed, train
 from bertpipe.lib.modelinfo import clamp_seq_len
 from bertpipe.lib.training.checkpoint import safe_load
-from bertpipe.stages.pretrain import data, model, report, rtd, tokstore
-from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.stages.pretrain.train import elastic_restarts, eval_batches, setup_distributed, train
+from bertpipe.stages.pretrain import rtd, tokstore
 
 
 def build(ctx) -> dict:

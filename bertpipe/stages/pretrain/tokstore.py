@@ -40,8 +40,8 @@ from bertpipe.core.codeid import lib_versions, module_code
 from bertpipe.infra.errors import BertpipeError
 from bertpipe.lib import keyedstore
 from bertpipe.lib.corpusio import iter_text_batches, split_rows
-from bertpipe.stages.pretrain import data
-from bertpipe.stages.pretrain.data import Example
+from bertpipe.lib.mlm import data
+from bertpipe.lib.mlm.data import Example
 
 STORE_VERSION = "1"
 # Files of a store: name -> dtype. Word indices fit int16 (max_seq_len <= 512); -1 marks special tokens.

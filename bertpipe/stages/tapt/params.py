@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from bertpipe.stages.pretrain.params import PretrainParams
+from bertpipe.lib.mlm.params import PretrainParams
 
 
 class TaptParams(PretrainParams):

@@ -18,11 +18,11 @@ import torch
 
 from bertpipe.infra.cores import use_training_threads
 from bertpipe.infra.errors import BertpipeError
+from bertpipe.lib.mlm import data, model, report
+from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+from bertpipe.lib.mlm.train import Dist, eval_batches, train
 from bertpipe.lib.modelinfo import clamp_seq_len
 from bertpipe.lib.training.checkpoint import safe_load
-from bertpipe.stages.pretrain import data, model, report
-from bertpipe.stages.pretrain.masking import MaskSpec, normal_token_ids
-from bertpipe.stages.pretrain.train import Dist, eval_batches, train
 from bertpipe.stages.tapt.corpus import tapt_corpus
 
 

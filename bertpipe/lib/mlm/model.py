@@ -14,7 +14,7 @@ from torch import nn
 from bertpipe.infra.errors import BertpipeError
 from bertpipe.infra.execution import encoder_mask
 from bertpipe.lib import model_families
-from bertpipe.stages.pretrain.masking import IGNORE
+from bertpipe.lib.mlm.masking import IGNORE
 
 # model types whose AutoModelForMaskedLM has the BERT layout (encoder + MLM head over hidden states)
 BERT_FAMILY = model_families.ENCODER_TYPES

@@ -24,12 +24,12 @@ from tqdm.auto import tqdm
 
 from bertpipe.infra.device import Precision, autocast, precision_for
 from bertpipe.infra.execution import compile_in_place, should_compile
+from bertpipe.lib.mlm.data import Example, collate, epoch_batches
+from bertpipe.lib.mlm.masking import IGNORE, MaskSpec, mask_batch, seeded
+from bertpipe.lib.mlm.model import PretrainModel
 from bertpipe.lib.training.checkpoint import atomic_save
 from bertpipe.lib.training.processes import Dist, all_sum
 from bertpipe.lib.training.trainloop import FP32, Objective, Plan, TrainResult, backward_step, lr_lambda, run, to_device
-from bertpipe.stages.pretrain.data import Example, collate, epoch_batches
-from bertpipe.stages.pretrain.masking import IGNORE, MaskSpec, mask_batch, seeded
-from bertpipe.stages.pretrain.model import PretrainModel
 
 
 # ---------------------------------------------------------------- processes

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertpipe.stages.pretrain.data import Example
+from bertpipe.lib.mlm.data import Example
 
 
 def loss_plot(history: list[dict], path: Path, title: str) -> None:
