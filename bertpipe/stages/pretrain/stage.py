@@ -20,6 +20,7 @@ from bertpipe.infra.errors import BertpipeError
 from bertpipe.infra.execution import should_compile
 from bertpipe.lib.mlm import data, model, report
 from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
+from bertpipe.lib.mlm.params import PretrainParams
 from bertpipe.lib.mlm.train import elastic_restarts, eval_batches, setup_distributed, train
 from bertpipe.lib.modelinfo import clamp_seq_len
 from bertpipe.lib.training.checkpoint import safe_load
@@ -75,7 +76,7 @@ def _load(ctx, p):
 
 
 def _build(ctx, d) -> dict:
-    p = ctx.params
+    p: PretrainParams = ctx.params  # base's or pretrain's section
     # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only
     # p.threads. base has only light neighbours in the graph (the flow runs it on every core), pretrain runs beside
     # finetunes.
