@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from bertpipe.doors.cli.incoming import add_files, drop_dir
+from bertpipe.doors.incoming import add_files, drop_dir
 from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.flows.summary import summary

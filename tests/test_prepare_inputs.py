@@ -92,7 +92,7 @@ def test_open_regular_does_not_block_on_a_fifo_or_read_a_device(tmp_path):
 
 
 def test_retrain_add_refuses_a_fifo(tmp_path):
-    from bertpipe.doors.cli.incoming import check_file
+    from bertpipe.doors.incoming import check_file
 
     cfg = make_config(tmp_path)
     fifo = tmp_path / "new.jsonl"

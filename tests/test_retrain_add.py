@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bertpipe.doors.cli.commands import app
-from bertpipe.doors.cli.incoming import add_files
+from bertpipe.doors.incoming import add_files
 from bertpipe.graph.pipeline import load_config
 from tests.e2e_project import write_project
 

@@ -41,7 +41,7 @@ INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
     "__init__",  # the package version: recorded in each manifest's "versions", not a computation
     "core/__init__", "infra/__init__", "lib/__init__", "stages/__init__",  # the layers' faces: a docstring each
     "core/codeid", "core/declared", "core/outputs", "core/stage",
-    "doors/cli/commands", "doors/cli/incoming", "doors/dvc/dvcfile", "graph/freshness", "graph/pipeline",
+    "doors/cli/commands", "doors/incoming", "doors/dvc/dvcfile", "graph/freshness", "graph/pipeline",
     "infra/config", "infra/errors", "infra/orphans", "infra/tracking", "infra/versioning", "lib/samples",
     "lib/layout",  # where the base model, corpora and stage outputs live: paths, which are fingerprinted as inputs
     "stages/pretrain/run",  # the torchrun launcher: which rank calls run_stage; lib/mlm/train.py does the training

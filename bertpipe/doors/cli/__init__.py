@@ -1,2 +1,2 @@
-"""The `bertpipe` command line (the Typer app in commands.py; `python -m bertpipe` runs it too), `retrain --add`'s
-intake, and the torchrun entry point."""
+"""The `bertpipe` command line (the Typer app in commands.py; `python -m bertpipe` runs it too) and the torchrun
+entry point."""

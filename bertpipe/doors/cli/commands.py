@@ -348,7 +348,7 @@ def retrain_cmd(
     add: List[str] = typer.Option(..., "--add", help="New domain file(s) (jsonl, as flow.incoming_source says)."),
     params: str = ParamsOpt, profile: Optional[str] = ProfileOpt, set_: Optional[List[str]] = SetOpt,
 ):
-    from bertpipe.doors.cli.incoming import plan
+    from bertpipe.doors.incoming import plan
 
     overrides = flow_overrides(set_)
     cfg = load(params, profile, overrides)
