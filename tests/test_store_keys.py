@@ -68,7 +68,7 @@ def test_editing_the_segmentation_makes_new_window_and_token_stores(copy):
     before = keys(copy)
     assert keys(copy) == before  # the key is a function of the code: nothing else moves it
     # jieba without its HMM for unknown words: other word boundaries, other masked spans and whole-word ids
-    edit(copy.root / "bertpipe" / "textseg.py", "def jieba_spans(text: str, hmm: bool = True)",
+    edit(copy.root / "bertpipe" / "lib" / "textseg.py", "def jieba_spans(text: str, hmm: bool = True)",
          "def jieba_spans(text: str, hmm: bool = False)")
     after = keys(copy)
     assert after["windows"] != before["windows"]
@@ -78,10 +78,10 @@ def test_editing_the_segmentation_makes_new_window_and_token_stores(copy):
 def test_a_module_the_tokenization_starts_to_import_counts(copy):
     """No list to forget: a helper module textseg starts to import is part of both stores' code the moment it is
     imported, so editing the helper makes new stores too."""
-    pkg = copy.root / "bertpipe"
+    pkg = copy.root / "bertpipe" / "lib"
     (pkg / "textseg_rules.py").write_text('"""Characters that end a sentence."""\n\nENDS = "。！？"\n')
     edit(pkg / "textseg.py", "from __future__ import annotations\n",
-         "from __future__ import annotations\n\nfrom bertpipe.textseg_rules import ENDS  # noqa: F401\n")
+         "from __future__ import annotations\n\nfrom bertpipe.lib.textseg_rules import ENDS  # noqa: F401\n")
     before = keys(copy)
     edit(pkg / "textseg_rules.py", 'ENDS = "。！？"', 'ENDS = "。！？；"')
     after = keys(copy)

@@ -34,7 +34,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # .../bertpipe
 ORIGIN = PACKAGE.parent  # code paths are relative to this
-STAGES = PACKAGE / "stages"  # a stage's ``code`` names its package(s) under here
 # Never part of a stage's code (see the module docstring). tasks/ and flows/ (the Prefect door) are outside the
 # package and never followed either.
 INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
@@ -118,8 +117,9 @@ def _closure(todo: list[Path]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def code_files(packages: tuple[str, ...]) -> tuple[str, ...]:
-    """The source files (relative to ORIGIN) of ``packages`` (e.g. ``("vocab",)``) and what they import."""
-    return _closure([p for pkg in packages for p in sorted((STAGES / pkg).glob("*.py"))])
+    """The source files (relative to ORIGIN) of ``packages`` (stage packages under bertpipe/stages/, e.g.
+    ``("vocab",)``) and what they import."""
+    return _closure([p for pkg in packages for p in sorted((PACKAGE / "stages" / pkg).glob("*.py"))])
 
 
 @functools.lru_cache(maxsize=None)
