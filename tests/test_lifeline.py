@@ -44,7 +44,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def test_sigkilled_command_takes_its_pool_workers_and_resource_tracker_with_it(tmp_path):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    env = {**os.environ, "PYTHONPATH": str(Path(lifeline.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(lifeline.__file__).parents[2])}
     proc = subprocess.Popen([sys.executable, str(tmp_path / "prog.py")], stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     tree: list[psutil.Process] = []
