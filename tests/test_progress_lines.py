@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bertpipe.infra.progress import Lines
-from bertpipe.stages.finetune import synthetic as S
+from tests import synthetic as S
 from tests.e2e_project import env_for, invoke
 
 
