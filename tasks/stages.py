@@ -1,7 +1,8 @@
 """One Prefect task per stage. Each calls ``bertpipe.stage.run_stage`` on the library's Stage object (or the stage's
-CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint, computed
-when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly when its
-output is fresh (and the CLI and `dvc repro` would skip it too)."""
+CLI command in a child process, when it runs beside other stages). The cache key is the stage's fingerprint in the
+freshness plan (``bertpipe.freshness.plan``, what `bertpipe stages` prints), computed when the task starts (its
+upstream stages are done by then), so a flow run reports a stage as Cached exactly when its output is fresh (and the
+CLI and `dvc repro` would skip it too)."""
 
 from __future__ import annotations
 
@@ -48,13 +49,18 @@ class FreshOutput(CachePolicy):
     is computed (``_record_fresh``)."""
 
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
+        from bertpipe.freshness import plan
+        from bertpipe.pipeline import all_stages
+
         cfg = _config(inputs["params"], inputs.get("profile"), list(inputs.get("overrides") or []))
-        stage = _stage(inputs["stage_name"], cfg)
+        stages = all_stages(cfg)
+        stage = stages[inputs["stage_name"]]
         if stage.external is not None:
             return None  # what it reads outside the files (the registry) is asked on every run
-        fresh, fp = is_fresh(stage, cfg)
-        if not fresh:
+        state = plan(cfg, stages, only=[stage.name])[stage.name]  # the plan `bertpipe stages` prints
+        if not state.fresh:
             return None
+        fp = state.fingerprint
         key = cache_key(stage, fp)
         _record_fresh(task_ctx, key, stage, cfg, fp)
         return key
@@ -216,8 +222,8 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
         threads = worker_share()
     with slot(pool, priority, stage_name), parent_run_env(parent_run):
         _not_stopping(stage_name)
-        fresh, fp = is_fresh(stage, cfg)
-        if threads and not fresh:
+        # run_stage decides freshness itself; only a stage that would go to a process of its own is asked first
+        if threads and not is_fresh(stage, cfg)[0]:
             launched = time.time()
             _isolated(stage_name, params, profile, overrides, threads, cfg)
             fresh, fp = is_fresh(stage, cfg)
