@@ -1,8 +1,8 @@
 """One Prefect task per stage. Each calls ``bertpipe.stage.run_stage`` on the library's Stage object (or the stage's
-CLI command in a child process, when it runs beside other stages). The cache key is the stage's fingerprint in the
-freshness plan (``bertpipe.freshness.plan``, what `bertpipe stages` prints), computed when the task starts (its
-upstream stages are done by then), so a flow run reports a stage as Cached exactly when its output is fresh (and the
-CLI and `dvc repro` would skip it too)."""
+CLI command in a child process, when it runs beside other stages). The cache key is the stage's fingerprint as the
+freshness plan computes it (``bertpipe.freshness.plan``, what `bertpipe stages` prints; with every upstream stage
+done it is ``bertpipe.stage.is_fresh``'s), computed when the task starts, so a flow run reports a stage as Cached
+exactly when its output is fresh (and the CLI and `dvc repro` would skip it too)."""
 
 from __future__ import annotations
 
@@ -49,18 +49,15 @@ class FreshOutput(CachePolicy):
     is computed (``_record_fresh``)."""
 
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs) -> str | None:
-        from bertpipe.freshness import plan
-        from bertpipe.pipeline import all_stages
-
         cfg = _config(inputs["params"], inputs.get("profile"), list(inputs.get("overrides") or []))
-        stages = all_stages(cfg)
-        stage = stages[inputs["stage_name"]]
+        stage = _stage(inputs["stage_name"], cfg)
         if stage.external is not None:
             return None  # what it reads outside the files (the registry) is asked on every run
-        state = plan(cfg, stages, only=[stage.name])[stage.name]  # the plan `bertpipe stages` prints
-        if not state.fresh:
+        # The plan's answer for a stage whose upstream tasks are done (their outputs are what it reads): asked of
+        # the stage alone, not of the whole graph above it again for every task
+        fresh, fp = is_fresh(stage, cfg)
+        if not fresh:
             return None
-        fp = state.fingerprint
         key = cache_key(stage, fp)
         _record_fresh(task_ctx, key, stage, cfg, fp)
         return key

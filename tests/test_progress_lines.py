@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bertpipe.finetune import synthetic as S
+from tests import synthetic as S
 from bertpipe.progress import Lines
 from tests.e2e_project import env_for, invoke
 
