@@ -98,7 +98,7 @@ def test_a_run_killed_with_its_dvc_commit_is_repaired_by_the_next(project, kill_
     root, cfg, recorded = project
     (root / "dvc.lock").write_text(recorded)
     kill_in_write("group")
-    code = f"from bertpipe import dvclock; from bertpipe.graph.pipeline import load_config; " \
+    code = f"from bertpipe.doors.dvc import dvclock; from bertpipe.graph.pipeline import load_config; " \
            f"dvclock.record(load_config({str(root / 'params.yaml')!r}), [])"
     killed = run([sys.executable, "-c", code], root, check=False, prefect="ephemeral")
     assert killed.returncode == -9, (killed.returncode, killed.stderr[-2000:])
