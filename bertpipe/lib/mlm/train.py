@@ -27,7 +27,7 @@ from bertpipe.infra.execution import compile_in_place, should_compile
 from bertpipe.lib.mlm.data import Example, collate, epoch_batches
 from bertpipe.lib.mlm.masking import IGNORE, MaskSpec, mask_batch, seeded
 from bertpipe.lib.mlm.model import PretrainModel
-from bertpipe.lib.training.checkpoint import atomic_save
+from bertpipe.lib.training.checkpoint import atomic_save, safe_load
 from bertpipe.lib.training.processes import Dist, all_sum
 from bertpipe.lib.training.trainloop import FP32, Objective, Plan, TrainResult, backward_step, lr_lambda, run, to_device
 
@@ -317,3 +317,28 @@ def train(
     if compile_it and d.main and res.compile_s is not None:
         print(f"[pretrain] compiling took ~{res.compile_s:.1f} s of the first steps", file=sys.stderr, flush=True)
     return res
+
+
+def kept_weights(pm: PretrainModel, scratch: Path, output: str) -> str:
+    """Put the weights an MLM stage saves into ``pm``: the held-out best (``output: best``, when ``train`` kept a
+    ``best.pt`` in ``scratch``) or the last step's, as they are. Says which ("last" or "best (step N)")."""
+    best_path = scratch / "best.pt"
+    if output != "best" or not best_path.is_file():
+        return "last"
+    best = safe_load(best_path)
+    pm.saved.load_state_dict(best["model"])
+    return f"best (step {best['step']})"
+
+
+def loss_metrics(res: TrainResult) -> dict:
+    """The held-out losses and the work of an MLM run, as every MLM stage reports them."""
+    evals = [h for h in res.history if "eval_loss" in h]
+    return {
+        "eval_loss": float(res.final_eval.get("eval_loss", float("nan"))),
+        "eval_ppl": float(res.final_eval.get("eval_ppl", float("nan"))),
+        "best_eval_loss": float(res.best["eval_loss"]),
+        "initial_eval_loss": float(evals[0]["eval_loss"]) if evals else float("nan"),
+        "steps": res.step,
+        "tokens": float(res.tokens),
+        "train_seconds": round(res.train_seconds, 3),
+    }

@@ -21,9 +21,9 @@ from bertpipe.infra.execution import should_compile
 from bertpipe.lib.mlm import data, model, report
 from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
 from bertpipe.lib.mlm.params import PretrainParams
-from bertpipe.lib.mlm.train import elastic_restarts, eval_batches, setup_distributed, train
+from bertpipe.lib.mlm.train import (elastic_restarts, eval_batches, kept_weights, loss_metrics,
+                                    setup_distributed, train)
 from bertpipe.lib.modelinfo import clamp_seq_len
-from bertpipe.lib.training.checkpoint import safe_load
 from bertpipe.stages.pretrain import rtd, tokstore
 
 
@@ -110,24 +110,13 @@ def _build(ctx, d) -> dict:
                 compile_key=f"{ctx.name}.compile")
     restarts = elastic_restarts(d)
 
-    best_path = ctx.scratch / "best.pt"
-    chosen = "last"
-    if p.output == "best" and best_path.is_file():
-        best = safe_load(best_path)
-        pm.saved.load_state_dict(best["model"])
-        chosen = f"best (step {best['step']})"
+    chosen = kept_weights(pm, ctx.scratch, p.output)
     pad = _padding_share(lengths, p)
-    evals = [h for h in res.history if "eval_loss" in h]
+    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
     tok_s = [h["tokens_per_s"] for h in res.history if "tokens_per_s" in h]
     metrics = {
-        "eval_loss": float(res.final_eval.get("eval_loss", float("nan"))),
-        "eval_ppl": float(res.final_eval.get("eval_ppl", float("nan"))),
-        "best_eval_loss": float(res.best["eval_loss"]),
-        "initial_eval_loss": float(evals[0]["eval_loss"]) if evals else float("nan"),
-        "steps": res.step,
-        "tokens": float(res.tokens),
+        **loss_metrics(res),
         "tokens_per_s": float(np.median(tok_s)) if tok_s else 0.0,
-        "train_seconds": round(res.train_seconds, 3),
         "fresh_head": int(fresh),
         "resumed_from_step": res.resumed_from,
         "restarts": restarts,  # by torchrun's elastic agent (--max-restarts), after a rank failed

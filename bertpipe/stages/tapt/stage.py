@@ -20,9 +20,8 @@ from bertpipe.infra.cores import use_training_threads
 from bertpipe.infra.errors import BertpipeError
 from bertpipe.lib.mlm import data, model, report
 from bertpipe.lib.mlm.masking import MaskSpec, normal_token_ids
-from bertpipe.lib.mlm.train import Dist, eval_batches, train
+from bertpipe.lib.mlm.train import Dist, eval_batches, kept_weights, loss_metrics, train
 from bertpipe.lib.modelinfo import clamp_seq_len
-from bertpipe.lib.training.checkpoint import safe_load
 from bertpipe.stages.tapt.corpus import tapt_corpus
 
 
@@ -69,23 +68,12 @@ def build(ctx, task: str) -> dict:
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d,
                 lambda m, step: ctx.log_metrics(m, step=step))
 
-    chosen = "last"
-    best_path = ctx.scratch / "best.pt"
-    if p.output == "best" and best_path.is_file():
-        best = safe_load(best_path)
-        pm.saved.load_state_dict(best["model"])
-        chosen = f"best (step {best['step']})"
-    evals = [h for h in res.history if "eval_loss" in h]
+    chosen = kept_weights(pm, ctx.scratch, p.output)
     lengths = [len(e.ids) for e in train_ex]
+    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
     metrics = {
-        "eval_loss": float(res.final_eval.get("eval_loss", float("nan"))),
-        "eval_ppl": float(res.final_eval.get("eval_ppl", float("nan"))),
-        "best_eval_loss": float(res.best["eval_loss"]),
-        "initial_eval_loss": float(evals[0]["eval_loss"]) if evals else float("nan"),
-        "steps": res.step,
+        **loss_metrics(res),
         "epochs": round(res.step * p.batch_size * p.grad_accum / len(train_ex), 3),
-        "tokens": float(res.tokens),
-        "train_seconds": round(res.train_seconds, 3),
         "fresh_head": int(fresh),
         "leak_dropped": corpus.counts["leak_dropped"],
     }
