@@ -110,21 +110,9 @@ def cluster_executor() -> Iterator[tuple[Any, int]]:
 
 @contextlib.contextmanager
 def parent_run_env(run_id: str) -> Iterator[None]:
-    """The flow's MLflow run as the parent of the stage runs made in this process and its children (the variable
+    """The flow's MLflow run as the parent of the stage runs made in this process and its children (what
     ``bertpipe.infra.tracking.flow_run`` sets in the flow's own process; a worker elsewhere gets it from here)."""
-    import os
+    from bertpipe.infra.tracking import as_parent
 
-    from bertpipe.infra.tracking import PARENT_ENV
-
-    if not run_id:
+    with as_parent(run_id):
         yield
-        return
-    previous = os.environ.get(PARENT_ENV)
-    os.environ[PARENT_ENV] = run_id
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(PARENT_ENV, None)
-        else:
-            os.environ[PARENT_ENV] = previous

@@ -414,6 +414,24 @@ def _end_after_error(cfg: Config, c, run_id: str, e: BaseException, error_tag: b
 
 
 @contextlib.contextmanager
+def as_parent(run_id: str) -> Iterator[None]:
+    """``run_id`` as the parent of the stage runs this process and its children make meanwhile (``PARENT_ENV``);
+    the previous parent, or none, after. An empty ``run_id`` changes nothing."""
+    if not run_id:
+        yield
+        return
+    previous = os.environ.get(PARENT_ENV)
+    os.environ[PARENT_ENV] = run_id
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(PARENT_ENV, None)
+        else:
+            os.environ[PARENT_ENV] = previous
+
+
+@contextlib.contextmanager
 def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
     """The parent run of one flow run; stages started inside it nest under it (via an env var the stages read)."""
     c = client(cfg)
@@ -430,18 +448,12 @@ def flow_run(cfg: Config, name: str, tags: dict[str, Any] | None = None) -> Iter
     close_orphans(cfg)
     run = c.create_run(exp, tags={k: str(v) for k, v in all_tags.items()}, run_name=name)
     mark_open(cfg, run.info.run_id)
-    previous = os.environ.get(PARENT_ENV)
-    os.environ[PARENT_ENV] = run.info.run_id
-    try:
-        yield StageRun(cfg, run.info.run_id, c)
-    except BaseException as e:
-        _end_after_error(cfg, c, run.info.run_id, e)
-        raise
-    finally:
-        if previous is None:
-            os.environ.pop(PARENT_ENV, None)
-        else:
-            os.environ[PARENT_ENV] = previous
+    with as_parent(run.info.run_id):
+        try:
+            yield StageRun(cfg, run.info.run_id, c)
+        except BaseException as e:
+            _end_after_error(cfg, c, run.info.run_id, e)
+            raise
     c.set_terminated(run.info.run_id, "FINISHED")
     mark_closed(cfg, run.info.run_id)
 
