@@ -183,7 +183,7 @@ def stage_time(tasks: dict, texts: list[str], raw: Path) -> None:
             _finetune_dir(work / "finetune" / name / "adapted", ttype, splits["test"], strong)
         tasks_yaml = "".join(f"    {n}: {{type: {t}, format: jsonl, train: x.jsonl}}\n" for n, (t, _) in tasks.items())
         (root / "params.yaml").write_text(f"paths: {{work: work, state: state}}\nmodel: {{base: {base}}}\n"
-                                          f"finetune:\n  tasks:\n{tasks_yaml}"
+                                          f"finetune:\n  encoders: [base, adapted]\n  tasks:\n{tasks_yaml}"
                                           "evaluate: {mlm_max_texts: 300, mlm_max_seq_len: 128}\n")
         cfg = load_config(root / "params.yaml")
         t = time.perf_counter()

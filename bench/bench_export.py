@@ -69,6 +69,7 @@ finetune:
   encoders: [adapted]
   train: {{lr: 5.0e-4, epochs: {epochs}, batch_size: 32, max_seq_len: 128, seeds: [1], warmup_ratio: 0.1,
           early_stopping: {{patience: 0}}, precision: fp32}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
 distill: {{ratio: 0.5, alpha: 0.7, temperature: 2.0}}

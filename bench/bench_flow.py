@@ -55,6 +55,7 @@ def _project(root: Path, raw: Path, n_train: int) -> None:
             "encoders": ["base"],
             "train": {"epochs": 1, "batch_size": 32, "max_seq_len": 128, "lr": 5e-4, "max_train_examples": n_train,
                       "max_eval_examples": 64, "seeds": [1], "early_stopping": {"patience": 0}},
+            "search": {"trials": 0},
             "tasks": {t: tasks[t] for t in TASKS},
         },
     }

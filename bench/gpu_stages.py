@@ -109,6 +109,7 @@ def write_project(root: Path, s: dict, device: str) -> Path:
         "finetune": {"encoders": ["adapted"],
                      "train": {"epochs": 1, "batch_size": s["ft_batch"], "max_seq_len": s["ft_seq"], "seeds": [1],
                                "device": device, "compile": "off"},
+                     "search": {"trials": 0},
                      "tasks": {"keyword": {"type": "classification", "format": "jsonl", "train": "task.jsonl"}}},
         "register": {"register_encoder": False},
     }

@@ -47,7 +47,22 @@ def one_task() -> dict:
     return {"tasks": {"sentiment": default_tasks()["sentiment"].model_dump(mode="json", exclude_defaults=True)}}
 
 
+# A test's scale of finetuning: one run per task and encoder (two encoders, one seed, no search). A project that names
+# no profile otherwise gets the field's protocol: three encoders (TAPT the third), a 12-trial search, three seeds.
+QUICK_FINETUNE = {"encoders": ["base", "adapted"], "train": {"seeds": [42]}, "search": {"trials": 0}}
+
+
+def quick_finetune(finetune: dict) -> dict:
+    """The ``finetune`` section with ``QUICK_FINETUNE``'s settings where it names none of its own."""
+    out = {"encoders": QUICK_FINETUNE["encoders"], **finetune}
+    for key in ("train", "search"):
+        out[key] = {**QUICK_FINETUNE[key], **(finetune.get(key) or {})}
+    return out
+
+
 def write_project(root: Path, raw: Path, extra: dict | None = None, where: str = FEW_LAWS) -> Path:
+    """A project in ``root`` over the laws in ``raw`` (``where`` picks them), ``extra``'s sections over it, finetuning
+    at a test's scale (``quick_finetune``) where ``extra`` says nothing else."""
     params = {
         "paths": {"raw": str(raw), "work": "work", "state": ".bertpipe"},
         "model": {"base": "scratch", "tokenizer": str(raw / "bert-base-chinese"), "language": "zh"},
@@ -58,6 +73,7 @@ def write_project(root: Path, raw: Path, extra: dict | None = None, where: str =
     }
     for k, v in (extra or {}).items():
         params.setdefault(k, {}).update(v) if isinstance(v, dict) else params.__setitem__(k, v)
+    params["finetune"] = quick_finetune(params.get("finetune") or {})
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True, sort_keys=False))
     return root / "params.yaml"

@@ -35,6 +35,7 @@ finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 3, batch_size: 16, max_seq_len: 48, seeds: [7], warmup_ratio: 0.05,
           early_stopping: {{patience: 0}}, precision: fp32}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     ner: {{type: ner, format: jsonl, train: ner.jsonl, train_overrides: {{epochs: 5}}}}

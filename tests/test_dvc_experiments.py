@@ -41,6 +41,7 @@ pretrain: {max_steps: 4, batch_size: 8, eval_every: 2, save_every: 2, eval_examp
 finetune:
   encoders: [base]
   train: {lr: 2.0e-3, batch_size: 16, max_seq_len: 32, seeds: [7], early_stopping: {patience: 0}}
+  search: {trials: 0}
   tasks:
     cls: {type: classification, format: jsonl, train: data/cls.jsonl}
 evaluate: {encoder_comparison: false, bootstrap_samples: 50}

@@ -194,7 +194,9 @@ def project(tmp_path_factory, zh_tokenizer_dir, sample_raw):
 paths: {{work: work, state: state}}
 model: {{base: {base}}}
 finetune:
+  encoders: [base, adapted]
   train: {{lr: 1.0e-2, epochs: 6, batch_size: 8, max_seq_len: 48, seeds: [1, 2], early_stopping: {{patience: 0}}}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     ner: {{type: ner, format: jsonl, train: ner.jsonl}}

@@ -32,6 +32,7 @@ finetune:
   encoders: [adapted]
   train: {lr: 1.0e-3, epochs: 4, batch_size: 16, max_seq_len: 64, seeds: [7], warmup_ratio: 0.05,
           early_stopping: {patience: 0}, precision: fp32}
+  search: {trials: 0}
   tasks:
     ner: {type: ner, format: jsonl, train: ner.jsonl, stride: 8, train_overrides: {epochs: 5}}
     cls: {type: classification, format: jsonl, train: cls.jsonl, truncation: head_tail, head_tokens: 8}

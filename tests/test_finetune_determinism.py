@@ -68,6 +68,7 @@ model: {{base: {enc}}}
 finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 1, batch_size: 16, max_seq_len: 128, seeds: {seeds}, precision: fp32}}
+  search: {{trials: 0}}
   tasks:
     long: {{type: classification, format: jsonl, train: long.jsonl}}
 {extra}""",

@@ -139,7 +139,7 @@ def test_the_search_space_is_in_the_fingerprint(project):
 
 def test_an_encoder_whose_every_run_is_degenerate_is_marked_so(project):
     root, base = project
-    cfg = _params(root, base, "{retries: 1}")
+    cfg = _params(root, base, "{trials: 0, retries: 1}")
     (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 6", "epochs: 6, lr: 1.0e-6"))
     cfg = load_config(root / "params.yaml")
     res = run_stage(finetune_stage("cls", "base"), cfg, tracker_factory=NO_TRACKING)
@@ -160,7 +160,7 @@ def test_finetune_compile_is_in_the_fingerprint_and_on_without_a_compiler_fails_
     from bertpipe.infra.errors import BertpipeError
 
     root, base = project
-    off = fingerprint(finetune_stage("cls", "base"), _params(root, base, "{}"))
+    off = fingerprint(finetune_stage("cls", "base"), _params(root, base, "{trials: 0}"))
     (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("epochs: 6", "epochs: 6, compile: on"))
     cfg = load_config(root / "params.yaml")
     assert fingerprint(finetune_stage("cls", "base"), cfg)[0] != off[0]

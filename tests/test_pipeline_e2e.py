@@ -37,9 +37,11 @@ TINY = {
                  "eval_examples": 32, "lr": 1e-3},
     # 75 steps of batch 8 at lr 3e-3 take the sentiment and NER heads off their majority answers; law_department's
     # 8 classes stay there (a degenerate run: registered as challenger only, and not retried).
-    "finetune": {"train": {"epochs": 3, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
-                           "batch_size": 8, "lr": 3e-3, "early_stopping": {"patience": 0}},
-                 "search": {"retries": 0}},
+    # One run per task and encoder: two encoders, one seed, no search (the protocol's are the defaults).
+    "finetune": {"encoders": ["base", "adapted"],
+                 "train": {"epochs": 3, "max_train_examples": 200, "max_eval_examples": 100, "max_seq_len": 64,
+                           "batch_size": 8, "lr": 3e-3, "early_stopping": {"patience": 0}, "seeds": [42]},
+                 "search": {"trials": 0, "retries": 0}},
     "evaluate": {"mlm_max_texts": 50, "mlm_max_seq_len": 64},
     # Models trained for 30 steps need not beat a baseline; these tests are about the chain's mechanics (the floor
     # has its own tests in test_register.py), so every first version that learned something may become champion.

@@ -99,6 +99,7 @@ finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 8, batch_size: 16, max_seq_len: 48, seeds: [7], warmup_ratio: 0.05,
           early_stopping: {{patience: 0}}, num_threads: 1}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
 """, encoding="utf-8")

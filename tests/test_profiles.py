@@ -74,3 +74,28 @@ def test_own_domain_example_runs_the_protocol(profile):
     written = [*raw.get("finetune", {}).get("train", {}), *raw["profiles"][profile]["finetune"].get("train", {}),
                *(k for t in raw["finetune"]["tasks"].values() for k in t.get("train_overrides", {}))]
     assert not set(written) & searched, written
+
+
+def test_a_project_that_names_no_profile_runs_the_protocol(tmp_path):
+    """A params file with no profile gets the field's protocol, as the example's `real` profile spells it out: TAPT
+    as a third encoder (its stages in the graph), lr and epochs chosen on dev for each encoder (and class weighting
+    for classification), then three seeds."""
+    from bertpipe.graph.pipeline import all_stages
+    from bertpipe.stages.finetune.params import spec
+
+    (tmp_path / "params.yaml").write_text(
+        "finetune:\n  tasks:\n    reviews: {type: classification, format: csv, train: r.csv}\n"
+        "    names: {type: ner, format: jsonl, train: n.jsonl}\n", encoding="utf-8")
+    cfg = load_config(str(tmp_path / "params.yaml"), None, [])
+    assert cfg.params.profile == ""
+    for task, searched in (("reviews", {"lr", "epochs", "class_weight"}), ("names", {"lr", "epochs"})):
+        s = spec(cfg, task)  # what finetune/<task>/<encoder> trains with: the stage's own resolution
+        assert set(s["finetune.search"].space) == searched and s["finetune.search"].trials >= 2, s["finetune.search"]
+        assert all(len(v) >= 2 for v in s["finetune.search"].space.values()), s["finetune.search"].space
+        assert len(s["finetune.train"].seeds) >= 3, s["finetune.train"].seeds
+        assert {f"tapt/{task}", *(f"finetune/{task}/{e}" for e in ("base", "adapted", "tapt"))} <= set(all_stages(cfg))
+    # the example's real run writes the same protocol: the two say the same thing
+    real = load_config(str(PARAMS.parent / "examples" / "own_domain" / "params.yaml"), "real", []).params.finetune
+    ft = cfg.params.finetune
+    assert (ft.encoders, ft.train.seeds, ft.search.trials, ft.search.space) == (
+        real.encoders, real.train.seeds, real.search.trials, real.search.space)

@@ -48,6 +48,7 @@ tracking: {{uri: none}}
 finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 3, batch_size: 8, max_seq_len: 32, seeds: [1], early_stopping: {{patience: 0}}}}
+  search: {{trials: 0}}
   tasks:
     cls: {{type: classification, format: jsonl, train: cls.jsonl}}
 """, encoding="utf-8")

@@ -27,7 +27,7 @@ def test_champion_leads_to_its_training_run(tmp_path, zh_tokenizer_dir):
     (tmp_path / "params.yaml").write_text(
         f"paths: {{work: work, state: state}}\nmodel: {{base: {enc}}}\n"
         "finetune:\n  encoders: [base]\n  train: {lr: 1.0e-2, epochs: 6, batch_size: 8, max_seq_len: 32, "
-        "seeds: [7], early_stopping: {patience: 0}}\n"
+        "seeds: [7], early_stopping: {patience: 0}}\n  search: {trials: 0}\n"
         "  tasks: {sentiment: {type: classification, format: jsonl, train: train.jsonl, "
         "train_overrides: {eval_batch_size: 16}}}\n"
         "register: {floor: none, register_encoder: false}\n", encoding="utf-8")

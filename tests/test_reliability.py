@@ -100,6 +100,7 @@ prepare: {{general: {{enabled: false}}, domain: {{sources: [{{path: corpus.txt, 
 finetune:
   encoders: [base]
   train: {{lr: 1.0e-3, epochs: 2, batch_size: 16, max_seq_len: 64, seeds: [1, 2], precision: fp32, num_threads: 1}}
+  search: {{trials: 0}}
   tasks:
     long: {{type: classification, format: jsonl, train: long.jsonl}}
 flow: {{max_parallel: 1}}

@@ -45,7 +45,7 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.P
 
     p = yaml.safe_load(params.read_text())
     p["pretrain"].update(max_steps=5000, eval_every=1000, save_every=1000, compile="off")  # killed long before
-    p["finetune"].update(encoders=["base", "adapted"], train={"epochs": 50, "max_seq_len": 32})
+    p["finetune"].update(encoders=["base", "adapted"], train={"epochs": 50, "max_seq_len": 32, "seeds": [42]})
     p["flow"] = {"max_parallel": 2}
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
 

@@ -34,6 +34,7 @@ finetune:
   encoders: [base, adapted, tapt]
   train: {lr: 1.0e-3, epochs: 4, batch_size: 16, max_seq_len: 32, seeds: [7], warmup_ratio: 0.05,
           early_stopping: {patience: 0}}
+  search: {trials: 0}
   tasks:
     cls: {type: classification, format: jsonl, train: cls.jsonl}
 distill: {enabled: false}

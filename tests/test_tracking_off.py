@@ -53,6 +53,7 @@ def project(root: Path) -> Path:
                     "general": {"enabled": False}},
         "finetune": {"encoders": ["base"],
                      "train": {"epochs": 1, "batch_size": 16, "max_seq_len": 32, "seeds": [1], "compile": "off"},
+                     "search": {"trials": 0},
                      "tasks": {"keyword": {"type": "classification", "format": "jsonl", "train": "task.jsonl"}}},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params, allow_unicode=True), encoding="utf-8")

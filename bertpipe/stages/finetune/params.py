@@ -67,7 +67,7 @@ ENCODERS = ("base", "adapted", "tapt")
 
 
 class FinetuneParams(_Strict):
-    encoders: list[str] = Field(default_factory=lambda: ["base", "adapted"], min_length=1)
+    encoders: list[str] = Field(default_factory=lambda: list(ENCODERS), min_length=1)
     train: TrainParams = Field(default_factory=TrainParams)
     search: SearchParams = Field(default_factory=SearchParams)
     tasks: dict[str, TaskParams] = Field(default_factory=default_tasks)
