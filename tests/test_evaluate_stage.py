@@ -145,6 +145,36 @@ def _write_predictions(d, recs):
     return d
 
 
+def test_confusion_matrix_names_classes_an_installed_font_draws_and_keeps_a_long_title_whole(tmp_path):
+    """Class names that are not ASCII but that a font on the machine draws (Greek and Cyrillic: matplotlib's DejaVu
+    Sans) are on both axes, not indices; names no font draws fall back to indices (their key in report.md); a title
+    wider than the matrix is inside the saved image, not cut at its edges."""
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+    from PIL import Image
+
+    from bertpipe.stages.evaluate import report as R
+
+    labels = ["Ωμέγα", "Дельта"]
+    fig = R.confusion_figure(labels, [[4, 1], [2, 3]], "t")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels == [t.get_text() for t in ax.get_yticklabels()]
+    cmap = FT2Font(findfont(FontProperties(family=ax.get_xticklabels()[0].get_fontfamily()))).get_charmap()
+    assert all(ord(c) in cmap for lab in labels for c in lab)  # the font the names are drawn in has their glyphs
+    unknown = ["\U000f0001", "\U000f0002"]  # private use: no installed font has them
+    fig2 = R.confusion_figure(unknown, [[1, 0], [0, 1]], "t")
+    assert [t.get_text() for t in fig2.axes[0].get_xticklabels()] == ["0", "1"]
+    assert "the key in report.md" in fig2.axes[0].get_xlabel()
+
+    title = "a_task_with_a_rather_long_name_for_its_reviews_v2 / adapted (test)"
+    fig3 = R.confusion_figure(labels, [[4, 1], [2, 3]], title)
+    fig3.canvas.draw()
+    title_px = fig3.axes[0].title.get_window_extent().width * 110 / fig3.dpi  # at the saved 110 dpi
+    assert title_px > fig3.get_figwidth() * 110  # wider than the figure as laid out
+    png = R.confusion_png(tmp_path / "cm.png", labels, [[4, 1], [2, 3]], title)
+    assert Image.open(png).width >= title_px
+
+
 def test_interval_pairs_examples_by_id_and_falls_back_to_seeds(tmp_path):
     gold = ["a", "b"] * 50
     base = _write_predictions(tmp_path / "b", [{"id": str(i), "label": g, "pred": "a"} for i, g in enumerate(gold)])

@@ -3,6 +3,7 @@ hyperparameters chosen on dev, the encoder comparison, bar chart, confusion matr
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 
@@ -84,23 +85,56 @@ def bar_chart(path: Path, tasks: dict, encoders: list[str]) -> Path:
     return path
 
 
+# Fonts that map every character to a placeholder box (matplotlib ships Last Resort): they name nothing
+_PLACEHOLDER_FONTS = ("Last Resort",)
+
+
+@functools.lru_cache(maxsize=None)
+def _charmap(font_file: str) -> frozenset[int]:
+    from matplotlib.ft2font import FT2Font
+
+    try:
+        return frozenset(FT2Font(font_file).get_charmap())
+    except (OSError, RuntimeError):  # a font file FreeType cannot read draws nothing
+        return frozenset()
+
+
+def label_font(labels: list[str]) -> str | None:
+    """The family of an installed font with a glyph for every character of ``labels`` (matplotlib's own DejaVu Sans
+    first, then any other: a CJK font is found by what it draws, whatever its name), or None where no font has them
+    all."""
+    from matplotlib import font_manager
+
+    chars = {ord(c) for lab in labels for c in lab if not c.isspace()}
+    fonts = sorted((f for f in font_manager.fontManager.ttflist if not f.name.startswith(_PLACEHOLDER_FONTS)),
+                   key=lambda f: (f.name != "DejaVu Sans", f.name, f.fname))
+    return next((f.name for f in fonts if chars <= _charmap(f.fname)), None)
+
+
 def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title: str, names: bool = False) -> Path:
-    """Row-normalised confusion matrix (recall per true class) with the counts written in the cells. ``names``: the
-    class names whatever the fonts (for an SVG whose text stays text: bertpipe.stages.evaluate.dvcplots)."""
+    """``confusion_figure`` saved to ``path`` (its suffix picks the format) with a tight bounding box: the canvas
+    grows to hold the title and every label, however long, so none is cut."""
+    fig = confusion_figure(labels, matrix, title, names)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def confusion_figure(labels: list[str], matrix: list[list[int]], title: str, names: bool = False):
+    """Row-normalised confusion matrix (recall per true class) with the counts written in the cells, the class names
+    on both axes in a font that draws them. Where no installed font does, the axes show class indices (their key is
+    in report.md) unless ``names``: the names whatever the fonts (for an SVG whose text stays text, drawn by the
+    viewer's fonts: bertpipe.stages.evaluate.dvcplots)."""
     import numpy as np
 
     plt = _plt()
-    from matplotlib import font_manager
-
-    # Chinese labels need a CJK font; without one, label indices keep the picture readable.
-    has_cjk = any("CJK" in f.name or "Noto Sans SC" in f.name for f in font_manager.fontManager.ttflist)
-    readable = names or has_cjk or all(lab.isascii() for lab in labels)
+    family = label_font(labels)
+    readable = names or family is not None
     shown = labels if readable else [str(i) for i in range(len(labels))]
     m = np.asarray(matrix, dtype=float)
     norm = m / np.maximum(m.sum(axis=1, keepdims=True), 1)
     n = len(labels)
-    # wide enough for the title (a 2-class matrix alone is narrower than "sentiment / adapted (test)")
-    fig, ax = plt.subplots(figsize=(max(3.6, 1.2 + 0.55 * n), max(3.0, 1.0 + 0.5 * n)))
+    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 + 0.55 * n), max(3.0, 1.0 + 0.5 * n)))
     ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     for i in range(n):
         for j in range(n):
@@ -108,16 +142,15 @@ def confusion_png(path: Path, labels: list[str], matrix: list[list[int]], title:
                     color="white" if norm[i, j] > 0.5 else "black")
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
-    ax.set_xticklabels(shown, rotation=45, ha="right", fontsize=7)
-    ax.set_yticklabels(shown, fontsize=7)
+    font = {"fontsize": 7, **({"fontfamily": family} if family else {})}
+    ax.set_xticklabels(shown, rotation=45, ha="right", **font)
+    ax.set_yticklabels(shown, **font)
     key = "" if readable else " (class index: the key in report.md)"
     ax.set_xlabel(f"predicted{key}", fontsize=8)
     ax.set_ylabel("true", fontsize=8)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _fmt(stat: dict | None) -> str:
