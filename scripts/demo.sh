@@ -8,3 +8,6 @@ export MLFLOW_DISABLE_TELEMETRY=true DVC_NO_ANALYTICS=1 PREFECT_SERVER_ANALYTICS
 [ -d .dvc ] || dvc init -q
 bertpipe data samples
 bertpipe run "$@"
+# The finished run as DVC's baseline: dvc.lock and the DVC files committed, so `dvc exp run -S KEY=VALUE` and then
+# `dvc exp show --only-changed` / `dvc metrics diff` compare an experiment with the demo's metrics at HEAD
+bash scripts/dvc_baseline.sh

@@ -16,6 +16,8 @@ on PYTHONPATH, so the code-change test can edit it.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import random
 import sqlite3
@@ -85,18 +87,20 @@ def evaluate_runs(root: Path) -> int:
         return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = 'evaluate'").fetchone()[0]
 
 
-def readme_set_params() -> list[str]:
-    """The values of every ``-S`` of a ``dvc exp run`` in README's code blocks."""
+def readme_commands(*prefix: str) -> list[list[str]]:
+    """The command lines of README's bash code blocks that start with ``prefix``, each split as the shell splits it."""
     import re
     import shlex
 
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S):
-        for line in block.splitlines():
-            argv = shlex.split(line, comments=True)
-            if argv[:3] == ["dvc", "exp", "run"]:
-                out += [argv[i + 1] for i, a in enumerate(argv) if a in ("-S", "--set-param")]
-    return out
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+    return [argv for block in blocks for line in block.splitlines()
+            if (argv := shlex.split(line, comments=True))[:len(prefix)] == list(prefix)]
+
+
+def readme_set_params() -> list[str]:
+    """The values of every ``-S`` of a ``dvc exp run`` in README's code blocks."""
+    return [argv[i + 1] for argv in readme_commands("dvc", "exp", "run")
+            for i, a in enumerate(argv) if a in ("-S", "--set-param")]
 
 
 def test_readme_set_params_apply_to_the_demo_params_file(tmp_path):
@@ -151,8 +155,14 @@ def project(tmp_path_factory, zh_tokenizer_dir):
     sh(["dvc", "commit", "-f", "-q", "--with-deps", "evaluate"], root)
     status = json.loads(sh(["dvc", "status", "--json", "--with-deps", "evaluate"], root))
     assert status == {"stages/start/dvc.yaml:start": ["always changed"]}, status  # start asks the registry each time
-    sh(["git", "add", "-A"], root)
-    sh(["git", "commit", "-qm", "baseline"], root)
+    # the project committed without its DVC state, which scripts/dvc_baseline.sh (demo.sh's last step) commits
+    sh(["git", "add", "-A", "--", ".", ":!dvc.lock", ":!stages/*/dvc.lock"], root)
+    sh(["git", "rm", "-r", "-q", "--cached", ".dvc"], root)  # `dvc init` staged its files
+    sh(["git", "commit", "-qm", "project"], root)
+    sh(["bash", str(REPO / "scripts" / "dvc_baseline.sh")], root)
+    committed = sh(["git", "show", "--name-only", "--format=", "HEAD"], root).split()
+    assert {"dvc.lock", "stages/start/dvc.lock", ".dvc/config"} <= set(committed), committed
+    assert sh(["git", "status", "--porcelain", "--", "dvc.lock", "stages", ".dvc"], root) == ""
     return root
 
 
@@ -202,7 +212,8 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     sh(["dvc", "plots", "show", "-o", str(html)], project)
     page = (html / "index.html").read_text()
     # images only, so the page needs no script from a CDN; the confusion matrix names its classes (the SVG: the
-    # report's PNG shows class indices where no CJK font is installed, with its key in report.md, so it is left out)
+    # report's PNG shows class indices where no installed font draws the names, with its key in report.md, so it is
+    # left out)
     assert "<script" not in page and "cdn." not in page, page[:2000]
     for plot in ("plots/images/confusion_cls_base.svg", "plots/images/curves_cls_base.png", "figures/primary.png"):
         assert plot in page, plot
@@ -211,6 +222,30 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     labels = json.loads((project / "work" / "finetune" / "cls" / "base" / "model" / "config.json").read_text())[
         "id2label"].values()
     assert all(f">{lab}<" in svg for lab in labels), (labels, svg[:3000])
+
+
+def test_readme_exp_show_is_a_readable_table_against_the_committed_baseline(project):
+    """README's readable `dvc exp show`: after the experiment above, the params it set and the metrics it moved,
+    against the baseline's metrics at HEAD (dvc.lock committed by scripts/dvc_baseline.sh), and no dep column; the
+    table fits a terminal. `dvc metrics diff` has rows against HEAD too."""
+    shown = [argv for argv in readme_commands("dvc", "exp", "show") if "--drop" in argv]
+    assert len(shown) == 1, "README shows no (or more than one) `dvc exp show ... --drop`"
+    argv = shown[0]
+    rows = list(csv.DictReader(io.StringIO(sh([*argv, "--csv"], project))))
+    cols = set(rows[0])
+    assert {"finetune.train.lr", "cls.macro_f1.base"} <= cols, cols
+    assert cols <= {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor", "finetune.train.lr",
+                    "cls.macro_f1.base"}, cols  # no dep (a path), no param the experiment left as it was
+    baseline = next(r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace")  # HEAD
+    exp = next(r for r in rows if r["Experiment"] == "slow-lr")
+    assert float(baseline["cls.macro_f1.base"]) != float(exp["cls.macro_f1.base"])  # HEAD's metric, and the exp's
+    assert float(exp["finetune.train.lr"]) == 1e-5
+    table = sh([*argv, "--md"], project)
+    assert max(len(line) for line in table.splitlines()) <= 120, table
+    diff = json.loads(sh(["dvc", "metrics", "diff", "--json", "HEAD", "slow-lr"], project))
+    row = diff["work/evaluate/summary.json"]["cls.macro_f1.base"]
+    assert (row["old"], row["new"]) == pytest.approx(  # the table rounds to 5 digits
+        (float(baseline["cls.macro_f1.base"]), float(exp["cls.macro_f1.base"])), abs=1e-5), row
 
 
 def test_temp_experiment_logs_to_the_project_store(project):
