@@ -6,7 +6,9 @@ mtime) once they have held still for a poll interval, emits a Prefect event ``be
 resource ``bertpipe.drop-dir.<abs path>``; the deployment carries a DeploymentEventTrigger on that event, so the
 server's automation starts a run (visible in the UI as triggered by the event, and any other emitter of the event
 triggers it too). The run then reads the drop dir's
-files as one more domain source (bertpipe.stages.prepare.declare.with_incoming).
+files as one more domain source (bertpipe.stages.prepare.declare.with_incoming). A poll rather than inotify
+(watchfiles): it sees a drop dir created after it started or removed and made again, and files another machine writes
+to a network mount, for 0.001 s of CPU per idle 30 s.
 
 Point it at a server first (`prefect server start --host 127.0.0.1` and
 `export PREFECT_API_URL=http://127.0.0.1:4200/api`); stop this process before stopping the server."""
