@@ -2,18 +2,23 @@
 ``flow.timezone``), served by this long-running process, and also triggered when new files land in ``flow.drop_dir``.
 
 New data: a watcher thread in this process polls the drop dir and, for files it has not seen (by name, size and
-mtime), emits a Prefect event ``bertpipe.incoming.files`` about the resource ``bertpipe.drop-dir.<abs path>``; the
-deployment carries a DeploymentEventTrigger on that event, so the server's automation starts a run (visible in the
-UI as triggered by the event, and any other emitter of the event triggers it too). The run then reads the drop dir's
-files as one more domain source (bertpipe.stages.prepare.declare.with_incoming).
+mtime) once they have held still for a poll interval, emits a Prefect event ``bertpipe.incoming.files`` about the
+resource ``bertpipe.drop-dir.<abs path>``; the deployment carries a DeploymentEventTrigger on that event, so the
+server's automation starts a run (visible in the UI as triggered by the event, and any other emitter of the event
+triggers it too). The run then reads the drop dir's
+files as one more domain source (bertpipe.stages.prepare.declare.with_incoming). A poll rather than inotify
+(watchfiles): it sees a drop dir created after it started or removed and made again, and files another machine writes
+to a network mount, for 0.001 s of CPU per idle 30 s.
 
 Point it at a server first (`prefect server start --host 127.0.0.1` and
 `export PREFECT_API_URL=http://127.0.0.1:4200/api`); stop this process before stopping the server."""
 
 from __future__ import annotations
 
+import stat
 import threading
 from pathlib import Path
+from typing import Iterator
 
 from bertpipe.graph.pipeline import load_config
 from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
@@ -28,25 +33,40 @@ def drop_resource(drop: Path) -> str:
 
 
 def _listing(drop: Path, glob: str) -> dict[str, tuple[int, int]]:
-    if not drop.is_dir():
-        return {}
-    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(drop.glob(glob))
-            if f.is_file() and not f.name.startswith(".")}
+    """{name: (size, mtime)} of the regular files matching ``glob``, not hidden; one gone since the glob is left out."""
+    out = {}
+    for f in sorted(drop.glob(glob)) if drop.is_dir() else []:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and not f.name.startswith("."):
+            out[f.name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def arrivals(drop: Path, glob: str, stop: threading.Event, every_s: float = 5.0) -> Iterator[list[str]]:
+    """At each poll, the files that appeared or changed in ``drop`` since the watcher started, each once its size and
+    mtime have held for a whole interval: a file still being copied in is reported when the copy is done."""
+    last = _listing(drop, glob)
+    reported = dict(last)
+    while not stop.wait(every_s):
+        now = _listing(drop, glob)
+        new = sorted(n for n, sig in now.items() if last.get(n) == sig != reported.get(n))
+        reported.update({n: now[n] for n in new})
+        last = now
+        yield new
 
 
 def watch(drop: Path, glob: str, stop: threading.Event, every_s: float = 5.0) -> None:
-    """Emit EVENT for files that appear or change in ``drop`` after the watcher started."""
+    """Emit EVENT for the files ``arrivals`` reports."""
     from prefect.events import emit_event
 
-    seen = _listing(drop, glob)
-    while not stop.wait(every_s):
-        now = _listing(drop, glob)
-        new = sorted(n for n, sig in now.items() if seen.get(n) != sig)
+    for new in arrivals(drop, glob, stop, every_s):
         if new:
             emit_event(event=EVENT, resource={"prefect.resource.id": drop_resource(drop)},
                        payload={"files": new, "drop_dir": str(drop)})
             print(f"new files in {drop}: {', '.join(new)}: a run is triggered")
-        seen = now
 
 
 def deployment(params: str = "params.yaml", profile: str | None = None, overrides: list[str] | None = None,

@@ -239,22 +239,30 @@ def test_a_pruned_trial_is_replayed_in_its_own_study_only(tmp_path):
     assert trials == {1e-2: ("complete", True), 3e-3: ("complete", False)} and out.config == {"lr": 3e-3}
 
 
-@pytest.mark.parametrize("content", ["{}", "[]", '{"state": "complete", "dev": 0.9}', '{"state": "compl', "null",
-                                     '{"state": "complete", "dev": "high", "curve": [], "steps": 1, "seconds": 1, '
-                                     '"reason": ""}'])
-def test_a_stored_trial_of_another_shape_is_trained_again_and_replaced(tmp_path, content):
+@pytest.mark.parametrize("line", ['{"op_code": 0, "worker_id": "w", "study_na', "null", "[]", "{}"])
+def test_a_journal_optuna_cannot_read_is_moved_aside_and_its_trials_train_again(tmp_path, line, capfd):
     from bertpipe.stages.finetune.search import TrialStore
 
-    store = TrialStore(tmp_path, {"task": "cls"})
-    _study(store, [1e-2, 3e-3], prune=False)
-    files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 2
-    for f in files:
-        f.write_text(content)
-    out, trials, ran = _study(store, [1e-2, 3e-3], prune=False)
+    _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)
+    journal = tmp_path / "journal.log"
+    ops = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(ops[:2] + [line + "\n"] + ops[2:]))
+    out, trials, ran = _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)
     assert trials == {1e-2: ("complete", False), 3e-3: ("complete", False)} and sorted(ran) == [3e-3, 1e-2]
-    assert all(json.loads(f.read_text())["state"] == "complete" for f in files)
-    assert _study(store, [1e-2, 3e-3], prune=False)[2] == []  # replaced by records that are read back
+    assert (tmp_path / "journal.log.unreadable").read_text() == "".join(ops[:2] + [line + "\n"] + ops[2:])
+    assert "not an Optuna journal" in capfd.readouterr().err
+    assert _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)[2] == []  # a new journal
+
+
+def test_a_journal_whose_last_operation_was_cut_short_keeps_the_trials_before_it(tmp_path):
+    from bertpipe.stages.finetune.search import TrialStore
+
+    _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)
+    journal = tmp_path / "journal.log"
+    journal.write_bytes(journal.read_bytes()[:-20])  # a full disk cut the write of the last operation
+    # the last trial's finish was lost: it trains again; the journal stays readable after that search's appends
+    assert _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)[2] == [3e-3]
+    assert _study(TrialStore(tmp_path, {"task": "cls"}), [1e-2, 3e-3], prune=False)[2] == []
 
 
 @pytest.mark.parametrize("key, values", [("max_seq_len", [64, 1024]), ("max_train_examples", [10, 100]),

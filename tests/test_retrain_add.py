@@ -4,6 +4,8 @@ a bad one is a one-line error and the drop dir stays exactly as it was."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 
 import pytest
 from typer.testing import CliRunner
@@ -89,3 +91,28 @@ def test_good_files_are_copied_and_the_same_file_twice_is_a_no_op(project, tmp_p
     snap = _snapshot(drop)
     add_files(cfg, [str(good), str(drop / "clash.jsonl")])
     assert _snapshot(drop) == snap and not [p for p in drop.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_schedule_reports_a_file_in_the_drop_dir_once_it_has_held_still(tmp_path):
+    """`bertpipe schedule`'s watcher (flows/schedule.py): a file still being copied in triggers no run with half of
+    it; each new file is reported once; the drop dir may appear after the watcher started."""
+    from bertpipe_prefect.flows.schedule import arrivals
+
+    drop = tmp_path / "incoming"
+    polls = arrivals(drop, "*.jsonl", threading.Event(), every_s=0)
+    assert next(polls) == []
+    drop.mkdir()
+    with open(drop / "a.jsonl", "w", encoding="utf-8") as f:
+        f.write(GOOD)
+        f.flush()
+        assert next(polls) == []  # seen once: it may still grow
+        f.write(GOOD)
+        f.flush()
+        assert next(polls) == []  # it grew since
+    (drop / "notes.txt").write_text(GOOD, encoding="utf-8")  # not the incoming source's glob
+    (drop / ".b.jsonl").write_text(GOOD, encoding="utf-8")  # hidden: retrain --add's copy before its rename
+    assert next(polls) == ["a.jsonl"]  # held still for a poll interval
+    assert next(polls) == []  # reported once
+    os.rename(drop / ".b.jsonl", drop / "b.jsonl")
+    assert next(polls) == []
+    assert next(polls) == ["b.jsonl"]

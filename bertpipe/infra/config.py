@@ -6,7 +6,9 @@ the file's own top-level keys < ``--set a.b=c``. So a key written at the top lev
 profile (as Hydra's primary config wins over its defaults list), and ``dvc exp run -S key=value``, which edits the
 file's top level, changes the effective value; a key that differs between scales lives in the profiles only.
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an out-of-range value
-is a one-line error naming the key path.
+is a one-line error naming the key path. The merges and ``--set`` paths are this module's own rather than OmegaConf's,
+which would save four lines but keep the profile's keys first (a task order is the file's), replace a scalar on a
+``--set`` path instead of saying it is not a section, refuse a YAML date, and add its import to every command.
 
 This module holds the machinery and the shared sections (paths, model, tracking, flow); each stage package declares
 its own sections (``<stage>/declare.py``), and the graph composes them into one model (``compose_params``) and

@@ -13,6 +13,11 @@ a task-runner thread), not the process. The watcher is a separate interpreter st
 file alone (standard library only), so it holds none of the command's memory, files or locks; it ignores SIGINT,
 SIGTERM and SIGHUP (a Ctrl-C or a SIGTERM to the process group is the command's to handle, and the watcher must
 still be there if the command dies of it) and exits within ``EVERY_S`` of the command.
+
+Why /proc rather than psutil: ``psutil.Process.children`` reads the parent of every process on the machine at each
+walk, where this walk reads the tree's own ``children`` files (an idle watcher over a tree of 10, for 30 s: 0.05 s of
+CPU with 93 processes on the machine or 509; psutil's 0.20 s and 0.67 s), and psutil would need site-packages in the
+watcher (+4 MiB resident).
 """
 
 from __future__ import annotations

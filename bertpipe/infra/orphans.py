@@ -19,7 +19,8 @@ from bertpipe.infra.config import Config
 
 
 def _proc_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux), so a reused pid is not mistaken for the owner."""
+    """The process's start time in clock ticks since boot (Linux), so a reused pid is not mistaken for the owner.
+    Read here rather than through psutil: that is as long, and its create time would not match the open markers'."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[19]

@@ -2,9 +2,10 @@
 
 Each trial trains finetune.train plus one value per searched key on the first seed, reports the dev score after
 every evaluation (the pruner stops trials that rank low at an evaluation), and ends with its best dev score. A
-degenerate trial (bertpipe.lib.training.degenerate) fails and can never be chosen. Trials are stored by what they
-are (encoder, task data, configuration, seed, code) under the state dir, so a trial already run — by a killed
-attempt, or before the budget grew — is read back, never trained again.
+degenerate trial (bertpipe.lib.training.degenerate) fails and can never be chosen. The studies are kept in Optuna's
+own storage (``TrialStore``: a journal under the state dir, which ``optuna-dashboard`` shows), each trial marked by
+what it is (encoder, task data, configuration, seed, code), so a trial already run — by a killed attempt, or before
+the budget grew — is read back, never trained again.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,50 +66,68 @@ def configure(tp: TrainParams, config: dict[str, Any]) -> TrainParams:
     return TrainParams.model_validate({**tp.model_dump(), **config})
 
 
-def _replayable(rec: Any) -> bool:
-    """Whether a stored record holds what ``search`` replays; anything else (another shape, a file cut short) is
-    read as no record, and the trial trains again and overwrites it."""
-    if not (isinstance(rec, dict) and isinstance(rec.get("curve"), list) and isinstance(rec.get("sound", []), list)):
-        return False
-    numbers = all(isinstance(v, (int, float)) for v in rec["curve"]) and isinstance(rec.get("seconds"), (int, float))
-    if not (numbers and isinstance(rec.get("steps"), int) and isinstance(rec.get("reason"), str)):
-        return False
-    if rec.get("state") == "complete":
-        return isinstance(rec.get("dev"), (int, float))
-    return rec.get("state") in ("pruned", "degenerate") and rec.get("dev") is None
+KEY, RECORD, SETTINGS = "bertpipe.key", "bertpipe.trial", "bertpipe.search"  # the user attributes searches set
+
+
+def _drop_cut_op(journal: Path) -> None:
+    """Remove a last operation cut short (a full disk, a power cut): Optuna reads past it, but its next append would
+    join it into a line no reader accepts."""
+    data = journal.read_bytes() if journal.exists() else b""
+    if data and not data.endswith(b"\n"):
+        with open(journal, "rb+") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 class TrialStore:
-    """One JSON file per trial under ``root``, named by the digest of what the trial is.
+    """The project's trials: an Optuna journal, ``optuna-dashboard <journal>`` shows every search's study.
 
-    A pruned trial is replayed only within its own study (``study``: the search settings): whether it is stopped
-    depends on the other trials and the pruner, which the trial itself does not hold."""
+    Each trial carries the digest of what it is (``identity``, its train params, its seed) and, once finished, its
+    record, so a search reads back a trial any earlier study ran. A pruned trial is read back only from a study of the
+    same search settings: whether it is stopped depends on the other trials and the pruner, which the trial does not
+    hold. A journal Optuna cannot read is moved aside: its trials train again."""
 
-    def __init__(self, root: Path, identity: dict):
-        self.root = root
-        self.identity = identity
+    def __init__(self, root: Path, identity: dict, name: str = "search"):
+        self.journal, self.identity, self.name = root / "journal.log", identity, name
+        self._storage: Any = None
 
-    def path(self, tp: TrainParams, seed: int) -> Path:
+    @property
+    def storage(self) -> Any:
+        if self._storage is None:
+            import optuna
+            from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            lock = JournalFileSymlinkLock(str(self.journal))  # Optuna's own, which its appends take
+            lock.acquire()
+            try:
+                _drop_cut_op(self.journal)
+                try:
+                    self._storage = optuna.storages.JournalStorage(JournalFileBackend(str(self.journal), lock))
+                except (ValueError, KeyError, TypeError) as e:  # not a journal Optuna can replay
+                    aside = self.journal.with_name(self.journal.name + ".unreadable")
+                    self.journal.replace(aside)
+                    print(f"{self.journal}: not an Optuna journal ({type(e).__name__}: {e}); moved to {aside.name}, "
+                          "its trials train again", file=sys.stderr, flush=True)
+                    self._storage = optuna.storages.JournalStorage(JournalFileBackend(str(self.journal), lock))
+            finally:
+                lock.release()
+        return self._storage
+
+    def key(self, tp: TrainParams, seed: int) -> str:
         blob = json.dumps({**self.identity, "train": tp.model_dump(mode="json"), "seed": seed}, sort_keys=True,
                           default=str)
-        return self.root / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.json"
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
-    def get(self, tp: TrainParams, seed: int, study: dict) -> dict | None:
-        try:
-            rec = json.loads(self.path(tp, seed).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not _replayable(rec) or (rec["state"] == "pruned" and rec.get("study") != study):
-            return None
-        return rec
-
-    def put(self, tp: TrainParams, seed: int, rec: dict, study: dict) -> None:
-        """Atomically: two runs of one project may store the same trial at once."""
-        from bertpipe.core.outputs import atomic_write_text
-
-        path = self.path(tp, seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({**rec, "study": study}, sort_keys=True, indent=1))
+    def get(self, key: str, settings: dict) -> dict | None:
+        """The record of the trial stored last under ``key`` (a pruned one from a study of ``settings`` only)."""
+        found = None
+        for s in self.storage.get_all_studies():
+            for t in self.storage.get_all_trials(self.storage.get_study_id_from_name(s.study_name), deepcopy=False):
+                rec = t.user_attrs.get(RECORD)
+                if t.user_attrs.get(KEY) == key and rec and t.state.is_finished() and (
+                        rec["state"] != "pruned" or s.user_attrs.get(SETTINGS) == settings):
+                    found = rec
+        return found
 
 
 def ranked(value: float, sound: bool) -> float:
@@ -133,8 +154,10 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         sampler, budget = optuna.samplers.TPESampler(seed=sp.seed), sp.trials
     pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=sp.min_evals, reduction_factor=sp.reduction_factor)
               if sp.prune else optuna.pruners.NopPruner())
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    study = optuna.create_study(storage=store.storage, direction="maximize", sampler=sampler, pruner=pruner,
+                                study_name=f"{store.name} {datetime.now().isoformat(' ', 'milliseconds')}")
     settings = sp.model_dump(mode="json", exclude={"retries"})  # what decides which trials run and which are pruned
+    study.set_user_attr(SETTINGS, settings)
     trials: list[Trial] = []
     best: dict = {}
 
@@ -143,10 +166,12 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
         ttp = configure(tp, config)
         t = Trial(ot.number, config, "pruned", None)
         trials.append(t)
-        cached = store.get(ttp, seed, settings)
+        ot.set_user_attr(KEY, store.key(ttp, seed))
+        cached = store.get(ot.user_attrs[KEY], settings)
         if cached is not None:
-            t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "steps", "seconds", "reason")})
-            t.sound, t.cached = cached.get("sound") or [True] * len(t.curve), True
+            t.__dict__.update({k: cached[k] for k in ("state", "dev", "curve", "sound", "steps", "seconds", "reason")})
+            t.cached = True
+            ot.set_user_attr(RECORD, t.record())
             for i, (v, ok) in enumerate(zip(t.curve, t.sound), 1):
                 ot.report(ranked(v, ok), i)
             log(f"trial {t.number} {config}: {t.state} (stored), dev {t.dev if t.dev is None else round(t.dev, 4)}")
@@ -169,18 +194,18 @@ def search(sp: SearchParams, tp: TrainParams, seed: int, run: Callable[..., Fit]
             f = run(ttp, seed, on_eval, t.number)
         except optuna.TrialPruned:
             t.seconds = time.time() - started
-            store.put(ttp, seed, t.record(), settings)
+            ot.set_user_attr(RECORD, t.record())
             log(f"trial {t.number} {config}: pruned after {len(t.curve)} dev evaluations "
                 f"({t.curve[-1]:.4f} at the last)")
             raise
         t.seconds, t.steps = time.time() - started, f.result.steps
         if f.degenerate:
             t.state, t.reason = "degenerate", f.degenerate
-            store.put(ttp, seed, t.record(), settings)
+            ot.set_user_attr(RECORD, t.record())
             log(f"trial {t.number} {config}: degenerate ({f.degenerate})")
             raise Degenerate(f.degenerate)
         t.state, t.dev = "complete", f.result.best_primary
-        store.put(ttp, seed, t.record(), settings)
+        ot.set_user_attr(RECORD, t.record())
         log(f"trial {t.number} {config}: dev {t.dev:.4f} ({t.steps} steps, {t.seconds:.0f}s)")
         if not best or t.dev > best["dev"]:
             best.update(dev=t.dev, number=t.number, fit=f)
