@@ -5,7 +5,8 @@ the committed contracts differ from these, or when bertpipe/ holds a folder that
 the folders.
 
 Layers, one direction, top down: doors (with the Prefect door's flows/ and tasks/) <- the graph <- stage packages
-(side by side) <- shared libraries <- the stage contract <- infrastructure.
+(side by side) <- shared libraries <- the stage contract <- infrastructure. An import made for type hints alone (under
+``TYPE_CHECKING``) counts like any other.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def render() -> str:
         MARKER,
         "[tool.importlinter]",
         "root_packages = [" + ", ".join(f'"{p}"' for p in ("bertpipe", *PREFECT)) + "]",
-        "exclude_type_checking_imports = true",
+        "exclude_type_checking_imports = false",
         "",
         "[[tool.importlinter.contracts]]",
         'name = "the folders of bertpipe/ are layers: each imports only its own and the ones below"',
