@@ -23,10 +23,6 @@ LAYERS = ("doors", "graph", "stages", "lib", "core", "infra")
 PREFECT = ("bertpipe_prefect.flows", "bertpipe_prefect.tasks")
 # Inside the layers, top down: the runner records through tracking, tracking marks its runs, all read config.
 RUNNER = ("bertpipe.core.stage", "bertpipe.infra.tracking", "bertpipe.infra.orphans", "bertpipe.infra.config")
-# Imports from one stage package into another that still exist, as (importer, imported) stage packages; the
-# independence contract ignores them. Each entry is one to remove (move what both use into a library); empty, the
-# stages stand side by side.
-CROSS_STAGE_IMPORTS: tuple[tuple[str, str], ...] = ()
 
 
 def _packages(folder: Path) -> list[str]:
@@ -51,7 +47,6 @@ def _list(items, indent: str = "  ") -> str:
 
 def render() -> str:
     """The [tool.importlinter] block of pyproject.toml."""
-    cross = [f"{a}.** -> {b}" for a, b in CROSS_STAGE_IMPORTS] + [f"{a}.** -> {b}.**" for a, b in CROSS_STAGE_IMPORTS]
     blocks = [
         MARKER,
         "[tool.importlinter]",
@@ -72,9 +67,6 @@ def render() -> str:
         'name = "stage packages stand side by side: none imports another"',
         'type = "independence"',
         f"modules = {_list(stage_packages())}",
-        "ignore_imports = [", *(f'  "{i}",' for i in cross), "]",
-        "# each pair is ignored in both forms (`a.** -> b` and `a.** -> b.**`); one of them may match nothing",
-        'unmatched_ignore_imports_alerting = "none"',
         "",
         "[[tool.importlinter.contracts]]",
         'name = "the runner sits above tracking, tracking above its run markers, all above config"',
