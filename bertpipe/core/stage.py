@@ -10,6 +10,12 @@ A stage is (inputs: paths, params sections, version) -> one output directory. ``
    the temp dir into place, so a crash never leaves a directory that looks complete;
 4. logs params, metrics, the manifest and the stage's reports to MLflow.
 
+What a build may write: its output (``ctx.out``), its ``ctx.scratch``, the keyed stores its Stage names in ``stores``
+(folders under paths.state shared between runs and stages, each entry named by what it derives from: the token and
+window stores, search trials, registered versions exported as plain dirs), and, for the one Stage with ``registry``
+set (register), the model registry. The rest of paths.state is the runner's and the doors': the hash cache, the
+output locks, scratch, the open-run markers, the MLflow tracking store, Prefect's home and logs.
+
 The Prefect tasks use the fingerprint as their cache key, and dvc.yaml declares the same deps/params/outs (code
 files included), so the three front doors agree on what is fresh. ``bertpipe.graph.freshness`` computes what a stage's
 fingerprint *will be* once its upstream stages are rebuilt, so staleness propagates down the graph.
@@ -45,7 +51,9 @@ from bertpipe.infra.errors import BertpipeError
 
 @dataclass
 class StageContext:
-    """What a stage's ``build`` receives. It writes only under ``out`` (a temp dir renamed into place on success)."""
+    """What a stage's ``build`` receives. It writes under ``out`` (a temp dir renamed into place on success) and
+    ``scratch``, and besides them only into its Stage's ``stores`` under paths.state and, when its Stage says
+    ``registry``, the model registry (see the module docstring)."""
 
     name: str
     cfg: Config
@@ -139,6 +147,11 @@ class Stage:
     # which stages share the cores: a stage that may only ever run beside light ones (base, beside the start
     # decision) gets every core.
     light: bool = False
+    # The folders under paths.state whose keyed stores the build (or ``external``) writes: builds, leases or prunes,
+    # e.g. ``keyedstore.FOLDER``. The stage's only writes outside ``out`` and ``scratch`` besides the registry.
+    stores: tuple[str, ...] = ()
+    # Whether the build writes the model registry (versions, aliases, their tags): register alone.
+    registry: bool = False
     # What the output records outside its directory (register: the model versions its registry.json names, kept in
     # the tracking store), asked once the fingerprint matches: why that record is gone, or None. An output whose
     # record is gone (the store deleted, a new paths.state) is stale at every door that asks ``is_fresh``.

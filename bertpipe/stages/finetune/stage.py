@@ -27,7 +27,7 @@ from bertpipe.lib.training.features import describe, featurize
 from bertpipe.lib.training.heads import pipeline_task
 from bertpipe.lib.training.predict import score
 from bertpipe.stages.finetune import search as S
-from bertpipe.stages.finetune.declare import VERSION
+from bertpipe.stages.finetune.declare import TRIALS, VERSION
 from bertpipe.stages.finetune.fit import Task, fit
 from bertpipe.stages.finetune.params import task_settings
 
@@ -126,7 +126,7 @@ def build(ctx, task: str, encoder: str) -> dict:
     task_run = Task(p, src, labels, splits, primary, pad, device, bf16,
                     D.majority_score(p.type, train_labels, dev_gold, labels), f"{task}/{encoder}",
                     log_metrics=ctx.log_metrics)
-    store = S.TrialStore(ctx.cfg.state / "trials" / task, _trial_identity(ctx, p))
+    store = S.TrialStore(ctx.cfg.state / TRIALS / task, _trial_identity(ctx, p))
     outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(task_run, ttp, seed, on_eval, f"trial{n}_"),
                        store, lambda m: ctx.log(f"{task}/{encoder} search: {m}"))
     tp = outcome.chosen
