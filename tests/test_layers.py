@@ -58,8 +58,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles_between_modules():
     import grimp
 
-    g = grimp.build_graph("bertpipe", "bertpipe_prefect.flows", "bertpipe_prefect.tasks", cache_dir=None,
-                          exclude_type_checking_imports=False)
+    from bertpipe.graph.contracts import PREFECT
+
+    g = grimp.build_graph("bertpipe", *PREFECT, cache_dir=None, exclude_type_checking_imports=False)
     mods = set(g.modules)
     edges = {m: {d for d in g.find_modules_directly_imported_by(m) if d in mods} for m in mods}
     assert cycles(edges) == []
