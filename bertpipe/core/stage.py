@@ -407,52 +407,66 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
         check_replaceable(out)  # before the work, not after it
-        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        made = missing_parents(out, cfg.root)
         scratch = scratch_dir(stage, cfg, fp)
-        section = stage.params_section or stage.sections[0]
-        params = cfg.section(section)
         if tracker_factory is None:
             from bertpipe.infra.tracking import stage_run as tracker_factory  # noqa: N806 (lazy: mlflow is slow to import)
-        started = time.time()
-        try:
-            tmp.mkdir(parents=True)
-            with tracker_factory(stage, cfg, fp) as tracker:
-                ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker,
-                                   sources=stage.sources(cfg) if stage.sources else {}, external=external)
-                print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
-                metrics = stage.build(ctx) or {}
-                manifest = {
-                    "stage": stage.name,
-                    "version": stage.version,
-                    "fingerprint": fp,
-                    "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
-                    "params": stage.settings(cfg, shown=True),
-                    "metrics": metrics,
-                    "counts": ctx.counts,
-                    "started": started,
-                    "duration_s": round(time.time() - started, 3),
-                    "versions": library_versions(),
-                    "environment": environment(),
-                    "code": stage.code_identity(),
-                    "mlflow_run_id": getattr(tracker, "run_id", None),
-                    "files": written_files(tmp),
-                    **({"external": external} if stage.external is not None else {}),
-                }
-                write_json(tmp / MANIFEST, manifest)
-                if tracker is not None:
-                    tracker.finish(metrics, manifest, tmp, out)
-                atomic_replace_dir(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            if isinstance(e, Exception) and disk_full(e):
-                # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
-                # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
-                raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
-            raise
+        manifest, metrics = _build_into(stage, cfg, out, fp, digests, external, scratch, tracker_factory)
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
+
+
+def _build_into(stage: Stage, cfg: Config, out: Path, fp: str, digests: dict[str, str], external: Any,
+                scratch: Path, tracker_factory: Callable) -> tuple[dict, dict]:
+    """(manifest, metrics) of one build of ``stage`` into a temp dir beside ``out``, renamed into place once its
+    manifest is written; a failed build leaves neither the temp dir nor the work/ dirs it created."""
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    made = missing_parents(out, cfg.root)
+    started = time.time()
+    try:
+        tmp.mkdir(parents=True)
+        with tracker_factory(stage, cfg, fp) as tracker:
+            ctx = StageContext(stage.name, cfg, cfg.section(stage.params_section or stage.sections[0]),
+                               stage.inputs(cfg), tmp, scratch, fp, tracker,
+                               sources=stage.sources(cfg) if stage.sources else {}, external=external)
+            print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
+            metrics = stage.build(ctx) or {}
+            manifest = _manifest(stage, cfg, ctx, digests, metrics, started, tracker, external)
+            write_json(tmp / MANIFEST, manifest)
+            if tracker is not None:
+                tracker.finish(metrics, manifest, tmp, out)
+            atomic_replace_dir(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(e, Exception) and disk_full(e):
+            # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
+            # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
+            raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
+        raise
+    return manifest, metrics
+
+
+def _manifest(stage: Stage, cfg: Config, ctx: StageContext, digests: dict[str, str], metrics: dict, started: float,
+              tracker: Any, external: Any) -> dict:
+    """manifest.json of a finished build: what it was built from (fingerprint, inputs, params, code, libraries),
+    what it measured and wrote, how long it took, its MLflow run."""
+    return {
+        "stage": stage.name,
+        "version": stage.version,
+        "fingerprint": ctx.fingerprint,
+        "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
+        "params": stage.settings(cfg, shown=True),
+        "metrics": metrics,
+        "counts": ctx.counts,
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+        "versions": library_versions(),
+        "environment": environment(),
+        "code": stage.code_identity(),
+        "mlflow_run_id": getattr(tracker, "run_id", None),
+        "files": written_files(ctx.out),
+        **({"external": external} if stage.external is not None else {}),
+    }
