@@ -195,7 +195,7 @@ def cleaned_texts(db: Path) -> list[str]:
     """The texts near-dup detection sees in the stage: cleaned, exact duplicates removed."""
     from bertpipe.lib.cleaning.clean import Cleaner
     from bertpipe.lib.cleaning.dedup import exact_key
-    from bertpipe.stages.prepare.params import CleanParams
+    from bertpipe.lib.cleaning.params import CleanParams
 
     cleaner = Cleaner(CleanParams())
     seen, out = set(), []

@@ -18,8 +18,8 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, \
     update_progress_artifact
 
-from bertpipe_prefect.flows.lost_api import best_effort
-from bertpipe_prefect.flows.summary import status_of
+from .lost_api import best_effort
+from .summary import status_of
 
 MAX_MD = 200_000  # keep one artifact within what the API stores comfortably
 

@@ -16,8 +16,9 @@ from typing import Iterator
 
 from prefect.runtime import flow_run
 
-from bertpipe_prefect.flows.lost_api import best_effort, lost
 from bertpipe_prefect.tasks.stages import terminate_children
+
+from .lost_api import best_effort, lost
 
 
 class FlowCancelled(KeyboardInterrupt):

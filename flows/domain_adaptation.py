@@ -27,12 +27,13 @@ from bertpipe.graph.pipeline import all_stages, load_config, until_targets, upst
 from bertpipe.infra.config import Config
 from bertpipe.infra.progress import lines_unless_terminal
 from bertpipe.infra.tracking import flow_run
-from bertpipe_prefect.flows import artifacts, cancel
-from bertpipe_prefect.flows.knobs import Knobs
-from bertpipe_prefect.flows.summary import stage_line, summary
 from bertpipe_prefect.tasks import cluster, parallel
 from bertpipe_prefect.tasks.env import prefect_env
 from bertpipe_prefect.tasks.stages import start_accepting, task_for, terminate_children
+
+from . import artifacts, cancel
+from .knobs import Knobs
+from .summary import stage_line, summary
 
 
 def stage_graph(cfg: Config, stages: dict[str, Stage]) -> parallel.Graph:

@@ -21,9 +21,10 @@ from prefect import flow
 
 from bertpipe.doors.incoming import add_files, drop_dir
 from bertpipe.graph.pipeline import load_config
-from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
-from bertpipe_prefect.flows.summary import summary
 from bertpipe_prefect.tasks.env import prefect_env
+
+from .domain_adaptation import domain_adaptation
+from .summary import summary
 
 
 @flow(name="retrain", log_prints=True)

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Iterator
 
 from bertpipe.graph.pipeline import load_config
-from bertpipe_prefect.flows.domain_adaptation import domain_adaptation
 from bertpipe_prefect.tasks.env import prefect_env
+
+from .domain_adaptation import domain_adaptation
 
 DEPLOYMENT = "bertpipe-domain-adaptation"
 EVENT = "bertpipe.incoming.files"
@@ -93,7 +94,7 @@ def deployment(params: str = "params.yaml", profile: str | None = None, override
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     from bertpipe.graph.pipeline import COMMANDS
-    from bertpipe_prefect.flows.knobs import typed_schema
+    from .knobs import typed_schema
 
     typed_schema(dep._parameter_openapi_schema, list(COMMANDS), sorted(cfg.params.profiles))  # UI dropdowns
     return dep

@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from bertpipe.infra.config import Config
-from bertpipe_prefect.tasks import parallel
+from . import parallel
 
 # (task, parameters, wait_for) -> future
 Submit = Callable[[Any, dict, list], Any]

@@ -23,8 +23,8 @@ from bertpipe.graph.freshness import FLOW_STAGE_ENV
 from bertpipe.graph.pipeline import load_config
 from bertpipe.infra.errors import BertpipeError
 from bertpipe.stages.prepare.shard import use_executor
-from bertpipe_prefect.tasks.cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
-from bertpipe_prefect.tasks.parallel import child_env, slot
+from .cluster import WORKER_SHARE, cluster_executor, parent_run_env, worker_share
+from .parallel import child_env, slot
 
 
 def _config(params: str, profile: str | None, overrides: list[str]) -> Config:

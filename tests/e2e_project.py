@@ -350,10 +350,10 @@ def _start_server(cwd: Path, env: dict, what: str, **popen) -> subprocess.Popen:
 
 
 def copy_code(dst: Path) -> None:
-    """bertpipe's code (bertpipe/, tasks/, flows/ and the bertpipe_prefect links to them) copied to ``dst``."""
-    for d in ("bertpipe", "tasks", "flows"):
+    """bertpipe's code (bertpipe/, tasks/, flows/ and bertpipe_prefect/, whose path reaches the copy's flows/ and
+    tasks/) copied to ``dst``."""
+    for d in ("bertpipe", "tasks", "flows", "bertpipe_prefect"):
         shutil.copytree(REPO / d, dst / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copytree(REPO / "bertpipe_prefect", dst / "bertpipe_prefect", symlinks=True)  # -> the copy's flows/, tasks/
 
 
 def _healthy(api: str) -> bool:

@@ -60,7 +60,7 @@ stages = all_stages(cfg)
 assert list(stages)[-1] == "leaf" and upstream("leaf", cfg) == ["splits"], list(stages)
 assert "leaf" in COMMANDS
 assert "Count the tasks" in CliRunner().invoke(app, ["--help"]).output
-independence = render().split('type = "independence"')[1].split("ignore_imports")[0]
+independence = render().split('type = "independence"')[1].split("[[")[0]
 assert '"bertpipe.stages.leaf",' in independence, independence
 try:
     load_config(root / "params.yaml", overrides=["leaf.bogus=1"])

@@ -99,3 +99,21 @@ def test_seeds_widen_the_interval():
     many = B.seeds_and_examples([0.0, 0.1, 0.2], ex, 0.1)
     assert many[0] < one[0] - 0.03 and many[1] > one[1] + 0.03
     assert many == B.seeds_and_examples([0.0, 0.1, 0.2], ex, 0.1)
+
+
+def test_register_pairs_and_resamples_as_evaluate_does():
+    """Register's challenger − champion interval is the evaluate stage's bootstrap: the examples both prediction
+    files hold, in the challenger's order, with the task type's statistic (QA included)."""
+    from bertpipe.stages.register.scoring import paired_interval
+
+    rng = random.Random(3)
+    champion = [{"id": f"q{i}", "answers": ["北京大学"], "prediction": rng.choice(["北京大学", "北京", "上海"])}
+                for i in range(30)]
+    challenger = [{"id": f"q{i}", "answers": ["北京大学"], "prediction": rng.choice(["北京大学", "北京大学", "北京"])}
+                  for i in reversed(range(30))]
+    gold, ours, theirs = B.shared_examples("qa", challenger, champion + [{"id": "extra", "answers": ["x"],
+                                                                          "prediction": "x"}])
+    assert len(gold) == 30 and ours[0] == challenger[0]["prediction"] and theirs[0] == champion[-1]["prediction"]
+    ci, note = paired_interval("qa", champion, challenger, 200, 7)
+    assert list(ci) == B.paired_bootstrap(gold, theirs, ours, B.qa_f1, 200, 7)["ci95"] and "30 test examples" in note
+    assert paired_interval("qa", champion[:10], challenger, 200, 7)[0] is None  # not every example scored by both

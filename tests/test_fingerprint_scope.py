@@ -92,17 +92,17 @@ def below(names: set[str], cfg, stages) -> set[str]:
     return found
 
 
-def test_infrastructure_edits_move_no_stage_fingerprint(checkout, demo):
+def test_undigested_module_edits_move_no_stage_fingerprint(checkout, demo):
     cfg, stages = demo
     # the runner, tracking, config loading, the graph, the CLI, the output helpers, errors: never a stage's code
     assert {f"bertpipe/{m}.py" for m in ("core/stage", "core/outputs", "infra/orphans", "infra/errors", "infra/tracking",
                                          "infra/config", "graph/pipeline", "graph/freshness", "doors/dvc/dvcfile",
-                                         "doors/cli/commands", "core/codeid", "lib/layout")} <= codeid.INFRASTRUCTURE
+                                         "doors/cli/commands", "core/codeid", "lib/layout")} <= codeid.UNDIGESTED
     before = digests(stages)
     assert len(set(before.values())) > 3  # stages do have different code
-    for rel in sorted(codeid.INFRASTRUCTURE):
+    for rel in sorted(codeid.UNDIGESTED):
         f = checkout / rel
-        assert f.is_file(), f"INFRASTRUCTURE names {rel}, which does not exist"
+        assert f.is_file(), f"UNDIGESTED names {rel}, which does not exist"
         text = f.read_text()
         f.write_text(text + PROBE)
         try:
@@ -173,7 +173,7 @@ def test_a_finetune_training_edit_leaves_the_data_stages_alone(checkout, demo):
 
 
 def _production_files(stages) -> set[str]:
-    """What the doors run, by the import graph (codeid's parser, infrastructure followed too): the CLI, the Prefect
+    """What the doors run, by the import graph (codeid's parser, undigested modules followed too): the CLI, the Prefect
     door (flows/, tasks/) and every stage's build, external and launcher, with what they import, transitively."""
     roots = [REPO / "bertpipe" / "doors" / "cli" / "commands.py"]
     roots += [f for door in ("flows", "tasks") for f in sorted((REPO / door).glob("*.py"))]

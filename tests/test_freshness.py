@@ -70,7 +70,7 @@ def test_a_params_change_upstream_makes_every_stage_below_stale(tmp_path):
 def test_code_identity_follows_imports_and_is_recorded(tmp_path):
     vocab = code_files(("vocab",))
     assert "bertpipe/stages/vocab/extend.py" in vocab and "bertpipe/lib/corpusio.py" in vocab  # its package + domain helpers
-    # infrastructure (the runner, the graph, config loading, tracking) is neither counted nor followed
+    # undigested modules (the runner, the graph, config loading, tracking) are neither counted nor followed
     assert not {"bertpipe/core/stage.py", "bertpipe/graph/pipeline.py", "bertpipe/infra/config.py", "bertpipe/infra/tracking.py",
                 "bertpipe/lib/lineage.py", "bertpipe/core/outputs.py"} & set(vocab), vocab
     assert not any(f.startswith(("bertpipe/stages/finetune/", "bertpipe/stages/prepare/")) for f in vocab), vocab

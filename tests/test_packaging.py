@@ -37,7 +37,7 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     copy_code(src)
-    for f in ("pyproject.toml", "README.md"):
+    for f in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / f, src / f)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
                            "-w", str(tmp / "dist")], capture_output=True, text=True, timeout=300)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e_project import env_for, invoke, run, start
+from tests.stage_writes import snapshot, undeclared_versions, undeclared_writes
 
 pytestmark = pytest.mark.slow
 
@@ -153,8 +154,10 @@ def project(tmp_path_factory, sample_raw):
 
 
 def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
+    since, before = time.time(), snapshot(project)
     procs = [start(["bertpipe", "run"], project) for _ in range(2)]  # two processes: their locks are the claim
     codes = [p.wait(timeout=1500) for p in procs]
+    after = snapshot(project)
     for i, p in enumerate(procs):  # its whole output, stdout then stderr (the run summary is on stdout)
         (project / f"first-{i}.log").write_text(p.stdout_path.read_text() + p.stderr_path.read_text())
     assert codes == [0, 0], [(project / f"first-{i}.log").read_text()[-4000:] for i in range(2)]
@@ -179,9 +182,15 @@ def test_two_flow_runs_at_once_complete_without_corrupting_each_other(project):
     assert not list((project / "work").rglob(".*.tmp-*"))
     from mlflow.tracking import MlflowClient
 
-    c = MlflowClient(tracking_uri=f"sqlite:///{project / '.bertpipe' / 'mlflow.db'}")
+    c = MlflowClient(tracking_uri=(uri := f"sqlite:///{project / '.bertpipe' / 'mlflow.db'}"), registry_uri=uri)
     running = c.search_runs([e.experiment_id for e in c.search_experiments()], "attributes.status = 'RUNNING'")
     assert [r.info.run_name for r in running] == []  # both runs closed every MLflow run they opened
+    # Every stage wrote only where the stage contract lets it: its output, the stores it declares, the registry for
+    # the stage declaring it (each file and version held to the stage that was building when it was written).
+    cfg = load_config(project / "params.yaml")
+    stages = all_stages(cfg)
+    stray = undeclared_writes(cfg, stages, before, after, since) + undeclared_versions(cfg, stages, c, since)
+    assert stray == [], "\n".join(stray)
 
 
 def test_dvc_yaml_is_the_same_after_a_run_and_dvc_status_agrees_with_the_cli(project):

@@ -11,7 +11,8 @@ from bertpipe.infra.errors import BertpipeError
 from bertpipe.lib.cleaning.clean import Cleaner, nfkc, strip_html
 from bertpipe.lib.textseg import split_sentences
 from bertpipe.stages.prepare.ingest import Ingest, decode, strip_pos_tags
-from bertpipe.stages.prepare.params import CleanParams, SourceParams
+from bertpipe.lib.cleaning.params import CleanParams
+from bertpipe.stages.prepare.params import SourceParams
 
 DATA = Path(__file__).parent / "data" / "prepare"
 LAW = "为了保护专利权人的合法权益，鼓励发明创造，推动发明创造的应用，制定本法。"

@@ -155,3 +155,34 @@ def test_fluent_mlflow_leaves_no_registry_behind(project, tmp_path):
     names = [m.name for m in MlflowClient(tracking_uri=other).search_registered_models()]
     assert names == []
     assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
+
+
+def test_a_stage_writing_outside_its_places_is_caught(project):
+    """The stage contract's places (tests/stage_writes.py holds every stage of the e2e chain to them): a toy stage
+    writing into a store it does not declare, into another stage's output or beside the outputs is named; writing
+    its output and the store it declares is not."""
+    from tests.stage_writes import snapshot, undeclared_writes
+
+    cfg = load_config(project / "params.yaml")
+    other = Stage("other", "1", ("model",), lambda c: {}, lambda c: c.work / "other", lambda ctx: None,
+                  stores=("tokstore",))
+
+    def toy(version: str, stores: tuple[str, ...], extra: str = "") -> Stage:
+        def build(ctx):
+            (ctx.out / "out.txt").write_text("mine")
+            (ctx.cfg.state / "tokstore").mkdir(parents=True, exist_ok=True)
+            (ctx.cfg.state / "tokstore" / "k.bin").write_bytes(b"derived")
+            if extra:
+                (ctx.cfg.root / extra).parent.mkdir(parents=True, exist_ok=True)
+                (ctx.cfg.root / extra).write_text("not mine to write")
+
+        return Stage("toy", version, ("model",), lambda c: {}, lambda c: c.work / "toy", build, stores=stores)
+
+    for st, expected in ((toy("1", ("tokstore",)), []),
+                         (toy("2", ()), ["k.bin: in the 'tokstore' stores, written while toy built"]),
+                         (toy("3", ("tokstore",), "w/other/x.txt"), ["x.txt: in other's output, written while toy"]),
+                         (toy("4", ("tokstore",), "stray.txt"), ["stray.txt: written outside every stage's output"])):
+        since, before = time.time(), snapshot(project)
+        run_stage(st, cfg, tracker_factory=NO_TRACKING)
+        found = undeclared_writes(cfg, {"toy": st, "other": other}, before, snapshot(project), since)
+        assert len(found) == len(expected) and all(e in f for e, f in zip(expected, found)), (st.version, found)

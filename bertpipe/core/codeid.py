@@ -2,11 +2,13 @@
 
 The rule (one, so it can be explained and checked): a stage's code is every module of its package(s) (e.g.
 ``bertpipe/stages/vocab/*.py``) plus every ``bertpipe`` module those import, transitively — static ``import`` statements
-anywhere in a file, lazy ones inside functions included — except the *infrastructure* modules in ``INFRASTRUCTURE``,
-which are neither counted nor followed. Infrastructure decides where, when and how a stage runs and what is
-recorded about it (the graph, the runner and its locks/atomic renames, tracking, config loading, the CLI, the doors,
-error types); it never decides what an output holds, and what it contributes to a stage (input paths, params values)
-is already in the fingerprint. Counting it made a one-line change to ``tracking.py`` re-pretrain every model.
+anywhere in a file, lazy ones inside functions included — except the modules in ``UNDIGESTED`` (and every stage
+package's ``declare.py``), which are neither counted nor followed. They decide where, when and how a stage runs and
+what is recorded about it (the graph, the runner and its locks/atomic renames, tracking, config loading, the CLI,
+the doors, error types); they never decide what an output holds, and what they contribute to a stage (input paths,
+params values) is already in the fingerprint. Counting them would make a one-line change to ``tracking.py``
+re-pretrain every model. Which layer folder a module stands in does not decide it: most of ``infra/`` is
+undigested, yet ``infra/device.py`` (precision rules) is counted, and ``lib/layout.py`` (paths) is not.
 Everything else under ``bertpipe/`` is domain logic (data, training, metrics, model facts) and counts for the
 stages that import it; nothing else needs listing by hand, so a new helper a stage starts to import is covered the
 moment it is imported. ``docs/architecture.md`` lists which modules count for which stage.
@@ -34,9 +36,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # .../bertpipe
 ORIGIN = PACKAGE.parent  # code paths are relative to this
-# Never part of a stage's code (see the module docstring). tasks/ and flows/ (the Prefect door) are outside the
-# package and never followed either.
-INFRASTRUCTURE = frozenset(f"bertpipe/{m}.py" for m in (
+# Never part of a stage's code digest (see the module docstring). tasks/ and flows/ (the Prefect door) are outside
+# the package and never followed either.
+UNDIGESTED = frozenset(f"bertpipe/{m}.py" for m in (
     "__init__",  # the package version: recorded in each manifest's "versions", not a computation
     "core/__init__", "infra/__init__", "lib/__init__", "stages/__init__",  # the layers' faces: a docstring each
     "core/codeid", "core/declared", "core/outputs", "core/stage",
@@ -50,8 +52,9 @@ DECLARATION = "declare.py"
 MODEL_LIBS = ("torch", "transformers", "tokenizers")
 
 
-def infrastructure(rel: str) -> bool:
-    return rel in INFRASTRUCTURE or rel.rpartition("/")[2] == DECLARATION
+def undigested(rel: str) -> bool:
+    """Whether the file (relative to ORIGIN) stays out of every code digest, and its imports unfollowed."""
+    return rel in UNDIGESTED or rel.rpartition("/")[2] == DECLARATION
 
 
 def _rel(p: Path) -> str:
@@ -97,12 +100,12 @@ def _parse(rel: str, text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _closure(todo: list[Path]) -> tuple[str, ...]:
-    """The files of ``todo`` and every bertpipe module they import, transitively, infrastructure neither counted
-    nor followed (relative to ORIGIN, sorted)."""
+    """The files of ``todo`` and every bertpipe module they import, transitively, the undigested ones neither
+    counted nor followed (relative to ORIGIN, sorted)."""
     seen: set[str] = set()
     while todo:
         rel = _rel(todo.pop())
-        if rel in seen or infrastructure(rel):
+        if rel in seen or undigested(rel):
             continue
         seen.add(rel)
         for mod in _parsed(rel)[1]:

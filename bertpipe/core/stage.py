@@ -10,6 +10,12 @@ A stage is (inputs: paths, params sections, version) -> one output directory. ``
    the temp dir into place, so a crash never leaves a directory that looks complete;
 4. logs params, metrics, the manifest and the stage's reports to MLflow.
 
+What a build may write: its output (``ctx.out``), its ``ctx.scratch``, the keyed stores its Stage names in ``stores``
+(folders under paths.state shared between runs and stages, each entry named by what it derives from: the token and
+window stores, search trials, registered versions exported as plain dirs), and, for the one Stage with ``registry``
+set (register), the model registry. The rest of paths.state is the runner's and the doors': the hash cache, the
+output locks, scratch, the open-run markers, the MLflow tracking store, Prefect's home and logs.
+
 The Prefect tasks use the fingerprint as their cache key, and dvc.yaml declares the same deps/params/outs (code
 files included), so the three front doors agree on what is fresh. ``bertpipe.graph.freshness`` computes what a stage's
 fingerprint *will be* once its upstream stages are rebuilt, so staleness propagates down the graph.
@@ -45,7 +51,9 @@ from bertpipe.infra.errors import BertpipeError
 
 @dataclass
 class StageContext:
-    """What a stage's ``build`` receives. It writes only under ``out`` (a temp dir renamed into place on success)."""
+    """What a stage's ``build`` receives. It writes under ``out`` (a temp dir renamed into place on success) and
+    ``scratch``, and besides them only into its Stage's ``stores`` under paths.state and, when its Stage says
+    ``registry``, the model registry (see the module docstring)."""
 
     name: str
     cfg: Config
@@ -139,6 +147,11 @@ class Stage:
     # which stages share the cores: a stage that may only ever run beside light ones (base, beside the start
     # decision) gets every core.
     light: bool = False
+    # The folders under paths.state whose keyed stores the build (or ``external``) writes: builds, leases or prunes,
+    # e.g. ``keyedstore.FOLDER``. The stage's only writes outside ``out`` and ``scratch`` besides the registry.
+    stores: tuple[str, ...] = ()
+    # Whether the build writes the model registry (versions, aliases, their tags): register alone.
+    registry: bool = False
     # What the output records outside its directory (register: the model versions its registry.json names, kept in
     # the tracking store), asked once the fingerprint matches: why that record is gone, or None. An output whose
     # record is gone (the store deleted, a new paths.state) is stale at every door that asks ``is_fresh``.
@@ -394,52 +407,66 @@ def run_stage(stage: Stage, cfg: Config, force: bool = False, tracker_factory: C
             print(f"[{stage.name}] up to date (fingerprint {fp[:12]}), skipping", file=sys.stderr)
             return StageResult(stage.name, out, fp, True, m.get("metrics", {}), m.get("mlflow_run_id"))
         check_replaceable(out)  # before the work, not after it
-        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        made = missing_parents(out, cfg.root)
         scratch = scratch_dir(stage, cfg, fp)
-        section = stage.params_section or stage.sections[0]
-        params = cfg.section(section)
         if tracker_factory is None:
             from bertpipe.infra.tracking import stage_run as tracker_factory  # noqa: N806 (lazy: mlflow is slow to import)
-        started = time.time()
-        try:
-            tmp.mkdir(parents=True)
-            with tracker_factory(stage, cfg, fp) as tracker:
-                ctx = StageContext(stage.name, cfg, params, stage.inputs(cfg), tmp, scratch, fp, tracker,
-                                   sources=stage.sources(cfg) if stage.sources else {}, external=external)
-                print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
-                metrics = stage.build(ctx) or {}
-                manifest = {
-                    "stage": stage.name,
-                    "version": stage.version,
-                    "fingerprint": fp,
-                    "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
-                    "params": stage.settings(cfg, shown=True),
-                    "metrics": metrics,
-                    "counts": ctx.counts,
-                    "started": started,
-                    "duration_s": round(time.time() - started, 3),
-                    "versions": library_versions(),
-                    "environment": environment(),
-                    "code": stage.code_identity(),
-                    "mlflow_run_id": getattr(tracker, "run_id", None),
-                    "files": written_files(tmp),
-                    **({"external": external} if stage.external is not None else {}),
-                }
-                write_json(tmp / MANIFEST, manifest)
-                if tracker is not None:
-                    tracker.finish(metrics, manifest, tmp, out)
-                atomic_replace_dir(tmp, out)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            if isinstance(e, Exception) and disk_full(e):
-                # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
-                # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
-                raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
-            raise
+        manifest, metrics = _build_into(stage, cfg, out, fp, digests, external, scratch, tracker_factory)
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"[{stage.name}] done in {manifest['duration_s']:.1f}s -> {out}", file=sys.stderr, flush=True)
     return StageResult(stage.name, out, fp, False, metrics, manifest["mlflow_run_id"])
+
+
+def _build_into(stage: Stage, cfg: Config, out: Path, fp: str, digests: dict[str, str], external: Any,
+                scratch: Path, tracker_factory: Callable) -> tuple[dict, dict]:
+    """(manifest, metrics) of one build of ``stage`` into a temp dir beside ``out``, renamed into place once its
+    manifest is written; a failed build leaves neither the temp dir nor the work/ dirs it created."""
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    made = missing_parents(out, cfg.root)
+    started = time.time()
+    try:
+        tmp.mkdir(parents=True)
+        with tracker_factory(stage, cfg, fp) as tracker:
+            ctx = StageContext(stage.name, cfg, cfg.section(stage.params_section or stage.sections[0]),
+                               stage.inputs(cfg), tmp, scratch, fp, tracker,
+                               sources=stage.sources(cfg) if stage.sources else {}, external=external)
+            print(f"[{stage.name}] building (fingerprint {fp[:12]})", file=sys.stderr, flush=True)
+            metrics = stage.build(ctx) or {}
+            manifest = _manifest(stage, cfg, ctx, digests, metrics, started, tracker, external)
+            write_json(tmp / MANIFEST, manifest)
+            if tracker is not None:
+                tracker.finish(metrics, manifest, tmp, out)
+            atomic_replace_dir(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # the work/ dirs this failed build created, so nothing new is left behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(e, Exception) and disk_full(e):
+            # pyarrow, torch, SQLite and safetensors report a full disk in their own words, mostly without a
+            # file name: the directory named is the one whose filesystem is full (work/ or paths.state)
+            raise BertpipeError(full_line([out.parent, cfg.state], f"building {stage.name}", e)) from None
+        raise
+    return manifest, metrics
+
+
+def _manifest(stage: Stage, cfg: Config, ctx: StageContext, digests: dict[str, str], metrics: dict, started: float,
+              tracker: Any, external: Any) -> dict:
+    """manifest.json of a finished build: what it was built from (fingerprint, inputs, params, code, libraries),
+    what it measured and wrote, how long it took, its MLflow run."""
+    return {
+        "stage": stage.name,
+        "version": stage.version,
+        "fingerprint": ctx.fingerprint,
+        "inputs": {k: {"path": str(v), "digest": digests[k]} for k, v in ctx.inputs.items()},
+        "params": stage.settings(cfg, shown=True),
+        "metrics": metrics,
+        "counts": ctx.counts,
+        "started": started,
+        "duration_s": round(time.time() - started, 3),
+        "versions": library_versions(),
+        "environment": environment(),
+        "code": stage.code_identity(),
+        "mlflow_run_id": getattr(tracker, "run_id", None),
+        "files": written_files(ctx.out),
+        **({"external": external} if stage.external is not None else {}),
+    }

@@ -43,6 +43,7 @@ from typing import Callable
 KEY = re.compile(r"[0-9a-f]{24}")
 _TMP = re.compile(r"([0-9a-f]{24})\.tmp-[0-9a-z]+")
 _LOCK = re.compile(r"([0-9a-f]{24})\.lock")
+FOLDER = "tokstore"  # under paths.state
 KEEP_RECENT = 4  # stores kept beyond the referenced ones: a few recent experiments switch back without a rebuild
 _LEASES: dict[Path, int] = {}  # store dir -> fd holding its shared lock, for this process's lifetime
 
@@ -54,7 +55,7 @@ def _stderr(m: str) -> None:
 
 
 def root_of(state: Path | str) -> Path:
-    return Path(state) / "tokstore"
+    return Path(state) / FOLDER
 
 
 def store_key(parts: dict) -> str:

@@ -6,10 +6,8 @@ import html
 import re
 import unicodedata
 from collections import Counter
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the params schema is the prepare stage's
-    from bertpipe.stages.prepare.params import CleanParams
+from bertpipe.lib.cleaning.params import CleanParams
 
 
 _TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9]*)\b[^<>]*>|<!--.*?-->", re.S)

@@ -17,15 +17,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bertpipe.lib.cleaning.clean import Cleaner
 from bertpipe.lib.cleaning.dedup import Sketch, near_duplicates, ngram_hashes, normal_form, sketch
-
-if TYPE_CHECKING:  # the params schema is the prepare stage's
-    from bertpipe.stages.prepare.params import PrepareParams
+from bertpipe.lib.cleaning.params import CleaningSettings
 
 REASONS = ("exact", "contains", "near")
 
@@ -39,7 +36,7 @@ class EvalTexts:
     tasks: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_inputs(cls, inputs: dict[str, Path | str], p: PrepareParams) -> "EvalTexts":
+    def from_inputs(cls, inputs: dict[str, Path | str], p: CleaningSettings) -> "EvalTexts":
         """From stage inputs keyed ``splits/<task>/<split>`` (split files of the ``splits`` stage)."""
         from bertpipe.lib.labelled import read_split
 
@@ -84,7 +81,7 @@ def _contains(docs: list[str], ev: EvalTexts, m: int) -> dict[int, set[int]]:
     return dict(out)
 
 
-def exclude(docs: list[dict], ev: EvalTexts, p: PrepareParams, sketched: Sketch | None = None,
+def exclude(docs: list[dict], ev: EvalTexts, p: CleaningSettings, sketched: Sketch | None = None,
             keep_out_sketch: Sketch | None = None) -> tuple[list[dict], dict]:
     """(kept documents, stats) with stats = {"docs": n removed, "by_task": {task: {reason: n}}, "examples": [...]}.
     ``sketched``: the documents' normal forms' ``dedup.sketch``, ``keep_out_sketch``: ``ev.texts``' (prepare's

@@ -2,7 +2,8 @@
 
 Both systems are scored on the *same* resampled examples in every replicate (paired), so the interval reflects how
 much the difference depends on which test examples happened to be drawn, not the much larger spread of each score.
-The evaluate stage uses it for adapted − base; register reuses it for challenger − champion.
+The evaluate stage uses it for adapted − base, register for challenger − champion: both pair two models' test
+predictions (``shared_examples``) and resample them with the task type's statistic (``METRIC_FNS``).
 
 The metric functions here recompute the finetune primary metrics from per-example prediction records fast enough for a
 thousand replicates (tests check them against ``bertpipe.lib.measures.metrics``):
@@ -15,7 +16,9 @@ thousand replicates (tests check them against ``bertpipe.lib.measures.metrics``)
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,6 +78,17 @@ METRIC_FNS: dict[str, Callable] = {"classification": macro_f1, "pair_classificat
                                    "qa": qa_f1}
 
 
+PREDICTIONS = "predictions_test.jsonl"  # a task model's per-example test predictions (finetune, distill)
+
+
+def read_predictions(path: Path) -> list[dict]:
+    """The records of a ``predictions_test.jsonl`` (none when the file is missing)."""
+    if not Path(path).is_file():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def gold_pred(task_type: str, records: Sequence[dict]) -> tuple[dict, dict]:
     """{example id: gold}, {example id: prediction} from a finetune ``predictions_test.jsonl``'s records."""
     if task_type == "ner":
@@ -82,6 +96,15 @@ def gold_pred(task_type: str, records: Sequence[dict]) -> tuple[dict, dict]:
     if task_type == "qa":
         return ({r["id"]: r["answers"] for r in records}, {r["id"]: r["prediction"] for r in records})
     return ({r["id"]: r["label"] for r in records}, {r["id"]: r["pred"] for r in records})
+
+
+def shared_examples(task_type: str, reference: Sequence[dict], other: Sequence[dict]) -> tuple[list, list, list]:
+    """(gold, reference's predictions, other's predictions) on the test examples both prediction-record lists hold,
+    in ``reference``'s order with its gold: the pairs a paired bootstrap resamples."""
+    gold, pred_ref = gold_pred(task_type, reference)
+    _, pred_other = gold_pred(task_type, other)
+    ids = [i for i in gold if i in pred_other]
+    return [gold[i] for i in ids], [pred_ref[i] for i in ids], [pred_other[i] for i in ids]
 
 
 def replicate_indices(m: int, n: int, seed: int) -> np.ndarray:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from bertpipe.lib.registered.champion import CHAMPION, get_version
 
+EXPORTED = "exported"  # under paths.state
+
 
 def version_key(mv) -> str:
     """What identifies a model version's content beyond its name and number: the run that logged it, its source and
@@ -24,7 +26,7 @@ def version_key(mv) -> str:
 def cache_dir(cfg, mv, suffix: str = "") -> Path:
     """``paths.state/exported/<name>-v<N>-<version_key><suffix>``; the same version's cache dirs under other keys
     (a deleted model's) are removed, best effort."""
-    root = cfg.state / "exported"
+    root = cfg.state / EXPORTED
     dest = root / f"{mv.name}-v{mv.version}-{version_key(mv)}{suffix}"
     same = re.compile(rf"{re.escape(f'{mv.name}-v{mv.version}')}(-[0-9a-f]{{12}})?{re.escape(suffix)}")
     if root.is_dir():

@@ -6,6 +6,7 @@ from bertpipe.core.codeid import MODEL_LIBS
 from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.infra.config import Config
+from bertpipe.lib.keyedstore import FOLDER as WINDOW_STORES
 from bertpipe.lib.layout import (adapted_model, base_model, corpus_dir, evaluate_out, finetune_out, finetune_pairs,
                                  task_dir)
 from bertpipe.stages.evaluate.params import EvaluateParams
@@ -25,7 +26,8 @@ def evaluate_stage() -> Stage:
 
     return Stage("evaluate", VERSION, ("evaluate",), inputs, evaluate_out,
                  deferred("bertpipe.stages.evaluate.stage:build"), code=("evaluate",),
-                 libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",))
+                 libs=(*MODEL_LIBS, "numpy", "scikit-learn", "seqeval"), sources_from=("finetune",),
+                 stores=(WINDOW_STORES,))
 
 
 EVALUATE = Family("evaluate", "Evaluate finetuned models; base vs adapted report.", lambda c: [evaluate_stage()],

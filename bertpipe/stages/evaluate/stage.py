@@ -100,29 +100,19 @@ def compare(results: dict[tuple[str, str], dict], split: str) -> dict:
     return {"split": split, "encoders": encoders, "tasks": tasks}
 
 
-def _predictions(ft_dir: Path) -> list[dict]:
-    path = Path(ft_dir) / "predictions_test.jsonl"
-    if not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def interval(t: dict, enc: str, base_dir: Path, enc_dir: Path, split: str, n: int, seed: int
              ) -> tuple[list | None, str]:
     """95% interval of the primary metric's ``enc`` − base mean: paired bootstrap over the test examples (the saved
     seeds' predictions) combined with resampling the seeds' paired differences when there are several."""
     seed_deltas = t["deltas"][enc][t["primary"]]["values"]
     fn = B.METRIC_FNS.get(t["type"])
-    gold_b, pred_b = B.gold_pred(t["type"], _predictions(base_dir))
-    _, pred_a = B.gold_pred(t["type"], _predictions(enc_dir))
-    ids = [i for i in gold_b if i in pred_a]  # both encoders' finetunes scored the same test examples
-    if n and fn and split == "test" and ids:
-        gold = [gold_b[i] for i in ids]
-        base, other = [pred_b[i] for i in ids], [pred_a[i] for i in ids]
+    # the test examples both encoders' finetunes scored
+    gold, base, other = B.shared_examples(t["type"], B.read_predictions(Path(base_dir) / B.PREDICTIONS),
+                                          B.read_predictions(Path(enc_dir) / B.PREDICTIONS))
+    if n and fn and split == "test" and gold:
         deltas = B.paired_deltas(gold, base, other, fn, n, seed)
         ci = B.seeds_and_examples(seed_deltas, deltas, fn(gold, other) - fn(gold, base), seed)
-        how = f"paired bootstrap over {len(ids)} test examples (saved seeds' predictions; n={n}, seed {seed})"
+        how = f"paired bootstrap over {len(gold)} test examples (saved seeds' predictions; n={n}, seed {seed})"
         if len(seed_deltas) > 1:
             how += f" combined with resampling the {len(seed_deltas)} seeds' paired differences"
         return ci, how

@@ -11,6 +11,7 @@ from bertpipe.lib.layout import encoder_dir, finetune_out, finetune_pairs, task_
 from bertpipe.stages.finetune.params import FinetuneParams, spec
 
 VERSION = "2"  # 2: reads the splits stage's splits; seeded before the model is built
+TRIALS = "trials"  # under paths.state: the project's search trials, one Optuna journal (bertpipe.stages.finetune.search)
 
 
 def finetune_stage(task: str, encoder: str) -> Stage:
@@ -32,6 +33,7 @@ def finetune_stage(task: str, encoder: str) -> Stage:
         task=task,
         encoder=encoder,
         spec=lambda cfg: spec(cfg, task),
+        stores=(TRIALS,),
     )
 
 

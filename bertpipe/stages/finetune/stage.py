@@ -27,7 +27,7 @@ from bertpipe.lib.training.features import describe, featurize
 from bertpipe.lib.training.heads import pipeline_task
 from bertpipe.lib.training.predict import score
 from bertpipe.stages.finetune import search as S
-from bertpipe.stages.finetune.declare import VERSION
+from bertpipe.stages.finetune.declare import TRIALS, VERSION
 from bertpipe.stages.finetune.fit import Task, fit
 from bertpipe.stages.finetune.params import task_settings
 
@@ -79,10 +79,18 @@ def _trial_identity(ctx, p) -> dict:
 
 
 def build(ctx, task: str, encoder: str) -> dict:
-    from transformers import AutoTokenizer
-
     settings = task_settings(ctx.cfg, task)  # what the stage's spec (its fingerprint) holds, resolved once
-    p, tp, sp = settings.task, settings.train, settings.search
+    t, tok, tp, counts = _load(ctx, task, encoder, settings)
+    outcome = _search(ctx, t, tp, settings.search)
+    per_seed, runs = _train_seeds(ctx, t, tok, outcome, settings.search)
+    out = _metrics(ctx, t, task, encoder, per_seed, outcome, settings.search, counts)
+    return _write(ctx, out, runs, f"{task} / {encoder}", counts)
+
+
+def _load(ctx, task: str, encoder: str, settings) -> tuple[Task, object, object, Counter]:
+    """The task's splits featurised for the encoder, with what every run shares: (the Task, the tokenizer, the
+    training settings with max_seq_len fitted to the encoder, the featurisation counts)."""
+    p, tp = settings.task, settings.train
     for key, by in settings.narrowed.items():
         ctx.log(f"{task}/{encoder} search: {key} is set by {by} ({getattr(tp, key)!r}): the space is narrowed to it")
     # The same count in every door (bertpipe.infra.cores): the weights depend on it, the fingerprint holds only the
@@ -99,68 +107,67 @@ def build(ctx, task: str, encoder: str) -> dict:
     labels = list(info.get("labels") or [])
     if p.type != "qa" and not labels:
         raise BertpipeError(f"{tdir / SPLITS_JSON}: no label list (rerun `bertpipe splits`)")
-    label2id = {lab: i for i, lab in enumerate(labels)}
     src = ctx.inputs["encoder"]
+    tok = _tokenizer(src)
+    # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
+    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, settings.key("max_seq_len"),
+                                                            ctx.log)})
+    label2id = {lab: i for i, lab in enumerate(labels)}
+    splits = {s: featurize(tok, data[s], p, tp, label2id, counts, s) for s in SPLITS}
+    describe(counts)
+    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in SPLITS)
+    ctx.log(f"{task}/{encoder}: {sizes}")
+    prec = precision_for(tp.precision, device)  # scoring runs in bf16 where training does; fp16 scores in fp32
+    ctx.counts.update(prec.record())
+    ctx.log(f"{ctx.name}: precision {prec.words()}")
+    train_labels = [ex.label for ex in data["train"]]
+    dev_gold = [ex.label for ex in data["dev"]] if p.type in ("classification", "pair_classification") else []
+    t = Task(p, src, labels, splits, PRIMARY[p.type], tok.pad_token_id if tok.pad_token_id is not None else 0, device,
+             prec.bf16, D.majority_score(p.type, train_labels, dev_gold, labels), f"{task}/{encoder}",
+             log_metrics=ctx.log_metrics)
+    return t, tok, tp, counts
+
+
+def _tokenizer(src):
+    """The encoder's fast tokenizer (its character offsets map predictions back); a one-line error otherwise."""
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(str(src))
     except (OSError, ValueError) as e:
         raise BertpipeError(f"encoder {src}: no tokenizer could be loaded ({e})") from None
     if not getattr(tok, "is_fast", False):
         raise BertpipeError(f"encoder {src}: needs a fast tokenizer (character offsets map predictions back)")
-    # Defaults fit any encoder: a max_seq_len past the encoder's position table is cut to it (with a notice).
-    tp = tp.model_copy(update={"max_seq_len": clamp_seq_len(tp.max_seq_len, src, settings.key("max_seq_len"),
-                                                            ctx.log)})
-    splits = {s: featurize(tok, data[s], p, tp, label2id, counts, s) for s in SPLITS}
-    describe(counts)
-    sizes = ", ".join(f"{s} {len(data[s])} ex / {len(splits[s].feats)} feats" for s in SPLITS)
-    ctx.log(f"{task}/{encoder}: {sizes}")
-    primary = PRIMARY[p.type]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    prec = precision_for(tp.precision, device)
-    bf16 = prec.bf16  # scoring runs in bf16 where training does; fp16 training scores in fp32
-    ctx.counts.update(prec.record())
-    ctx.log(f"{ctx.name}: precision {prec.words()}")
+    return tok
 
-    train_labels = [ex.label for ex in data["train"]]
-    dev_gold = [ex.label for ex in data["dev"]] if p.type in ("classification", "pair_classification") else []
-    task_run = Task(p, src, labels, splits, primary, pad, device, bf16,
-                    D.majority_score(p.type, train_labels, dev_gold, labels), f"{task}/{encoder}",
-                    log_metrics=ctx.log_metrics)
-    store = S.TrialStore(ctx.cfg.state / "trials", _trial_identity(ctx, p), f"{task}/{encoder}")
-    outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(task_run, ttp, seed, on_eval, f"trial{n}_"),
-                       store, lambda m: ctx.log(f"{task}/{encoder} search: {m}"))
+
+def _search(ctx, t: Task, tp, sp):
+    """The hyperparameters chosen on dev (``finetune.search``, its trials kept under paths.state), each trial an
+    MLflow run of its own."""
+    store = S.TrialStore(ctx.cfg.state / TRIALS, _trial_identity(ctx, t.p), t.desc)
+    outcome = S.search(sp, tp, tp.seeds[0], lambda ttp, seed, on_eval, n: fit(t, ttp, seed, on_eval, f"trial{n}_"),
+                       store, lambda m: ctx.log(f"{t.desc} search: {m}"))
+    for tr in outcome.trials:
+        ctx.log_child(f"{ctx.name} trial {tr.number}", tr.config,
+                      {f"dev_{t.primary}": tr.curve}, {"bertpipe.trial.state": tr.state,
+                                                       "bertpipe.trial.reason": tr.reason,
+                                                       "bertpipe.trial.chosen": tr.config == outcome.config
+                                                       and tr.state == "complete", "bertpipe.trial.stored": tr.cached})
+    return outcome
+
+
+def _train_seeds(ctx, t: Task, tok, outcome, sp) -> tuple[dict, dict]:
+    """Every seed trained with the chosen settings and scored on test; the best by dev (never test: choosing on it
+    would leak) is saved. (per-seed records, each seed's training result)."""
     tp = outcome.chosen
-    for t in outcome.trials:
-        ctx.log_child(f"{ctx.name} trial {t.number}", t.config,
-                      {f"dev_{primary}": t.curve}, {"bertpipe.trial.state": t.state, "bertpipe.trial.reason": t.reason,
-                                                    "bertpipe.trial.chosen": t.config == outcome.config
-                                                    and t.state == "complete", "bertpipe.trial.stored": t.cached})
-
     per_seed: dict = {}
     runs: dict = {}
     best_dev = float("-inf")
     for seed in tp.seeds:
-        f = outcome.fit if (outcome.fit is not None and seed == outcome.fit.seed) else None
-        outcome.fit = None if f is not None else outcome.fit
-        # the search already trained this very run and found it degenerate: no need to train it again
-        first = 1 if (seed == tp.seeds[0] and outcome.degenerate and sp.retries) else 0
-        if first:
-            ctx.log(f"{task}/{encoder} seed {seed}: degenerate on dev in the search ({outcome.degenerate}), "
-                    "training another seed")
-        for attempt in range(first, sp.retries + 1):
-            trained = seed + 1000 * attempt
-            if f is None:
-                f = fit(task_run, tp, trained, metric_prefix=f"seed{seed}_")
-            if not f.degenerate:
-                break
-            ctx.log(f"{task}/{encoder} seed {trained}: degenerate on dev ({f.degenerate})"
-                    + (", training another seed" if attempt < sp.retries else ""))
-            if attempt < sp.retries:
-                f = None
-        model, res = f.model, f.result
+        f = _seed_run(ctx, t, outcome, sp, seed)
+        res, dev = f.result, f.dev
         runs[seed] = res
-        dev = f.dev
-        test, test_details, recs = score(model, splits["test"], p, labels, pad, tp.eval_batch_size, bf16)
+        test, test_details, recs = score(f.model, t.splits["test"], t.p, t.labels, t.pad, tp.eval_batch_size, t.bf16)
         per_seed[str(seed)] = {
             "dev": dev, "test": test, "test_details": test_details, "best_step": res.best_step, "steps": res.steps,
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
@@ -168,30 +175,61 @@ def build(ctx, task: str, encoder: str) -> dict:
             "compile": res.compile_why + (f" (~{res.compile_s:.0f} s compiling)" if res.compile_s is not None else ""),
         }
         _write_predictions(ctx.out / "predictions" / f"seed{seed}.jsonl", recs)
-        ctx.log(f"{task}/{encoder} seed {seed}: dev {primary} {dev.get(primary, float('nan')):.4f}, "
-                f"test {primary} {test.get(primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)"
+        ctx.log(f"{t.desc} seed {seed}: dev {t.primary} {dev.get(t.primary, float('nan')):.4f}, "
+                f"test {t.primary} {test.get(t.primary, float('nan')):.4f} ({res.steps} steps, {res.seconds:.0f}s)"
                 + (f", DEGENERATE: {f.degenerate}" if f.degenerate else ""))
-        # never test: choosing on it would leak; without dev the first seed stays; a degenerate run only when
-        # every run is
-        choice = dev.get(primary, 0.0) - (2.0 if f.degenerate else 0.0)
+        # without dev the first seed stays; a degenerate run only when every run is
+        choice = dev.get(t.primary, 0.0) - (2.0 if f.degenerate else 0.0)
         if choice > best_dev:
             best_dev = choice
-            shutil.rmtree(ctx.out / "model", ignore_errors=True)
-            model.save_pretrained(ctx.out / "model")
-            tok.save_pretrained(ctx.out / "model")
-            from bertpipe.lib import modelcard
-
-            modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(p.type) or "feature-extraction",
-                            base_model=str(src), labels=labels, metrics={f"test_{k}": v for k, v in test.items()},
-                            notes=f"Seed {seed} of {tp.seeds}, chosen on dev {primary} (never on test).", task=p,
-                            max_seq_len=tp.max_seq_len)
-            _write_predictions(ctx.out / "predictions_test.jsonl", recs)
+            _save(ctx, t, tok, tp, seed, f.model, test, recs)
             for r in per_seed.values():
                 r.pop("saved", None)
             per_seed[str(seed)]["saved"] = True
-        del model, f
+        del f
+    return per_seed, runs
 
-    # The summary is over the runs that learned something; an encoder none of whose runs did is degenerate.
+
+def _seed_run(ctx, t: Task, outcome, sp, seed: int):
+    """The run of ``seed``: the search's own when it trained this seed, else trained here; a run degenerate on dev
+    is trained again with another seed (``seed + 1000 * attempt``), up to ``finetune.search.retries`` times."""
+    tp = outcome.chosen
+    f = outcome.fit if (outcome.fit is not None and seed == outcome.fit.seed) else None
+    outcome.fit = None if f is not None else outcome.fit
+    # the search already trained this very run and found it degenerate: no need to train it again
+    first = 1 if (seed == tp.seeds[0] and outcome.degenerate and sp.retries) else 0
+    if first:
+        ctx.log(f"{t.desc} seed {seed}: degenerate on dev in the search ({outcome.degenerate}), training another seed")
+    for attempt in range(first, sp.retries + 1):
+        trained = seed + 1000 * attempt
+        if f is None:
+            f = fit(t, tp, trained, metric_prefix=f"seed{seed}_")
+        if not f.degenerate:
+            break
+        ctx.log(f"{t.desc} seed {trained}: degenerate on dev ({f.degenerate})"
+                + (", training another seed" if attempt < sp.retries else ""))
+        if attempt < sp.retries:
+            f = None
+    return f
+
+
+def _save(ctx, t: Task, tok, tp, seed: int, model, test: dict, recs: list[dict]) -> None:
+    """``model/`` (the model, its tokenizer and card) and ``predictions_test.jsonl`` of the seed chosen so far."""
+    from bertpipe.lib import modelcard
+
+    shutil.rmtree(ctx.out / "model", ignore_errors=True)
+    model.save_pretrained(ctx.out / "model")
+    tok.save_pretrained(ctx.out / "model")
+    modelcard.write(ctx.out / "model", ctx, pipeline_tag=pipeline_task(t.p.type) or "feature-extraction",
+                    base_model=str(t.encoder), labels=t.labels, metrics={f"test_{k}": v for k, v in test.items()},
+                    notes=f"Seed {seed} of {tp.seeds}, chosen on dev {t.primary} (never on test).", task=t.p,
+                    max_seq_len=tp.max_seq_len)
+    _write_predictions(ctx.out / "predictions_test.jsonl", recs)
+
+
+def _metrics(ctx, t: Task, task: str, encoder: str, per_seed: dict, outcome, sp, counts: Counter) -> dict:
+    """metrics.json: every seed's scores, their summary over the runs that learned something (an encoder none of
+    whose runs did is degenerate), the search and the hyperparameters."""
     sound = {s: r for s, r in per_seed.items() if not r["degenerate"]}
     summary = {}
     for s in ("dev", "test"):
@@ -201,20 +239,27 @@ def build(ctx, task: str, encoder: str) -> dict:
     degenerate = not sound
     if degenerate:
         ctx.log(f"{task}/{encoder}: DEGENERATE: every seed's run is degenerate on dev; no verdict will use it")
-    out = {
-        "task": task, "type": p.type, "encoder": encoder, "encoder_source": str(src), "primary": primary,
-        "pipeline_task": pipeline_task(p.type), "labels": labels, "seeds": tp.seeds, "per_seed": per_seed,
+    tp = outcome.chosen
+    return {
+        "task": task, "type": t.p.type, "encoder": encoder, "encoder_source": str(t.encoder), "primary": t.primary,
+        "pipeline_task": pipeline_task(t.p.type), "labels": t.labels, "seeds": tp.seeds, "per_seed": per_seed,
         "summary": summary, "counts": dict(counts), "degenerate": degenerate,
         "degenerate_reason": next(iter(per_seed.values()))["degenerate"] if degenerate else None,
-        "majority_dev": task_run.majority_dev,
+        "majority_dev": t.majority_dev,
         "search": {"space": sp.space, "budget": sp.trials, "prune": sp.prune, "chosen": outcome.config,
-                   "trials": [t.record() for t in outcome.trials]},
+                   "trials": [tr.record() for tr in outcome.trials]},
         "hyperparameters": tp.model_dump(mode="json", exclude={"seeds", "device", "num_threads"}),
     }
+
+
+def _write(ctx, out: dict, runs: dict, title: str, counts: Counter) -> dict:
+    """metrics.json, the curves (a figure, and rows for `dvc plots`), the artifacts and the MLflow metrics: the
+    flat dev and test means."""
     from bertpipe.core.stage import write_json
 
+    primary = out["primary"]
     write_json(ctx.out / "metrics.json", out)
-    _plot(ctx.out / "curves.png", runs, primary, f"{task} / {encoder}")
+    _plot(ctx.out / "curves.png", runs, primary, title)
     # The same curves as rows, for `dvc plots` (evaluate collects them under work/evaluate/plots/).
     write_json(ctx.out / "curves.json", {
         "train_loss": [{"step": st, "loss": v, "seed": s} for s, r in runs.items() for st, v in r.losses],
@@ -224,6 +269,6 @@ def build(ctx, task: str, encoder: str) -> dict:
         if (ctx.out / name).exists():
             ctx.log_artifact(ctx.out / name)
     ctx.counts.update({k: int(v) for k, v in counts.items()})
-    flat = {f"{s}_{k}": v["mean"] for s in ("dev", "test") for k, v in summary[s].items()}
+    flat = {f"{s}_{k}": v["mean"] for s in ("dev", "test") for k, v in out["summary"][s].items()}
     ctx.log_metrics(flat)
     return flat

@@ -31,6 +31,7 @@ from bertpipe.infra.errors import BertpipeError
 from bertpipe.lib.cleaning.clean import Cleaner
 from bertpipe.lib.cleaning.dedup import components, keep_rank, lsh_candidates, lsh_params, pair_jaccard
 from bertpipe.lib.cleaning.exclude import EvalTexts, merge_excluded
+from bertpipe.lib.cleaning.params import DedupParams
 from bertpipe.stages.prepare.ingest import Ingest, source_files
 from bertpipe.stages.prepare.params import CorpusParams, PrepareParams
 from bertpipe.stages.prepare.shard import (BatchJob, keep_out_sketch, merge_counts, process_batch, run_batches,
@@ -127,6 +128,28 @@ def _repeated_id(ingest_factory, cp: CorpusParams, name: str, id_hashes: np.ndar
         seen[doc["id"]] = doc["_loc"]
 
 
+@dataclass
+class _Read:
+    """What reading a corpus leaves beside its batches in the store: the reader (its counts), the cleaner (what each
+    filter removed), the ingest counters and the task exclusion's counts."""
+
+    ingest: Ingest
+    cleaner: Cleaner
+    counters: dict
+    excluded: dict
+    after_clean: int
+
+
+@dataclass
+class _Found:
+    """The duplicates found so far: each document's cluster (the index of its kept member), which documents stay,
+    and the clusters as (first member, record)."""
+
+    rep: np.ndarray
+    alive: np.ndarray
+    clusters: list[tuple[int, dict]] = field(default_factory=list)
+
+
 def prepare_corpus(
     name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], with_test: bool = True,
     keep_out: EvalTexts | None = None, shards: int | str = 1, out: Path | None = None, scratch: Path | None = None,
@@ -139,16 +162,34 @@ def prepare_corpus(
 
     if out is None:
         out = Path(tempfile.mkdtemp(prefix="prepare-"))
-    if scratch is None:
-        scratch = out / f".scratch-{name}"
-    batch_bytes = batch_bytes or BATCH_BYTES
     timings: dict[str, float] = {}
-    t, cpu0, batch_cpu = time.perf_counter(), time.process_time(), 0.0
-    workers = shard_count(shards)
-    keep_out = keep_out or EvalTexts()
-    ev_sketch = keep_out_sketch(keep_out, p)
-    store = Store(scratch)
+    store = Store(scratch if scratch is not None else out / f".scratch-{name}")
     columns = ("id", "text", "group", "source", *_extra_columns(cp))
+    read = _read(name, cp, p, resolve, keep_out or EvalTexts(), store, columns, shard_count(shards),
+                 batch_bytes or BATCH_BYTES, timings)
+    n = store.total
+    found = _Found(np.arange(n, dtype=np.int64), np.ones(n, dtype=bool))
+    rank_cols = list(dict.fromkeys(["id", "group", *sorted({"status", *(f.lstrip("-") for f in p.dedup.keep_order)}
+                                                           & set(columns))]))
+    t = time.perf_counter()
+    exact_removed = _exact(store, name, p, rank_cols, found)
+    timings["exact_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    near_stats = _near(store, name, p, rank_cols, found)
+    timings["near_s"] = time.perf_counter() - t
+    names, kept, split_stats, lengths = _split_and_write(store, out, name, columns, p, with_test, found, timings)
+    found.clusters.sort(key=lambda c: (c[1]["kind"] != "exact", c[0]))
+    stats = _stats(read, found, exact_removed, near_stats, kept, names, split_stats, timings)
+    return CorpusResult(name, out / name, names, stats, [c for _, c in found.clusters], lengths)
+
+
+def _read(name: str, cp: CorpusParams, p: PrepareParams, resolve: Callable[[str], Path], keep_out: EvalTexts,
+          store: Store, columns: tuple[str, ...], workers: int, batch_bytes: int, timings: dict) -> _Read:
+    """Ingest, clean, keep out the tasks' texts and key every batch of the corpus (``workers`` processes) into
+    ``store``; ``timings`` gets the phase's wall and CPU seconds. A corpus that reads empty, repeats an id or loses
+    every document is a one-line error."""
+    t, cpu0, batch_cpu = time.perf_counter(), time.process_time(), 0.0
+    ev_sketch = keep_out_sketch(keep_out, p)
     ingest, cleaner = Ingest(resolve), Cleaner(p.clean)
     counters = {"ingested": 0, "sources": defaultdict(int), "chars_in": 0, "bytes_in": 0, "batches": 0}
     excluded: dict = {}
@@ -161,7 +202,7 @@ def prepare_corpus(
     def jobs():
         for k, docs in enumerate(_batches(ingest, cp, name, counters, bar, batch_bytes, id_hashes)):
             counters["batches"] += 1
-            yield BatchJob(k, docs, p, keep_out if keep_out.texts else None, ev_sketch, batch_path(scratch, k),
+            yield BatchJob(k, docs, p, keep_out if keep_out.texts else None, ev_sketch, batch_path(store.root, k),
                            columns)
 
     for r in run_batches(process_batch, jobs(), workers):
@@ -175,7 +216,6 @@ def prepare_corpus(
                 arrays["sig"] = r.near.sig.T
         store.add(r.index, r.kept, arrays)
     bar.close()
-    ingested = counters["ingested"]
     timings["ingest_clean_s"] = time.perf_counter() - t
     # CPU seconds of that phase: this process's (reading, parsing, shipping batches, merging; with one worker the
     # batches' work too) and the batches' work alone, wherever it ran. On n free cores the phase takes at least
@@ -183,99 +223,113 @@ def prepare_corpus(
     timings["ingest_clean_cpu_s"] = time.process_time() - cpu0
     timings["batch_cpu_s"] = batch_cpu
     timings["batches"], timings["shards"] = counters["batches"], workers  # shards: the workers
-    paths = ", ".join(s.path for s in cp.sources)
+    after_clean = _check_read(name, cp, resolve, counters["ingested"], cleaner, store, id_hashes)
+    if not excluded:
+        excluded = {"docs": 0, "by_task": {t_: dict.fromkeys(("exact", "contains", "near"), 0)
+                                            for t_ in keep_out.tasks}, "examples": []}
+    return _Read(ingest, cleaner, counters, excluded, after_clean)
+
+
+def _check_read(name: str, cp: CorpusParams, resolve: Callable[[str], Path], ingested: int, cleaner: Cleaner,
+                store: Store, id_hashes: list[np.ndarray]) -> int:
+    """The documents left after cleaning; an error when none was read, an id repeats, or none is left."""
     if ingested == 0:
+        paths = ", ".join(s.path for s in cp.sources)
         raise BertpipeError(f"prepare.{name}.sources: no documents found in {paths}")
     _repeated_id(lambda: Ingest(resolve), cp, name, np.concatenate(id_hashes))
     after_clean = ingested - sum(cleaner.removed.values())
     if after_clean == 0:
         removed = ", ".join(f"{k}={v}" for k, v in cleaner.stats()["removed"].items() if v)
         raise BertpipeError(f"prepare.{name}: no document left after cleaning ({removed}); loosen prepare.clean")
-    if not excluded:
-        excluded = {"docs": 0, "by_task": {t_: dict.fromkeys(("exact", "contains", "near"), 0)
-                                            for t_ in keep_out.tasks}, "examples": []}
-    n = store.total
-    if n == 0:
+    if store.total == 0:
         raise BertpipeError(f"prepare.{name}: every document matched a finetune task's dev/test text")
+    return after_clean
 
+
+def _exact(store: Store, name: str, p: PrepareParams, rank_cols: list[str], found: _Found) -> int:
+    """Exact duplicates, by a sort of the (N, 16) keys: each cluster's kept member stays, the rest go. The number
+    removed."""
+    if not p.dedup.exact:
+        return 0
+    n = len(found.alive)
+    keys = np.ascontiguousarray(store.join("exact").T).view(np.dtype((np.void, 16))).ravel()
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    brk = np.flatnonzero(sk[1:] != sk[:-1]) + 1
+    starts, ends = np.concatenate([[0], brk]), np.concatenate([brk, [n]])
+    big = (ends - starts) > 1
+    multi = [order[a:b] for a, b in zip(starts[big].tolist(), ends[big].tolist())]
+    for members, rec in _rank_clusters(store, name, "exact", multi, rank_cols, p):
+        found.alive[members[1:]] = False
+        found.clusters.append((int(min(members)), rec))
+    return int((~found.alive).sum())
+
+
+def _near(store: Store, name: str, p: PrepareParams, rank_cols: list[str], found: _Found) -> dict:
+    """Near duplicates among the documents left: band buckets -> verified pairs -> components; each cluster joins
+    its kept member, and with ``near_action: drop`` the rest go. The phase's counts."""
     d = p.dedup
-    rank_cols = list(dict.fromkeys(["id", "group", *sorted({"status", *(f.lstrip("-") for f in d.keep_order)}
-                                                           & set(columns))]))
-    clusters: list[tuple[int, dict]] = []  # (first member, record)
-    rep = np.arange(n, dtype=np.int64)  # each document's cluster: the index of its cluster's kept member
-    alive = np.ones(n, dtype=bool)
+    survivors = np.flatnonzero(found.alive)
+    if not d.near or len(survivors) < 2:
+        return {"candidates": 0, "pairs": 0, "clusters": 0, "removed": 0, "in_clusters": 0}
+    bands, rows = lsh_params(d.threshold, d.num_perm, d.recall_weight)
+    cand, sim = _candidates(store, survivors, bands, d)
+    keep = sim >= d.threshold
+    pairs, sims = cand[keep], sim[keep]
+    labels = components(len(survivors), pairs)
+    pair_label = labels[pairs[:, 0]] if len(pairs) else np.zeros(0, dtype=np.int64)
+    sizes = np.bincount(labels)
+    in_cluster = np.flatnonzero(sizes[labels] > 1)
+    order = in_cluster[np.argsort(labels[in_cluster], kind="stable")]
+    groups = np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if len(order) else []
+    by = np.argsort(pair_label, kind="stable")
+    cut = np.flatnonzero(np.diff(pair_label[by])) + 1
+    sims_of = {int(pair_label[c[0]]): sims[c] for c in np.split(by, cut)} if len(by) else {}
+    removed = 0
+    for members, rec in _rank_clusters(store, name, "near", [survivors[g] for g in groups], rank_cols, p,
+                                       sims=[sims_of.get(int(labels[g[0]])) for g in groups]):
+        found.rep[members] = members[0]
+        if d.near_action == "drop":
+            found.alive[members[1:]] = False
+            removed += len(members) - 1
+        found.clusters.append((int(min(members)), rec))
+    return {"candidates": int(len(cand)), "pairs": int(len(pairs)), "clusters": len(groups),
+            "in_clusters": int(len(in_cluster)), "removed": removed, "bands": bands, "rows": rows}
 
-    # -------------------------------------------------- exact: sort the (N, 16) keys
-    t = time.perf_counter()
-    exact_removed = 0
-    if d.exact:
-        keys = np.ascontiguousarray(store.join("exact").T).view(np.dtype((np.void, 16))).ravel()
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        brk = np.flatnonzero(sk[1:] != sk[:-1]) + 1
-        starts, ends = np.concatenate([[0], brk]), np.concatenate([brk, [n]])
-        big = (ends - starts) > 1
-        multi = [order[a:b] for a, b in zip(starts[big].tolist(), ends[big].tolist())]
-        for members, rec in _rank_clusters(store, name, "exact", multi, rank_cols, p):
-            alive[members[1:]] = False
-            clusters.append((int(min(members)), rec))
-        exact_removed = int((~alive).sum())
-    timings["exact_s"] = time.perf_counter() - t
 
-    # -------------------------------------------------- near: band buckets -> verified pairs -> components
-    t = time.perf_counter()
-    near_stats: dict = {"candidates": 0, "pairs": 0, "clusters": 0, "removed": 0, "in_clusters": 0}
-    survivors = np.flatnonzero(alive)
-    if d.near and len(survivors) > 1:
-        bands, rows = lsh_params(d.threshold, d.num_perm, d.recall_weight)
-        store.join("keys")  # (bands, N): read back one band at a time, not held mapped through the near phase
-        cand = lsh_candidates(store.row("keys", b)[survivors] for b in range(bands))
-        lens = store.join("lens")[survivors]
-        if len(cand):
-            cand = cand[(lens[cand[:, 0]] > 0) & (lens[cand[:, 1]] > 0)]
-        if d.verify:
-            involved = np.unique(cand)
-            got = store.fetch(survivors[involved].tolist(), ["text"])
-            texts = [got[int(i)]["text"] for i in survivors[involved]]
-            sim = _verified(texts, np.searchsorted(involved, cand), d.ngram)
-        else:
-            sig = store.join("sig")
-            a, b = survivors[cand[:, 0]], survivors[cand[:, 1]]
-            sim = (sig[:, a] == sig[:, b]).mean(axis=0) if len(cand) else np.zeros(0)
-        keep = sim >= d.threshold
-        pairs, sims = cand[keep], sim[keep]
-        labels = components(len(survivors), pairs)
-        pair_label = labels[pairs[:, 0]] if len(pairs) else np.zeros(0, dtype=np.int64)
-        sizes = np.bincount(labels)
-        in_cluster = np.flatnonzero(sizes[labels] > 1)
-        order = in_cluster[np.argsort(labels[in_cluster], kind="stable")]
-        groups = np.split(order, np.flatnonzero(np.diff(labels[order])) + 1) if len(order) else []
-        by = np.argsort(pair_label, kind="stable")
-        cut = np.flatnonzero(np.diff(pair_label[by])) + 1
-        sims_of = {int(pair_label[c[0]]): sims[c] for c in np.split(by, cut)} if len(by) else {}
-        removed = 0
-        for members, rec in _rank_clusters(store, name, "near", [survivors[g] for g in groups], rank_cols, p,
-                                           sims=[sims_of.get(int(labels[g[0]])) for g in groups]):
-            rep[members] = members[0]
-            if d.near_action == "drop":
-                alive[members[1:]] = False
-                removed += len(members) - 1
-            clusters.append((int(min(members)), rec))
-        near_stats = {"candidates": int(len(cand)), "pairs": int(len(pairs)), "clusters": len(groups),
-                      "in_clusters": int(len(in_cluster)), "removed": removed, "bands": bands, "rows": rows}
-    timings["near_s"] = time.perf_counter() - t
+def _candidates(store: Store, survivors: np.ndarray, bands: int, d: DedupParams) -> tuple[np.ndarray, np.ndarray]:
+    """(candidate pairs of survivor indices sharing an LSH band, their similarity): the true n-gram Jaccard of the
+    texts when ``d.verify``, else the MinHash agreement."""
+    store.join("keys")  # (bands, N): read back one band at a time, not held mapped through the near phase
+    cand = lsh_candidates(store.row("keys", b)[survivors] for b in range(bands))
+    lens = store.join("lens")[survivors]
+    if len(cand):
+        cand = cand[(lens[cand[:, 0]] > 0) & (lens[cand[:, 1]] > 0)]
+    if d.verify:
+        involved = np.unique(cand)
+        got = store.fetch(survivors[involved].tolist(), ["text"])
+        texts = [got[int(i)]["text"] for i in survivors[involved]]
+        return cand, _verified(texts, np.searchsorted(involved, cand), d.ngram)
+    sig = store.join("sig")
+    a, b = survivors[cand[:, 0]], survivors[cand[:, 1]]
+    return cand, (sig[:, a] == sig[:, b]).mean(axis=0) if len(cand) else np.zeros(0)
 
-    # -------------------------------------------------- split over integer codes, then the streamed write
+
+def _split_and_write(store: Store, out: Path, name: str, columns: tuple[str, ...], p: PrepareParams,
+                     with_test: bool, found: _Found, timings: dict) -> tuple[list[str], np.ndarray, dict, dict]:
+    """Split the kept documents over integer codes of groups and clusters, stream them into
+    ``out/<name>/<split>/``: (split names, kept document indices, per-split counts, per-split lengths)."""
     t = time.perf_counter()
     s = p.split
     fractions = {"train": 1.0 - s.valid - (s.test if with_test else 0.0), "valid": s.valid}
     if with_test:
         fractions["test"] = s.test
     names = [k for k in fractions if fractions[k] > 0]
-    kept = np.flatnonzero(alive)
-    split_idx, gcodes = _split(store, kept, rep, fractions, s)
+    kept = np.flatnonzero(found.alive)
+    split_idx, gcodes = _split(store, kept, found.rep, fractions, s)
     timings["split_s"] = time.perf_counter() - t
     t = time.perf_counter()
+    n, rep = len(found.alive), found.rep
     all_lens = store.join("lens")
     doc_split = np.full(n, -1, dtype=np.int8)
     doc_split[kept] = split_idx
@@ -288,26 +342,31 @@ def prepare_corpus(
         lengths[sp] = np.asarray(all_lens[rows_k])
         split_stats[sp] = {"docs": int(len(rows_k)), "chars": int(lengths[sp].sum()),
                            "groups": int(len(np.unique(gcodes[split_idx == k])))}
-    clusters.sort(key=lambda c: (c[1]["kind"] != "exact", c[0]))
+    return names, kept, split_stats, lengths
+
+
+def _stats(read: _Read, found: _Found, exact_removed: int, near_stats: dict, kept: np.ndarray, names: list[str],
+           split_stats: dict, timings: dict) -> dict:
+    """The corpus's stats.json entry: what was read, cleaned, excluded, deduplicated and split, and the timings."""
     stats = {
-        "sources": dict(counters["sources"]),
-        "ingested": ingested,
-        "bad_records_skipped": ingest.counts.get("bad_records", 0),
-        "chars_in": counters["chars_in"],
-        "utf8_bytes_in": counters["bytes_in"],
-        "clean": cleaner.stats(),
-        "after_clean": after_clean,
-        "excluded": excluded,
-        "exact": {"removed": exact_removed, "clusters": sum(c["kind"] == "exact" for _, c in clusters)},
+        "sources": dict(read.counters["sources"]),
+        "ingested": read.counters["ingested"],
+        "bad_records_skipped": read.ingest.counts.get("bad_records", 0),
+        "chars_in": read.counters["chars_in"],
+        "utf8_bytes_in": read.counters["bytes_in"],
+        "clean": read.cleaner.stats(),
+        "after_clean": read.after_clean,
+        "excluded": read.excluded,
+        "exact": {"removed": exact_removed, "clusters": sum(c["kind"] == "exact" for _, c in found.clusters)},
         "near": near_stats,
         "kept": int(len(kept)),
         "chars_out": sum(split_stats[sp]["chars"] for sp in names),
         "splits": split_stats,
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
-    if ingest.counts.get("gb18030_lines"):
-        stats["gb18030_lines"] = ingest.counts["gb18030_lines"]
-    return CorpusResult(name, out / name, names, stats, [c for _, c in clusters], lengths)
+    if read.ingest.counts.get("gb18030_lines"):
+        stats["gb18030_lines"] = read.ingest.counts["gb18030_lines"]
+    return stats
 
 
 VERIFY_PAIRS = 4096  # candidate pairs checked at a time against the true Jaccard

@@ -102,23 +102,10 @@ def _check_splits(res: CorpusResult) -> None:
 def build(ctx) -> dict:
     p: PrepareParams = ctx.params
     started = time.perf_counter()
-    results: list[CorpusResult] = []
     keep_out = EvalTexts.from_inputs(ctx.inputs, p) if p.exclude.tasks else EvalTexts()
     if keep_out.texts:
         ctx.log(f"keeping {len(keep_out.texts):,} dev/test texts of {len(keep_out.tasks)} task(s) out of the corpora")
-    for name, cp in corpora(p):
-        ctx.log(f"{name}: {len(cp.sources)} source(s)")
-        scratch = ctx.out / f".scratch-{name}"
-        try:
-            res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
-                                 keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards, out=ctx.out,
-                                 scratch=scratch, batch_bytes=max(1, int(p.batch_mb * (1 << 20))))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        _check_splits(res)
-        ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
-        results.append(res)
-
+    results = [_corpus(ctx, name, cp, keep_out) for name, cp in corpora(p)]
     duration = time.perf_counter() - started
     mb_in = sum(r.stats["utf8_bytes_in"] for r in results) / 1e6
     stats = {
@@ -127,6 +114,34 @@ def build(ctx) -> dict:
         "mb_in": round(mb_in, 3),
         "mb_per_s": round(mb_in / max(duration, 1e-9), 3),  # UTF-8 text as ingested
     }
+    _write(ctx, results, stats)
+    metrics: dict[str, float] = {"duration_s": round(duration, 3), "mb_per_s": stats["mb_per_s"]}
+    for r in results:
+        metrics.update(_corpus_metrics(r))
+        ctx.counts[r.name] = _corpus_counts(r.stats)
+    ctx.log_metrics(metrics)
+    return metrics
+
+
+def _corpus(ctx, name: str, cp, keep_out: EvalTexts) -> CorpusResult:
+    """One corpus prepared into ``ctx.out/<name>/`` (its scratch batches removed however it ends), with a split for
+    every part."""
+    p: PrepareParams = ctx.params
+    ctx.log(f"{name}: {len(cp.sources)} source(s)")
+    scratch = ctx.out / f".scratch-{name}"
+    try:
+        res = prepare_corpus(name, cp, p, resolver(ctx.cfg), with_test=(name == "domain" or p.split.general_test),
+                             keep_out=keep_out, shards=ctx.cfg.params.flow.prepare_shards, out=ctx.out,
+                             scratch=scratch, batch_bytes=max(1, int(p.batch_mb * (1 << 20))))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _check_splits(res)
+    ctx.log(f"{name}: kept {res.stats['kept']:,} of {res.stats['ingested']:,} documents")
+    return res
+
+
+def _write(ctx, results: list[CorpusResult], stats: dict) -> None:
+    """``stats.json``, ``dedup_clusters.jsonl``, ``report.md`` and ``lengths.png``, logged as artifacts."""
     (ctx.out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     with open(ctx.out / "dedup_clusters.jsonl", "w", encoding="utf-8") as fh:
         for r in results:
@@ -138,31 +153,32 @@ def build(ctx) -> dict:
     if _plot_lengths(results, ctx.out / "lengths.png"):
         ctx.log_artifact(ctx.out / "lengths.png")
 
-    metrics: dict[str, float] = {"duration_s": round(duration, 3), "mb_per_s": stats["mb_per_s"]}
-    for r in results:
-        s, n = r.stats, r.name
-        metrics.update(
-            {
-                f"{n}_ingested": s["ingested"],
-                f"{n}_kept": s["kept"],
-                f"{n}_chars_out": s["chars_out"],
-                f"{n}_exact_removed": s["exact"]["removed"],
-                f"{n}_task_excluded": s["excluded"]["docs"],
-                f"{n}_near_pairs": s["near"]["pairs"],
-                f"{n}_near_clusters": s["near"]["clusters"],
-                f"{n}_near_removed": s["near"]["removed"],
-                **{f"{n}_clean_{k}": v for k, v in s["clean"]["removed"].items()},
-                **{f"{n}_{sp}_docs": v["docs"] for sp, v in s["splits"].items()},
-            }
-        )
-        ctx.counts[n] = {
-            "ingested": s["ingested"],
-            "removed_by_filter": s["clean"]["removed"],
-            "exact_removed": s["exact"]["removed"],
-            "task_excluded": {t: sum(c.values()) for t, c in s["excluded"]["by_task"].items()},
-            "near_removed": s["near"]["removed"],
-            "near_pairs": s["near"]["pairs"],
-            "splits": {sp: v["docs"] for sp, v in s["splits"].items()},
-        }
-    ctx.log_metrics(metrics)
-    return metrics
+
+def _corpus_metrics(r: CorpusResult) -> dict[str, float]:
+    """A corpus's numbers for MLflow, each named ``<corpus>_<what>``."""
+    s, n = r.stats, r.name
+    return {
+        f"{n}_ingested": s["ingested"],
+        f"{n}_kept": s["kept"],
+        f"{n}_chars_out": s["chars_out"],
+        f"{n}_exact_removed": s["exact"]["removed"],
+        f"{n}_task_excluded": s["excluded"]["docs"],
+        f"{n}_near_pairs": s["near"]["pairs"],
+        f"{n}_near_clusters": s["near"]["clusters"],
+        f"{n}_near_removed": s["near"]["removed"],
+        **{f"{n}_clean_{k}": v for k, v in s["clean"]["removed"].items()},
+        **{f"{n}_{sp}_docs": v["docs"] for sp, v in s["splits"].items()},
+    }
+
+
+def _corpus_counts(s: dict) -> dict:
+    """A corpus's counts for the manifest: what each step removed and what each split holds."""
+    return {
+        "ingested": s["ingested"],
+        "removed_by_filter": s["clean"]["removed"],
+        "exact_removed": s["exact"]["removed"],
+        "task_excluded": {t: sum(c.values()) for t, c in s["excluded"]["by_task"].items()},
+        "near_removed": s["near"]["removed"],
+        "near_pairs": s["near"]["pairs"],
+        "splits": {sp: v["docs"] for sp, v in s["splits"].items()},
+    }

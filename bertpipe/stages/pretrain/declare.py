@@ -8,6 +8,7 @@ from bertpipe.core.codeid import MODEL_LIBS
 from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.infra.config import Config
+from bertpipe.lib.keyedstore import FOLDER as TOKEN_STORES
 from bertpipe.lib.layout import base_is_scratch, base_tokenizer, corpus_dir
 from bertpipe.lib.mlm.params import PretrainParams
 
@@ -30,7 +31,7 @@ def base_stage() -> Stage:
     # e.g. retrain's model.continue_from does not rebuild the bootstrap base.
     return Stage("base", VERSION, ("base", "model.language"), inputs, lambda c: c.work / "base",
                  deferred("bertpipe.stages.pretrain.stage:build"), params_section="base", code=("pretrain",),
-                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked)
+                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked, stores=(TOKEN_STORES,))
 
 
 def pretrain_stage() -> Stage:
@@ -41,7 +42,7 @@ def pretrain_stage() -> Stage:
 
     return Stage("pretrain", VERSION, ("pretrain", "model.language"), inputs, lambda c: c.work / "pretrain",
                  deferred("bertpipe.stages.pretrain.stage:build"), params_section="pretrain", code=("pretrain",),
-                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked)
+                 libs=(*MODEL_LIBS, "jieba", "numpy"), launcher=_ranked, stores=(TOKEN_STORES,))
 
 
 # `base` bootstraps a from-scratch general-domain model; it is a pretrain section like `pretrain`.

@@ -83,36 +83,61 @@ def _build(ctx, d) -> dict:
     threads = use_training_threads(p.threads, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), alone=ctx.name == "base")
     ctx.counts["torch_threads"] = threads
     should_compile(p.compile, p.max_steps, d.device, f"{ctx.name}.compile")  # a bad setting fails before the data
-    language = ctx.cfg.params.model.language
     mlm, tok, fresh, origin, p = _load(ctx, p)
     corpus = Path(ctx.inputs["corpus"])
-    train_ex, valid_ex, lengths = _examples(ctx, tok, language, p, corpus)
+    train_ex, valid_ex, lengths = _examples(ctx, tok, ctx.cfg.params.model.language, p, corpus)
+    _check_sizes(ctx.name, p, d, corpus, len(train_ex), len(valid_ex))
+    if d.main:
+        ctx.log(f"{origin}; {len(train_ex)} training segments, {len(valid_ex)} held-out; {d.world} process(es)")
+    pm, res = _fit(ctx, d, p, mlm, tok, train_ex, valid_ex)
+    restarts = elastic_restarts(d)
+    chosen = kept_weights(pm, ctx.scratch, p.output)
+    pad = _padding_share(lengths, p)
+    metrics = _metrics(res, fresh, restarts, pad, p)
+    ctx.counts.update(
+        train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
+        processes=d.world, steps=res.step, stopped=res.stopped, **res.precision.record(),
+        restarts=restarts, resumed_from_step=res.resumed_from,
+    )
+    if not d.main:
+        return metrics
+    _collect_stores(ctx)
+    facts = _facts(ctx, p, d, res, metrics, origin=origin, fresh=fresh, corpus=corpus, segments=len(train_ex),
+                   tokens=int(lengths.sum()), held_out=len(valid_ex), restarts=restarts, pad=pad, chosen=chosen)
+    _write(ctx, p, pm, mlm, tok, res, metrics, facts, valid_ex)
+    return metrics
+
+
+def _check_sizes(name: str, p, d, corpus: Path, n_train: int, n_valid: int) -> None:
+    """At least one batch of training segments for every process, and held-out text; a one-line error otherwise."""
     need = p.batch_size * p.grad_accum * d.world
-    if len(train_ex) < need:
+    if n_train < need:
         raise BertpipeError(
-            f"{corpus / 'train.parquet'}: {len(train_ex)} packed segments, fewer than one batch "
-            f"(batch_size x grad_accum x processes = {need}); lower {ctx.name}.batch_size or add text"
+            f"{corpus / 'train.parquet'}: {n_train} packed segments, fewer than one batch "
+            f"(batch_size x grad_accum x processes = {need}); lower {name}.batch_size or add text"
         )
-    if not valid_ex:
+    if not n_valid:
         raise BertpipeError(f"{corpus / 'valid.parquet'}: no text to evaluate on")
 
+
+def _fit(ctx, d, p, mlm, tok, train_ex, valid_ex):
+    """(the objective's model, the training result): the model trained by the one loop, resuming from scratch's
+    checkpoints."""
     spec = MaskSpec.from_params(p)
     replace_ids = normal_token_ids(tok)
     eval_set = eval_batches(valid_ex, p, spec, tok.mask_token_id, replace_ids, tok.pad_token_id)
     pm = objective_model(mlm, p)
-    if d.main:
-        ctx.log(f"{origin}; {len(train_ex)} training segments, {len(valid_ex)} held-out; {d.world} process(es)")
 
     def on_log(metrics: dict, step: int) -> None:
         ctx.log_metrics(metrics, step=step)
 
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log,
                 compile_key=f"{ctx.name}.compile")
-    restarts = elastic_restarts(d)
+    return pm, res
 
-    chosen = kept_weights(pm, ctx.scratch, p.output)
-    pad = _padding_share(lengths, p)
-    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
+
+def _metrics(res, fresh: bool, restarts: int, pad: float, p) -> dict:
+    """The run's numbers: the held-out losses, throughput, how it started, stopped and was padded."""
     tok_s = [h["tokens_per_s"] for h in res.history if "tokens_per_s" in h]
     metrics = {
         **loss_metrics(res),
@@ -131,34 +156,16 @@ def _build(ctx, d) -> dict:
     for k in ("eval_pair_acc", "eval_mlm_loss", "eval_disc_loss", "eval_disc_acc"):
         if k in res.final_eval:
             metrics[k] = float(res.final_eval[k])
-    ctx.counts.update(
-        train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
-        processes=d.world, steps=res.step, stopped=res.stopped, **res.precision.record(),
-        restarts=restarts, resumed_from_step=res.resumed_from,
-    )
-    if not d.main:
-        return metrics
-    _collect_stores(ctx)
+    return metrics
 
-    out = Path(ctx.out)
-    pm.saved.save_pretrained(out / "model")
-    tok.save_pretrained(out / "model")
-    from bertpipe.lib import modelcard
 
-    modelcard.write(out / "model", ctx, pipeline_tag="fill-mask" if p.objective == "mlm" else "feature-extraction",
-                    base_model=str(ctx.inputs.get("model") or "a fresh model (from scratch)"),
-                    metrics={k: v for k, v in metrics.items() if "loss" in k or k.startswith("eval_")})
-    # RTD: the generator too (an MLM; not the encoder), for a look at what it fills in and to score it by hand
-    filler = pm.generator if p.objective == "rtd" else mlm
-    if p.objective == "rtd":
-        pm.generator.save_pretrained(out / "generator")
-        tok.save_pretrained(out / "generator")
-    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: {p.objective.upper()} loss")
-    samples = report.fill_mask_samples(filler, tok, valid_ex, p.fill_mask_samples)
+def _facts(ctx, p, d, res, metrics: dict, *, origin: str, fresh: bool, corpus: Path, segments: int, tokens: int,
+           held_out: int, restarts: int, pad: float, chosen: str) -> dict[str, str]:
+    """The report's facts: where it started, on what, with which objective, how it ran and what it reached."""
     facts = {
         "start": origin + ("; **fresh MLM head** (the checkpoint had none)" if fresh and "model" in ctx.inputs else ""),
-        "corpus": f"`{corpus}` ({len(train_ex)} training segments of <= {p.max_seq_len} tokens, "
-                  f"{int(lengths.sum())} tokens; {len(valid_ex)} held-out)",
+        "corpus": f"`{corpus}` ({segments} training segments of <= {p.max_seq_len} tokens, {tokens} tokens; "
+                  f"{held_out} held-out)",
         "objective": objective_words(p),
         "steps": f"{res.step} (stopped by {res.stopped}; resumed from step {res.resumed_from}"
                  + (f"; the job restarted {restarts} time(s) after a process failed)" if restarts else ")"),
@@ -176,11 +183,32 @@ def _build(ctx, d) -> dict:
         facts["discriminator"] = (f"held-out loss {metrics['eval_disc_loss']:.4f}, accuracy {metrics['eval_disc_acc']:.3f}"
                                   " over all tokens; model/ is the discriminator's encoder (no MLM head: the fair MLM "
                                   "comparison and the encoder gate do not apply), generator/ the generator")
+    return facts
+
+
+def _write(ctx, p, pm, mlm, tok, res, metrics: dict, facts: dict, valid_ex) -> None:
+    """``model/`` (with its card; RTD's ``generator/`` too), ``loss.png``, ``report.md`` with fill-mask samples,
+    ``metrics.json``."""
+    from bertpipe.lib import modelcard
+
+    out = Path(ctx.out)
+    pm.saved.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    modelcard.write(out / "model", ctx, pipeline_tag="fill-mask" if p.objective == "mlm" else "feature-extraction",
+                    base_model=str(ctx.inputs.get("model") or "a fresh model (from scratch)"),
+                    metrics={k: v for k, v in metrics.items() if "loss" in k or k.startswith("eval_")})
+    # RTD: the generator too (an MLM; not the encoder), for a look at what it fills in and to score it by hand
+    filler = pm.generator if p.objective == "rtd" else mlm
+    if p.objective == "rtd":
+        pm.generator.save_pretrained(out / "generator")
+        tok.save_pretrained(out / "generator")
+    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: {p.objective.upper()} loss")
+    samples = report.fill_mask_samples(filler, tok, valid_ex, p.fill_mask_samples)
+    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
     report.write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
     (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
     for f in ("loss.png", "report.md"):
         ctx.log_artifact(out / f)
-    return metrics
 
 
 def _collect_stores(ctx) -> None:

@@ -6,10 +6,12 @@ from bertpipe.core.codeid import MODEL_LIBS
 from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.infra.config import Config
+from bertpipe.lib.keyedstore import FOLDER as WINDOW_STORES
 from bertpipe.lib.layout import (
     base_model, corpus_dir, distill_out, distill_tasks, evaluate_out, export_out, export_targets, finetune_out,
     task_dir, task_model_encoders,
 )
+from bertpipe.lib.registered.versions import EXPORTED
 from bertpipe.stages.register.params import RegisterParams
 from bertpipe.stages.register.present import missing
 
@@ -41,7 +43,9 @@ def register_stage() -> Stage:
 
     return Stage("register", VERSION, ("register", "tracking"), inputs, lambda c: c.work / "register",
                  deferred("bertpipe.stages.register.stage:build"), code=("register",), libs=(*MODEL_LIBS, "mlflow"),
-                 sources_from=("finetune", "distill", "export"), lost=missing)
+                 sources_from=("finetune", "distill", "export"), lost=missing,
+                 # a champion exported to be re-scored; the encoder gate's windows when evaluate has no score
+                 stores=(EXPORTED, WINDOW_STORES), registry=True)
 
 
 REGISTER = Family("register", "Register the finetuned models in the MLflow registry (champion/challenger).",

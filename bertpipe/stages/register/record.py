@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertpipe.core.stage import StageContext, read_manifest
+from bertpipe.lib.measures import bootstrap as B
 from bertpipe.lib.registered.champion import DEGENERATE_TAG, FINGERPRINT_TAG, find_by_fingerprint
 from bertpipe.stages.register import card as C
 from bertpipe.stages.register import decision as D
@@ -103,11 +104,11 @@ def register_version(ctx: StageContext, mlflow, client, c: Candidate) -> None:
     if c.encoder:  # which encoder's finetune this task model is (the best by dev score)
         tags.update({"bertpipe.encoder": c.encoder, DEGENERATE_TAG: str(bool(c.degenerate)).lower()})
     log_inputs(ctx, mlflow, c)
-    preds = c.ft_dir / S.PREDICTIONS if c.ft_dir is not None else None
+    preds = c.ft_dir / B.PREDICTIONS if c.ft_dir is not None else None
     if preds is not None and preds.is_file():
         artifact_dir = f"predictions/{c.name}/v{c.version}"
         mlflow.log_artifact(str(preds), artifact_path=artifact_dir)
-        tags[S.PREDICTIONS_TAG] = f"{mlflow.active_run().info.run_id}:{artifact_dir}/{S.PREDICTIONS}"
+        tags[S.PREDICTIONS_TAG] = f"{mlflow.active_run().info.run_id}:{artifact_dir}/{B.PREDICTIONS}"
     for k, v in tags.items():
         client.set_model_version_tag(c.name, c.version, k, v)
 

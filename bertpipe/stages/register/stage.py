@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bertpipe.core.outputs import atomic_file
 from bertpipe.core.stage import StageContext, write_json
+from bertpipe.lib.measures import bootstrap as B
 from bertpipe.lib.registered.champion import (CHALLENGER, current_champion, registry_lock, set_champion_locked,
                                               was_champion)
 from bertpipe.lib.registered.versions import export_model
@@ -89,10 +90,10 @@ def _decide(ctx: StageContext, client, c: Candidate) -> dict:
         rec["upstream_changes"] = D.upstream_changes(c.lineage, champ.tags or {})
         champ_value, rescored, note, preds = _champion_score(ctx, client, c, champ)
         rec.update(champion_value=champ_value, champion_rescored=rescored)
-        if preds is not None and (c.ft_dir / S.PREDICTIONS).is_file():
+        if preds is not None and (c.ft_dir / B.PREDICTIONS).is_file():
             tp, _ = G.task_settings(ctx.cfg, c.ft_dir, c.task)
             rec["ci95"], rec["ci_note"] = S.paired_interval(
-                tp.type, c.metric, preds, S.read_predictions(c.ft_dir / S.PREDICTIONS), p.ci_samples, p.ci_seed)
+                tp.type, preds, B.read_predictions(c.ft_dir / B.PREDICTIONS), p.ci_samples, p.ci_seed)
         elif champ_value is not None:
             rec["ci_note"] = ("the encoder gate score is one number" if c.ft_dir is None
                               else "no per-example predictions for both models")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from bertpipe.core.declared import Family
 from bertpipe.core.stage import Stage, deferred
 from bertpipe.lib.layout import start_dir
+from bertpipe.lib.registered.versions import EXPORTED
 
 VERSION = "1"
 # What the rule reads from params (bertpipe.lib.lineage.resolve); the registry's answer is the external input.
@@ -22,7 +23,7 @@ def own_inputs(cfg) -> dict:
 def start_stage() -> Stage:
     return Stage("start", VERSION, SECTIONS, own_inputs, start_dir, deferred("bertpipe.stages.start.stage:build"),
                  params_section="flow", code=("start",), external=deferred("bertpipe.stages.start.stage:decide"),
-                 external_memo=KEPT_WITH, light=True)
+                 external_memo=KEPT_WITH, light=True, stores=(EXPORTED,))  # the champion, exported to start from
 
 
 START = Family("start", "Decide where domain pretraining starts (the base, or the registry's champion encoder) into "

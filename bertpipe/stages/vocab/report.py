@@ -84,12 +84,28 @@ def write_report(
     params: dict,
     top_n: int = 200,
 ) -> None:
-    speed = after["chars_per_s"] / max(before["chars_per_s"], 1e-9)
-    words = [r for r in rows if r["kind"] != "unk_char"]
-    chars = [r for r in rows if r["kind"] == "unk_char"]
     lines = [
         "# vocab: domain words added to the tokenizer",
         "",
+        *_summary(language, base_src, model_src, mining, start, rows, head_note),
+        "",
+        f"- new rows initialised with **{init[0]}** ({init[1]})" if init[0] else "",
+        "",
+        *_tokenizers(before, after),
+        *_losses(losses),
+        *_glossary(glossary_rows),
+        *_added(rows, top_n),
+        "", "## Params", "", "```", *(f"{k}: {v}" for k, v in params.items()), "```", "",
+    ]
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
+
+
+def _summary(language: str, base_src: str, model_src: str, mining, start: str, rows: Sequence[dict],
+             head_note: str) -> list[str]:
+    """What was extended, what was mined, what was added and how, and the MLM head."""
+    words = [r for r in rows if r["kind"] != "unk_char"]
+    chars = [r for r in rows if r["kind"] == "unk_char"]
+    return [
         f"- extended: {start or model_src}; tokenizer `{base_src}`, model `{model_src}`; language: {language}. Every "
         "id of the starting tokenizer keeps its number; new ids follow them.",
         f"- mined {mining.n_texts} train texts ({mining.n_chars} characters, {mining.n_words} jieba "
@@ -103,9 +119,13 @@ def write_report(
         "spaces CJK characters out; Latin words only as whole words); [UNK] characters are appended to the WordPiece "
         "vocab with their ## forms. Everything else tokenises exactly as before.",
         f"- MLM head: {head_note}",
-        "",
-        f"- new rows initialised with **{init[0]}** ({init[1]})" if init[0] else "",
-        "",
+    ]
+
+
+def _tokenizers(before: dict, after: dict) -> list[str]:
+    """The valid split through the starting and the extended tokenizer."""
+    speed = after["chars_per_s"] / max(before["chars_per_s"], 1e-9)
+    return [
         "## Valid split, before and after",
         "",
         "| | before (starting tokenizer) | extended |",
@@ -122,43 +142,49 @@ def write_report(
         f"Extended/base speed: {speed:.2f}x.",
         "",
     ]
-    if losses:
-        lines += [
-            "## MLM loss on held-out valid text right after extension",
-            "",
-            "Same masked positions for every extended model (15% of tokens, fixed seed); the lowest decides the init "
-            "when vocab.init is `best`. `start` is the starting model with its own tokenizer, so its positions "
-            "differ.",
-            "",
-            "| model | loss |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in losses.items()]
-        lines.append("")
-    if glossary_rows:
-        covered = sum(1 for g in glossary_rows if g["one_token"])
-        lines += [
-            f"## Glossary coverage: {covered}/{len(glossary_rows)} terms are one token after extension",
-            "",
-            "| term | source | train freq | in base vocab | one token after |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {g['term']} | {g['source']} | {g['freq']} | {'yes' if g['in_base'] else 'no'} | "
-            f"{'yes' if g['one_token'] else 'no'} |"
-            for g in glossary_rows
-        ]
-        lines.append("")
-    lines += [
+
+
+def _losses(losses: dict[str, float]) -> list[str]:
+    """The held-out MLM loss of each initialisation (none without valid text)."""
+    if not losses:
+        return []
+    return [
+        "## MLM loss on held-out valid text right after extension",
+        "",
+        "Same masked positions for every extended model (15% of tokens, fixed seed); the lowest decides the init "
+        "when vocab.init is `best`. `start` is the starting model with its own tokenizer, so its positions "
+        "differ.",
+        "",
+        "| model | loss |",
+        "|---|---|",
+        *(f"| {k} | {_fmt(v)} |" for k, v in losses.items()),
+        "",
+    ]
+
+
+def _glossary(glossary_rows: Sequence[dict]) -> list[str]:
+    """Which glossary terms are one token after extension (none without glossaries)."""
+    if not glossary_rows:
+        return []
+    covered = sum(1 for g in glossary_rows if g["one_token"])
+    return [
+        f"## Glossary coverage: {covered}/{len(glossary_rows)} terms are one token after extension",
+        "",
+        "| term | source | train freq | in base vocab | one token after |",
+        "|---|---|---|---|---|",
+        *(f"| {g['term']} | {g['source']} | {g['freq']} | {'yes' if g['in_base'] else 'no'} | "
+          f"{'yes' if g['one_token'] else 'no'} |" for g in glossary_rows),
+        "",
+    ]
+
+
+def _added(rows: Sequence[dict], top_n: int) -> list[str]:
+    """The first ``top_n`` added tokens (added_tokens.tsv holds them all)."""
+    return [
         f"## Added tokens (first {min(top_n, len(rows))} of {len(rows)}; all in added_tokens.tsv)",
         "",
         "| id | token | kind | train freq | base pieces | PMI | score |",
         "|---|---|---|---|---|---|---|",
+        *(f"| {r['id']} | {r['token']} | {r['kind']} | {r['freq']} | {r['pieces']} | {_fmt(r['pmi'], 2)} | "
+          f"{_fmt(r['score'], 1)} |" for r in rows[:top_n]),
     ]
-    for r in rows[:top_n]:
-        lines.append(
-            f"| {r['id']} | {r['token']} | {r['kind']} | {r['freq']} | {r['pieces']} | {_fmt(r['pmi'], 2)} | "
-            f"{_fmt(r['score'], 1)} |"
-        )
-    lines += ["", "## Params", "", "```", *(f"{k}: {v}" for k, v in params.items()), "```", ""]
-    Path(path).write_text("\n".join(lines), encoding="utf-8")
