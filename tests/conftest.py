@@ -36,6 +36,11 @@ os.environ.setdefault("BERTPIPE_DOWNLOAD_CACHE", str(REPO / ".bertpipe" / "downl
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(var, "1")
+    # A stage that sets more threads itself (base is given every core: bertpipe.infra.cores) shares the cores with
+    # the other workers; OpenMP's default waiting spins, so a thread waiting at a barrier for one that is descheduled
+    # burns its core. Passive waiting sleeps instead: a 30-step tiny base on 2 threads beside other work cost ~27 CPU-s
+    # spinning, ~10 passive (1 thread: ~10; measured). Results are the same: the wait policy is no part of the math.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Token stores tokenize in this process too: a flow gives its stage the machine's cores, and the stage would
     # spawn that many tokenizer processes (3-8 CPU-s each, measured: imports before any work) for a few hundred test
     # documents. The parallel build is proven where the worker count is passed explicitly (test_pretrain_data_store).

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from bertpipe.infra.lifeline import EVERY_S
-from tests.e2e_project import env_for, shared_prefect_api, stop
+from tests.e2e_project import build_chain, env_for, shared_prefect_api, stop
 from tests.test_kill_recovery import leftovers, make_project
 
 pytestmark = pytest.mark.slow
@@ -31,10 +31,12 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
 
 
 def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.Process], bool] | None = None,
-               prefect: str = "ephemeral"):
+               prefect: str = "ephemeral", prebuilt: bool = False):
     """`bertpipe run` (a temporary Prefect server, or ``prefect="shared"``: the test run's) of a project whose long
     pretrain runs beside the base encoder's finetune, each stage in its own process; returned once ``until(run)``
-    holds (default: both stage processes exist)."""
+    holds (default: both stage processes exist). ``prebuilt``: the stages above those two built first in this
+    process (``build_chain``), so the run finds them fresh and starts with the two (a stage process costs ~5-7 CPU-s
+    of imports before its work; those stages are no part of what is interrupted)."""
     from tests.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
     enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
@@ -48,6 +50,8 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.P
     p["finetune"].update(encoders=["base", "adapted"], train={"epochs": 50, "max_seq_len": 32, "seeds": [42]})
     p["flow"] = {"max_parallel": 2}
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
+    if prebuilt:
+        build_chain(root, "vocab")  # and what it reads: splits, prepare, base, start
 
     log = open(root / "run.log", "w")
     # on the shared server the run is told from other tests' runs by its params file's absolute path
@@ -100,7 +104,7 @@ def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokeni
 
 
 def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_tokenizer_dir):
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir)
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, prefect="shared", prebuilt=True)
     try:
         children = _stage_children(me)
         assert len(children) >= 2, (root / "run.log").read_text()[-3000:]
@@ -140,7 +144,8 @@ def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp
         return (" pretrain" in lines and " finetune" in lines and finetune_log.is_file()
                 and "building" in finetune_log.read_text())
 
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=training, prefect="shared")
+    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=training, prefect="shared",
+                               prebuilt=True)
     api = shared_prefect_api()
     try:
         before = set(_cmdlines(_stage_children(me)))
