@@ -66,7 +66,7 @@ def build(ctx, task: str) -> dict:
     ctx.log(f"continued from `{ref}`; {len(train_ex)} segments from {corpus.counts['trained_texts']} texts of "
             f"{task}, {len(valid_ex)} held-out; {p.max_steps} steps")
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d,
-                lambda m, step: ctx.log_metrics(m, step=step))
+                lambda m, step: ctx.log_metrics(m, step=step), section=ctx.name)
 
     chosen = kept_weights(pm, ctx.scratch, p.output)
     lengths = [len(e.ids) for e in train_ex]
