@@ -158,7 +158,7 @@ def encoder_inputs(model, attention_mask: torch.Tensor, doc_ids: torch.Tensor | 
     if kind == "varlen" and doc_offsets is not None:
         return {"attention_mask": None, "doc_offsets": doc_offsets, "doc_max_len": attention_mask.shape[1]}
     if kind == "flex" and doc_ids is not None:
-        return {"attention_mask": None, "doc_block_mask": _block_mask(doc_ids)}
+        return {"attention_mask": None, "doc_block_mask": document_block_mask(doc_ids)}
     return {"attention_mask": encoder_mask(model, attention_mask, doc_ids)}
 
 
@@ -182,8 +182,8 @@ def _sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, 
                                   **kwargs)
 
 
-def _varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, doc_offsets=None,
-                      doc_max_len=None, **kwargs):
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, doc_offsets=None,
+                     doc_max_len=None, **kwargs):
     """SDPA over nested jagged tensors whose sequences are the ``doc_offsets`` runs of the batch's tokens.
     ``query``/``key``/``value``: (batch, heads, L, head_dim); returns (batch, L, heads, head_dim), as transformers'
     attention functions do. ``doc_max_len`` (the row length) bounds the longest run, so nothing reads the offsets."""
@@ -209,7 +209,7 @@ def _flex_kernel(device_type: str):
     return torch.compile(flex_attention) if device_type == "cuda" else flex_attention
 
 
-def _block_mask(doc_ids: torch.Tensor):
+def document_block_mask(doc_ids: torch.Tensor):
     """FlexAttention's BlockMask keeping each token to the tokens of its row with its document id."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -220,8 +220,8 @@ def _block_mask(doc_ids: torch.Tensor):
     return create_block_mask(same_document, batch, None, n, n, device=doc_ids.device)
 
 
-def _flex_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, doc_block_mask=None,
-                    **kwargs):
+def flex_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, doc_block_mask=None,
+                   **kwargs):
     """FlexAttention under ``doc_block_mask``; (batch, L, heads, head_dim) as transformers' attention functions."""
     if doc_block_mask is None:
         return _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
@@ -234,7 +234,7 @@ def _registered() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    for kind, fn in (("varlen", _varlen_attention), ("flex", _flex_attention)):
+    for kind, fn in (("varlen", varlen_attention), ("flex", flex_attention)):
         AttentionInterface.register(IMPLEMENTATIONS[kind], fn)
         # a forward without document inputs builds the mask SDPA takes (2D padding -> 4D boolean, or none)
         AttentionMaskInterface.register(IMPLEMENTATIONS[kind], sdpa_mask)
