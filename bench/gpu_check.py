@@ -552,10 +552,21 @@ def main() -> int:
     tok = tokenizer()
     results: dict = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
                      "precision": prec.words(), "peaks": peaks, "smoke": args.smoke}
+    path = Path(args.json) if args.json else (None if args.smoke or device.type != "cuda" else default_json(name))
+
+    def save() -> None:  # after every section: a check stopped at its time limit keeps what it measured
+        if path is not None:
+            results["seconds"], results["table"] = time.perf_counter() - started, table.rows
+            path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+
     results["kernels"] = kernel_section(a, device, prec.autocast or torch.float32, peak, table)
+    save()
     results["pretrain"] = pretrain_section(a, tok, device, prec, peak, table, compile_on, started)
+    save()
     results["finetune"] = finetune_section(a, tok, device, prec, peaks, table)
+    save()
     results["inference"] = inference_section(a, device, prec, peak, table)
+    save()
     stages_ok = True
     if args.stages == "on":
         left = BUDGET_S - (time.perf_counter() - started)
@@ -577,13 +588,10 @@ def main() -> int:
                                                                              if rep.get("attention") else ""),
                                        "rate": f"{rep['seconds']:.1f} s{rate}" if "failed" not in rep else "FAILED",
                                        "mfu": None, "vs": ""})
-    results["seconds"] = time.perf_counter() - started
-    results["table"] = table.rows
+    save()
     table.print()
-    print(f"gpu check done in {results['seconds']:.0f} s", flush=True)
-    path = Path(args.json) if args.json else (None if args.smoke or device.type != "cuda" else default_json(name))
+    print(f"gpu check done in {time.perf_counter() - started:.0f} s", flush=True)
     if path is not None:
-        path.write_text(json.dumps(results, indent=1, default=str) + "\n")
         print(f"results: {path}", flush=True)
     return 0 if stages_ok and not table.failed else 1
 
