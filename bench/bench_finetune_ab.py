@@ -10,7 +10,7 @@ between sequential runs, less between neighbouring ones).
 each step, against ``device.adamw`` (fused) without it; same initial weights, the same length-bucketed batches.
 ``packing``: one epoch of the encoder's forward + backward over the same examples as length-bucketed padded batches
 of 32 (the loop's) and as packed rows (first-fit decreasing into rows of 128 or 256 tokens, each example confined
-to itself with ``execution.document_mask``, its own positions, its [CLS] read out). ``inference``: ``run_model``
+to itself with ``attention.document_mask``, its own positions, its [CLS] read out). ``inference``: ``run_model``
 over a dev split with inference batches grown to 8,192 .. 32,768 padded tokens, and to the batch size alone.
 Data and model as bench_finetune.py (keyword classification, mean ~83 tokens; 2 layers, hidden 256), bf16, one
 torch thread. docs/speed.md holds the figures.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_finetune import LABELS, examples  # noqa: E402
 
 from bertpipe.infra.device import Precision, adamw  # noqa: E402
-from bertpipe.infra.execution import document_mask  # noqa: E402
+from bertpipe.infra.attention import document_mask  # noqa: E402
 from bertpipe.lib.training import batches as B  # noqa: E402
 from bertpipe.lib.training import features as F  # noqa: E402
 from bertpipe.lib.training import heads as H  # noqa: E402

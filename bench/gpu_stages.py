@@ -6,8 +6,8 @@ It builds a project in a temp dir from nothing the GPU machine lacks (no corpus 
 tokenizer over the characters of ``tests.synthetic``'s texts, a randomly initialised BERT saved with it
 (``model.base``: that save_pretrained dir), a synthetic domain corpus and a keyword classification task; then runs
 ``python -m bertpipe splits|prepare|start|vocab|pretrain|finetune`` with ``tracking.uri: none`` (no MLflow) and
-reports each stage's wall time, pretrain's tokens/s and finetune's examples/s (from their manifests) and the device
-and precision each stage says it used. A stage that fails ends the section with its last output lines.
+reports each stage's wall time, pretrain's tokens/s and finetune's examples/s (from their manifests) and the device,
+precision and attention kernel each stage says it used. A stage that fails ends the section with its last output lines.
 
 Beyond torch and transformers (and their numpy, pyyaml, filelock, ...) the stage commands import pydantic, typer,
 jieba (vocab mining; pretraining's whole-word masking), pyarrow, pandas, matplotlib and scikit-learn (found with the
@@ -129,14 +129,16 @@ def stage_report(stage: str, root: Path, seconds: float) -> dict:
     out = {"seconds": round(seconds, 2)}
     if stage == "pretrain":
         m = manifest(work / "pretrain")
-        out.update(tokens_per_s=m.get("metrics", {}).get("tokens_per_s"), steps=m.get("metrics", {}).get("steps"))
+        out.update(tokens_per_s=m.get("metrics", {}).get("tokens_per_s"), steps=m.get("metrics", {}).get("steps"),
+                   attention=m.get("counts", {}).get("attention"))
     elif stage == "finetune":
         m = manifest(work / "finetune" / "keyword" / "adapted")
         metrics = json.loads((work / "finetune" / "keyword" / "adapted" / "metrics.json").read_text())
         run = next(iter(metrics["per_seed"].values()))
         n = metrics["counts"].get("train_examples")  # one epoch
         out.update(train_seconds=run["train_seconds"], test_accuracy=run["test"].get("accuracy"), train_examples=n,
-                   examples_per_s=(n / run["train_seconds"]) if n and run["train_seconds"] else None)
+                   examples_per_s=(n / run["train_seconds"]) if n and run["train_seconds"] else None,
+                   attention=run.get("attention"))
     else:
         m = manifest(work / stage)
     counts = m.get("counts", {})

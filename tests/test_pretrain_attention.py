@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertpipe.infra.execution import document_ids, document_mask
+from bertpipe.infra.attention import document_ids, document_mask
 from bertpipe.lib.mlm.data import Example, build_examples, collate
 from bertpipe.lib.mlm.masking import IGNORE
 from bertpipe.lib.mlm.model import PretrainModel, load_checkpoint

@@ -1,11 +1,4 @@
-"""How an encoder runs, below the stages: document-confined attention masks for packed rows, and torch.compile.
-
-Document-confined attention: a packed row holds several documents (``doc_ids`` numbers them 1, 2, ... per token,
-0 on padding). Every transformers 5 encoder family builds its attention mask with ``create_bidirectional_mask``, which
-passes a 4D mask ``(batch, 1, query, key)`` through untouched; so confining attention is one tensor handed to the
-unmodified model, whatever its family, and the saved model stays a plain ``save_pretrained`` directory. For SDPA the
-mask is boolean (True: attend), for eager attention additive (0 or the dtype's minimum). A padding query attends to
-every real key of its row, as under a 2D padding mask, so no softmax row is all masked (which would make NaNs).
+"""How an encoder runs, below the stages: torch.compile (attention kernels: ``bertpipe.infra.attention``).
 
 Compilation: ``compile: auto | on | off``. Inductor needs a C++ compiler on the CPU and Triton on CUDA; ``on``
 without one is an error naming the key, ``auto`` compiles only a run long enough to repay the compile time
@@ -35,44 +28,6 @@ AUTO_MIN_STEPS = 500
 # early stopping and a search's pruning end runs before their planned steps, so the threshold keeps a margin; the
 # demo's finetunes (~560-1,130 planned steps) stay eager.
 FINETUNE_AUTO_MIN_STEPS = 2000
-
-
-# ---------------------------------------------------------------- document-confined attention
-
-
-def document_ids(words, ids_len: int, n_first: int):
-    """Per-token document number of one packed example (1, 2, ...): a single segment (``n_first == ids_len``) is
-    cut after each interior separator (the tokens with word index -1 between [CLS] and the final [SEP]); a pair
-    example (A [SEP] B) is one document. ``words`` is the example's word-index array (numpy)."""
-    import numpy as np
-
-    out = np.ones(ids_len, np.int64)
-    if n_first == ids_len and ids_len > 2:
-        inner = np.asarray(words[1 : ids_len - 1]) < 0  # the separators that end a document
-        # a separator belongs to the document it closes: the next document starts one token after it
-        out[2:ids_len] += np.cumsum(inner)
-    return out
-
-
-def document_mask(doc_ids: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype = torch.float32):
-    """The 4D attention mask confining each token to its own document: ``(batch, 1, L, L)``, boolean for SDPA (and
-    any other implementation that takes one), additive in ``dtype`` for eager attention."""
-    q, k = doc_ids[:, :, None], doc_ids[:, None, :]
-    allowed = ((q == k) & (k > 0)) | ((q == 0) & (k > 0))  # a padding query reads its row's real tokens
-    allowed = allowed[:, None]
-    if attn_implementation == "eager":
-        zero = torch.zeros((), dtype=dtype, device=doc_ids.device)
-        return torch.where(allowed, zero, torch.finfo(dtype).min)
-    return allowed
-
-
-def encoder_mask(model, attention_mask: torch.Tensor, doc_ids: torch.Tensor | None):
-    """What to pass as ``attention_mask`` to ``model`` (any transformers encoder): the 2D padding mask when every row
-    is one document (``doc_ids`` None), else the document-confined 4D mask for the model's attention kernel."""
-    if doc_ids is None:
-        return attention_mask
-    impl = getattr(model.config, "_attn_implementation", None)
-    return document_mask(doc_ids, impl, next(model.parameters()).dtype)
 
 
 # ---------------------------------------------------------------- torch.compile

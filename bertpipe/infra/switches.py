@@ -20,3 +20,7 @@ def on_off(value: Any) -> Any:
 
 # torch.compile of a model: on, off, or auto (bertpipe.infra.execution.should_compile decides what auto means)
 CompileSetting = Annotated[Literal["auto", "on", "off"], BeforeValidator(on_off)]
+
+# the attention kernel that keeps each token to its own document: auto, mask, varlen or flex
+# (bertpipe.infra.attention.choose decides what auto means)
+AttentionSetting = Literal["auto", "mask", "varlen", "flex"]

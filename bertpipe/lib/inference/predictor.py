@@ -62,6 +62,18 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def gpu_bf16(device: str) -> bool:
+    """Whether a torch model on ``device`` predicts under bf16 autocast: on a CUDA GPU with native bf16 (the
+    precision policy's ``auto``); the CPU predicts in fp32, whatever its bf16 units."""
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    from bertpipe.infra.device import precision_for
+
+    return precision_for("auto", torch.device(device)).bf16
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -86,6 +98,7 @@ class Predictor:
         self.model = backend_model(model_dir, backend, onnx_dir, device=self.device)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.batch_size = batch_size
+        self.bf16 = backend == "torch" and gpu_bf16(self.device)
         defaults = {"truncation": "head", "head_tokens": 128, "stride": 128, "window_aggregate": "mean",
                     "label_all_pieces": False, "model_scheme": "BIO", "doc_stride": 128, "max_query_len": 64,
                     "max_answer_len": 30, "n_best": 20}
@@ -119,7 +132,7 @@ class Predictor:
         exs = self.examples(records)
         split = featurize(self.tok, exs, self.p, self.tp, {lab: i for i, lab in enumerate(self.labels)}, Counter(),
                             "predict")
-        outs = run_model(self.model, split.feats, self.pad, self.batch_size, False)
+        outs = run_model(self.model, split.feats, self.pad, self.batch_size, self.bf16)
         if self.type == "qa":
             return self._qa(exs, split.feats, outs)
         per_ex: list[list] = [[] for _ in exs]

@@ -294,11 +294,11 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, b
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, "torch.Tensor"]:  # noqa: F821
     """Pad ``examples`` into one batch. When a row packs several documents, ``doc_ids`` numbers each token's
-    document (1, 2, ...; 0 on padding) so attention stays inside it (``bertpipe.infra.execution.document_mask``); a
+    document (1, 2, ...; 0 on padding) so attention stays inside it (``bertpipe.infra.attention``); a
     batch whose rows each hold one document has no ``doc_ids`` and runs with the plain padding mask."""
     import torch  # here, not at the top: the token store's tokenizer processes import this module without torch
 
-    from bertpipe.infra.execution import document_ids
+    from bertpipe.infra.attention import document_ids
 
     n = max(len(e) for e in examples)
     b = len(examples)

@@ -2,7 +2,7 @@
 
 The loss runs the encoder over the whole batch but the MLM head (transform + vocabulary projection, the costliest
 matmul of a small BERT) only at the chosen positions: ~15% of the tokens instead of every token and pad. Documents
-packed into one row attend only to themselves (``bertpipe.infra.execution.document_mask``).
+packed into one row attend only to themselves, through the kernel ``bertpipe.infra.attention`` runs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from torch import nn
 
 from bertpipe.infra.errors import BertpipeError
-from bertpipe.infra.execution import encoder_mask
+from bertpipe.infra.attention import encoder_inputs
 from bertpipe.lib import model_families
 from bertpipe.lib.mlm.masking import IGNORE
 
@@ -115,11 +115,12 @@ class PretrainModel(nn.Module):
         """What becomes model/ (the interface every objective's module has; see ``rtd.RtdModel``)."""
         return self.mlm
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None, doc_ids=None) -> dict:
-        """Losses of one batch; ``doc_ids`` (``data.collate``'s, when a row packs several documents) confines each
-        token's attention to its own document."""
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None, doc_ids=None,
+                doc_offsets=None) -> dict:
+        """Losses of one batch; ``doc_ids`` (``data.collate``'s, when a row packs several documents) and
+        ``doc_offsets`` (``attention.prepare``'s) confine each token's attention to its own document."""
         sel = labels != IGNORE
-        inputs = {"input_ids": input_ids, "attention_mask": encoder_mask(self.mlm, attention_mask, doc_ids)}
+        inputs = {"input_ids": input_ids, **encoder_inputs(self.mlm, attention_mask, doc_ids, doc_offsets)}
         if self.token_types:
             inputs["token_type_ids"] = token_type_ids
         if self.encoder is not None:

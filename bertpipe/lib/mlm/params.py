@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bertpipe.infra.switches import CompileSetting
+from bertpipe.infra.switches import AttentionSetting, CompileSetting
 
 
 class ArchParams(BaseModel):
@@ -86,6 +86,10 @@ class PretrainParams(BaseModel):
     # that can repay the compile time, and only where a compiler exists (C++ on the CPU, Triton on CUDA); an unquoted
     # on/off means the word written
     compile: CompileSetting = "auto"
+    # the attention kernel keeping each packed document to itself: auto (mask until a GPU check measures varlen ahead), mask (the
+    # 4D document mask), varlen (FlashAttention's variable-length kernel) or flex (FlexAttention; no attention dropout)
+    # (bertpipe/infra/attention.py)
+    attention: AttentionSetting = "auto"
 
     # ---- evaluation, checkpoints
     eval_every: int = Field(200, ge=1)

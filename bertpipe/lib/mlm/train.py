@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from bertpipe.infra import attention
 from bertpipe.infra.device import Precision, autocast, precision_for
 from bertpipe.infra.execution import compile_in_place, should_compile
 from bertpipe.lib.mlm.data import Example, collate, epoch_batches
@@ -156,11 +157,12 @@ def evaluate(model: PretrainModel, batches: list[dict], d: Dist, prec: Precision
     model.eval()
     sums = [0.0] * 7  # mlm nll, masked, pair right, pairs, disc loss, tokens, disc right
     weight = 0.0
+    kind = attention.kind_of(model.saved)
     for b in batches[d.rank :: d.world]:
-        b = to_device(b, d.device)
+        b = to_device(attention.prepare(b, kind), d.device)
         with autocast(d.device, prec):
             out = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
-                        doc_ids=b.get("doc_ids"))
+                        doc_ids=b.get("doc_ids"), doc_offsets=b.get("doc_offsets"))
         sums[0] += float(out["mlm_sum"])
         sums[1] += float(out["n_masked"])
         if "pair_acc" in out:
@@ -221,7 +223,7 @@ class MaskedLM(Objective):
 
     def forward(self, model, b):
         return model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"], b["pair_labels"],
-                     doc_ids=b.get("doc_ids"))
+                     doc_ids=b.get("doc_ids"), doc_offsets=b.get("doc_offsets"))
 
     def logged(self, out):
         return torch.stack([out[self.OUTPUTS[t]].detach().float() for t in self.terms])
@@ -246,14 +248,16 @@ def train(
     d: Dist,
     on_log: Callable[[dict, int], None] = lambda m, s: None,
     extra_eval_steps: set[int] = frozenset(),
-    compile_key: str = "pretrain.compile",
+    section: str = "pretrain",
 ) -> TrainResult:
     """Pretrain ``pm`` on ``train_ex`` through the one loop: the data order a function of (seed, epoch), the masks and
-    dropout of (seed, step, j), checkpoints in ``scratch`` (``best.pt``: the best held-out loss's weights)."""
+    dropout of (seed, step, j), checkpoints in ``scratch`` (``best.pt``: the best held-out loss's weights).
+    ``section``: the params section ``p`` is (pretrain, base, tapt), which errors name."""
     prec = precision_for(p.precision, d.device)
-    compile_it, compile_why = should_compile(p.compile, p.max_steps, d.device, compile_key)
+    compile_it, compile_why = should_compile(p.compile, p.max_steps, d.device, f"{section}.compile")
+    kind, attention_why = attention.choose(p.attention, d.device, f"{section}.attention")
     if d.main:
-        print(f"[pretrain] precision {prec.words()}; {compile_why}", file=sys.stderr, flush=True)
+        print(f"[pretrain] precision {prec.words()}; {compile_why}; {attention_why}", file=sys.stderr, flush=True)
     pm.to(d.device)
     opt = make_optimizer(pm, p)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -286,7 +290,7 @@ def train(
                 gen = seeded(p.seed, step, j, 0)
                 ids, labels = mask_batch(b["input_ids"], b["word_ids"], spec, tokenizer.mask_token_id, replace_ids, gen)
             b["input_ids"], b["labels"] = ids, labels
-            micro_batches.append(b)
+            micro_batches.append(attention.prepare(b, kind))
         return micro_batches, seeds
 
     def held_out(step: int) -> tuple[float, dict]:
@@ -306,8 +310,10 @@ def train(
                 save_every=p.save_every, patience=p.early_stop_patience, min_delta=1e-4, max_time_s=p.max_time_s,
                 eval_at_start=True, extra_eval_steps=frozenset(extra_eval_steps))
     objective = MaskedLM(pair=p.pair_objective != "none", rtd=p.objective == "rtd")
-    res = run(pm, opt, sched, feed, objective, held_out, plan, prec, d, scratch=scratch, compiled=compile_it,
-              compile_why=compile_why, on_best=keep_best, on_log=on_log, desc="pretrain")
+    with attention.kernel(pm, kind, f"{section}.attention", training=True):
+        res = run(pm, opt, sched, feed, objective, held_out, plan, prec, d, scratch=scratch, compiled=compile_it,
+                  compile_why=compile_why, on_best=keep_best, on_log=on_log, desc="pretrain")
+    res.attention = attention_why
     if trace is not None:
         import json
 

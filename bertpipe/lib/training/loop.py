@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from bertpipe.infra import attention
 from bertpipe.infra.device import adamw, precision_for
 from bertpipe.infra.execution import FINETUNE_AUTO_MIN_STEPS, should_compile
 from bertpipe.infra.execution import compiled as compiled_view
@@ -46,7 +47,7 @@ class ModelLoss(Objective):
         return [(lambda out, n=n: out.loss.float() * (n / max(n_step, 1))) if n else None for n in counts]
 
     def forward(self, model, batch):
-        return model(**batch)
+        return model(**attention.model_batch(model, batch))
 
     def logged(self, out):
         return out.loss.float().detach()
@@ -69,11 +70,14 @@ def train(
     log_metrics: Callable[[dict, int], None] | None = None,
     on_phase_end: Callable[[int, torch.nn.Module], None] | None = None,
     desc: str = "finetune",
-    compile_key: str = "finetune.train.compile",
+    section: str = "finetune.train",
 ) -> TrainResult:
     """Finetune (or distill) ``model``: epochs of shuffled length-bucketed batches, AdamW with layer-wise lr decay
     and transformers' linear warm-up (from lr 0) and decay, gradual unfreezing, and early stopping on the dev metric
-    with the best weights restored."""
+    with the best weights restored. ``section``: where ``tp`` comes from in the params, which errors name.
+
+    A task model (a transformers model) trains with ``tp.attention``'s kernel; anything else (the distiller, which
+    calls its teacher with the batch's padding mask) with the mask."""
     from transformers import get_linear_schedule_with_warmup
 
     set_seed(seed)
@@ -82,7 +86,10 @@ def train(
     layers = n_layers(model)
     per_epoch = max(1, math.ceil(len(feats) / (tp.batch_size * tp.grad_accum)))
     total = max(1, math.ceil(tp.epochs * per_epoch))
-    compile_it, compile_why = should_compile(tp.compile, total, device, compile_key, FINETUNE_AUTO_MIN_STEPS)
+    compile_it, compile_why = should_compile(tp.compile, total, device, f"{section}.compile", FINETUNE_AUTO_MIN_STEPS)
+    kind, attention_why = attention.choose(tp.attention, device, f"{section}.attention")
+    if not hasattr(model, "set_attn_implementation"):  # the distiller
+        kind, attention_why = "mask", "attention: mask (the distiller's teacher reads the padding mask)"
     # Phase i ends at optimizer step ends[i]; after the listed phases everything trains.
     ends, acc = [], 0.0
     for ph in tp.unfreeze:
@@ -98,7 +105,8 @@ def train(
         while True:
             order = batches(feats, tp.batch_size, gen)
             for g in range(0, len(order), tp.grad_accum):
-                yield [collate([feats[i] for i in idx], pad_id) for idx in order[g : g + tp.grad_accum]], None
+                yield [attention.prepare(collate([feats[i] for i in idx], pad_id), kind)
+                       for idx in order[g : g + tp.grad_accum]], None
 
     def unfreeze(step: int) -> None:
         nonlocal phase
@@ -129,9 +137,11 @@ def train(
                 min_delta=tp.early_stopping.min_delta)
     # the training forward runs through the compiled view; evaluation, the best weights and the model handed back
     # are the eager module's (the view shares its parameters)
-    res = run(model, opt, sched, lambda step: next(stream), MODEL_LOSS, dev, plan, prec,
-              forward=compiled_view(model) if compile_it else None, compiled=compile_it, compile_why=compile_why,
-              before_step=unfreeze, on_best=keep, on_log=log, desc=desc)
+    with attention.kernel(model, kind, f"{section}.attention", training=True):
+        res = run(model, opt, sched, lambda step: next(stream), MODEL_LOSS, dev, plan, prec,
+                  forward=compiled_view(model) if compile_it else None, compiled=compile_it, compile_why=compile_why,
+                  before_step=unfreeze, on_best=keep, on_log=log, desc=desc)
+    res.attention = attention_why
     if on_phase_end and phase >= 0:
         on_phase_end(phase, model)
     for p in model.parameters():

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-from bertpipe.infra.switches import CompileSetting
+from bertpipe.infra.switches import AttentionSetting, CompileSetting
 
 
 class _Strict(BaseModel):
@@ -70,6 +70,10 @@ class TrainParams(_Strict):
     # where a compiler exists (C++ on the CPU, Triton on CUDA). Evaluation and scoring run the eager model. An
     # unquoted on/off means the word written.
     compile: CompileSetting = "auto"
+    # the attention kernel keeping each row to its real tokens: auto (mask until a GPU check measures varlen ahead), mask (the
+    # padding mask), varlen (FlashAttention's variable-length kernel) or flex (FlexAttention; no attention dropout).
+    # Evaluation and scoring run auto (bertpipe/infra/attention.py).
+    attention: AttentionSetting = "auto"
 
     @field_validator("seeds")
     @classmethod
@@ -135,7 +139,7 @@ class SearchParams(_Strict):
         for key, values in v.items():
             if key not in TrainParams.model_fields or key in ("seeds", "device", "num_threads", "early_stopping",
                                                               "unfreeze", "max_eval_examples", "eval_batch_size",
-                                                              "compile"):
+                                                              "compile", "attention"):
                 raise ValueError(f"space: {key!r} is not a finetune.train hyperparameter to search")
             if key in _BEFORE_SEARCH:
                 raise ValueError(f"space: {key!r} is applied before the search ({_BEFORE_SEARCH[key]}), so every "

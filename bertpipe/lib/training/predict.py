@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from bertpipe.infra import attention
 from bertpipe.lib.measures import metrics as M
 from bertpipe.lib.training import qa as Q
 from bertpipe.lib.training import tagging as T
@@ -19,28 +20,38 @@ from bertpipe.lib.training.params import TaskParams
 
 def run_model(model: torch.nn.Module, feats: Sequence[dict], pad_id: int, batch_size: int, bf16: bool
               ) -> list[Any]:
-    """Raw outputs per feature: class logits, per-piece logits (trimmed), or (start, end) logits for QA."""
+    """Raw outputs per feature: class logits, per-piece logits (trimmed), or (start, end) logits for QA.
+
+    A transformers model runs the ``auto`` attention kernel of its device (``bertpipe.infra.attention``). On an
+    accelerator each batch's outputs are copied to the host without waiting for them (pinned memory) and read after
+    the last batch, so the device never idles while the host takes a batch apart."""
     device = next(model.parameters()).device
     order = sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
     out: list[Any] = [None] * len(feats)
+    done: list[tuple[list[int], tuple[torch.Tensor, ...]]] = []  # (rows, host copies of their outputs)
+    kind = attention.choose("auto", device, "attention")[0] if hasattr(model, "set_attn_implementation") else "mask"
     was_training = model.training
     model.eval()
-    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), \
+            attention.kernel(model, kind, "attention"):
         lengths = [len(f["input_ids"]) for f in feats]
         for idx in inference_batches(order, lengths, batch_size, inference_tokens(device)):
-            batch = collate([{k: v for k, v in feats[i].items() if k in ("input_ids", "token_type_ids")}
-                             for i in idx], pad_id)
-            res = model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
-            if hasattr(res, "start_logits"):
-                s, e = res.start_logits.float().cpu().numpy(), res.end_logits.float().cpu().numpy()
-                for j, i in enumerate(idx):
-                    n = len(feats[i]["input_ids"])
-                    out[i] = (s[j, :n], e[j, :n])
-            else:
-                lg = res.logits.float().cpu().numpy()
-                for j, i in enumerate(idx):
-                    out[i] = lg[j, : len(feats[i]["input_ids"])] if lg.ndim == 3 else lg[j]
+            batch = attention.prepare(collate([{k: v for k, v in feats[i].items()
+                                                if k in ("input_ids", "token_type_ids")} for i in idx], pad_id), kind)
+            res = model(**attention.model_batch(model, {k: v.to(device, non_blocking=True) for k, v in batch.items()}))
+            heads = (res.start_logits, res.end_logits) if hasattr(res, "start_logits") else (res.logits,)
+            done.append((idx, tuple(h.float().to("cpu", non_blocking=device.type == "cuda") for h in heads)))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     model.train(was_training)
+    for idx, heads in done:
+        arrays = [h.numpy() for h in heads]
+        for j, i in enumerate(idx):
+            n = len(feats[i]["input_ids"])
+            if len(arrays) == 2:
+                out[i] = (arrays[0][j, :n], arrays[1][j, :n])
+            else:
+                out[i] = arrays[0][j, :n] if arrays[0].ndim == 3 else arrays[0][j]
     return out
 
 

@@ -142,6 +142,7 @@ class TrainResult:
     compiled: bool = False
     compile_why: str = ""  # the compile setting and why it was (not) applied
     compile_s: float | None = None  # the slow first steps' time over the median step: what compiling cost
+    attention: str = ""  # the attention kernel it trained with, and why (bertpipe.infra.attention.choose)
 
     @property
     def steps(self) -> int:

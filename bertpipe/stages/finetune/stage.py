@@ -173,6 +173,7 @@ def _train_seeds(ctx, t: Task, tok, outcome, sp) -> tuple[dict, dict]:
             "stopped_early": res.stopped_early, "train_seconds": round(res.seconds, 2), "bf16": res.bf16,
             "trained_seed": f.seed, "degenerate": f.degenerate,
             "compile": res.compile_why + (f" (~{res.compile_s:.0f} s compiling)" if res.compile_s is not None else ""),
+            "attention": res.attention,
         }
         _write_predictions(ctx.out / "predictions" / f"seed{seed}.jsonl", recs)
         ctx.log(f"{t.desc} seed {seed}: dev {t.primary} {dev.get(t.primary, float('nan')):.4f}, "

@@ -32,7 +32,7 @@ import hashlib
 import torch
 from torch import nn
 
-from bertpipe.infra.execution import encoder_mask
+from bertpipe.infra.attention import encoder_inputs
 from bertpipe.lib.mlm.masking import IGNORE
 
 
@@ -82,10 +82,11 @@ class RtdModel(nn.Module):
         """The adapted encoder: what becomes model/ (the discriminator, without its RTD head)."""
         return self.disc
 
-    def _encode(self, encoder, input_ids, attention_mask, token_type_ids, doc_ids=None):
+    def _encode(self, encoder, input_ids, attention_mask, token_type_ids, doc_ids=None, doc_offsets=None):
         kw = {"token_type_ids": token_type_ids} if self.type_ids and token_type_ids is not None else {}
-        mask = encoder_mask(encoder, attention_mask, doc_ids)  # packed documents attend only to themselves
-        return encoder(input_ids=input_ids, attention_mask=mask, **kw).last_hidden_state
+        # packed documents attend only to themselves
+        attn = encoder_inputs(encoder, attention_mask, doc_ids, doc_offsets)
+        return encoder(input_ids=input_ids, **attn, **kw).last_hidden_state
 
     def _uniforms(self, ids: torch.Tensor, n: int) -> torch.Tensor:
         if self.training:
@@ -94,10 +95,11 @@ class RtdModel(nn.Module):
         g = torch.Generator().manual_seed((self.seed * 1000003 + int.from_bytes(digest[:7], "little")) % (1 << 62))
         return torch.rand(n, generator=g).to(ids.device)
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None, doc_ids=None) -> dict:
+    def forward(self, input_ids, attention_mask, token_type_ids, labels, pair_labels=None, doc_ids=None,
+                doc_offsets=None) -> dict:
         sel = labels != IGNORE
         g = self.generator
-        gen_hidden = self._encode(g.electra, input_ids, attention_mask, token_type_ids, doc_ids)
+        gen_hidden = self._encode(g.electra, input_ids, attention_mask, token_type_ids, doc_ids, doc_offsets)
         logits = g.generator_lm_head(g.generator_predictions(gen_hidden[sel])).float()
         target = labels[sel]
         mlm_sum = nn.functional.cross_entropy(logits, target, reduction="sum")
@@ -111,7 +113,7 @@ class RtdModel(nn.Module):
             original = torch.where(sel, labels, input_ids)
             valid = attention_mask.bool()
             replaced = (disc_ids != original) & valid  # a sample equal to the original counts as original
-        hidden = self._encode(self.disc, disc_ids, attention_mask, token_type_ids, doc_ids)
+        hidden = self._encode(self.disc, disc_ids, attention_mask, token_type_ids, doc_ids, doc_offsets)
         d_logits = self.disc_head(hidden[valid]).squeeze(-1).float()
         d_target = replaced[valid].float()
         disc_sum = nn.functional.binary_cross_entropy_with_logits(d_logits, d_target, reduction="sum")

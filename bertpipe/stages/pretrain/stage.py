@@ -97,7 +97,7 @@ def _build(ctx, d) -> dict:
     ctx.counts.update(
         train_segments=len(train_ex), valid_segments=len(valid_ex), train_tokens=int(lengths.sum()),
         processes=d.world, steps=res.step, stopped=res.stopped, **res.precision.record(),
-        restarts=restarts, resumed_from_step=res.resumed_from,
+        restarts=restarts, resumed_from_step=res.resumed_from, attention=res.attention,
     )
     if not d.main:
         return metrics
@@ -132,7 +132,7 @@ def _fit(ctx, d, p, mlm, tok, train_ex, valid_ex):
         ctx.log_metrics(metrics, step=step)
 
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d, on_log,
-                compile_key=f"{ctx.name}.compile")
+                section=ctx.name)
     return pm, res
 
 
@@ -171,6 +171,7 @@ def _facts(ctx, p, d, res, metrics: dict, *, origin: str, fresh: bool, corpus: P
                  + (f"; the job restarted {restarts} time(s) after a process failed)" if restarts else ")"),
         "precision": res.precision.words(),
         "compile": res.compile_why + (f" (~{res.compile_s:.0f} s compiling)" if res.compile_s is not None else ""),
+        "attention": res.attention,
         "effective batch": f"{p.batch_size} x {p.grad_accum} accumulation x {d.world} process(es)",
         "throughput": f"{metrics['tokens_per_s']:.0f} non-padding tokens/s (median); padding {pad:.1%} of batch cells",
         f"held-out {p.objective.upper()} loss": f"{metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f} "

@@ -102,7 +102,7 @@ def _fit(ctx, p, mlm, tok, train_ex: list, valid_ex: list):
     pm = model.PretrainModel(mlm, pair=False)
     d = Dist(0, 1, torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"))
     res = train(pm, train_ex, eval_set, p, spec, tok, replace_ids, ctx.scratch, d,
-                lambda m, step: ctx.log_metrics(m, step=step))
+                lambda m, step: ctx.log_metrics(m, step=step), section=ctx.name)
     return pm, res
 
 
