@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +95,18 @@ def write_report(path: Path, summary: dict, samples: list[dict]) -> None:
         lines.append(f"| {text} | {r['truth']} | {r['predicted']}{' ✓' if r['correct'] else ''} | "
                      f"{'; '.join(r['top3'])} |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_outputs(ctx, res, filler, tokenizer, valid_ex: list[Example], n_samples: int, facts: dict, metrics: dict,
+                  loss_title: str) -> None:
+    """What a masked-LM stage (pretrain, TAPT) writes beside its model under ``ctx.out``: ``loss.png``,
+    ``report.md`` (its facts, the held-out curve, fill-mask samples of ``filler``) and ``metrics.json``; the plot and
+    the report are logged with the stage's run."""
+    out = Path(ctx.out)
+    loss_plot(res.history, out / "loss.png", loss_title)
+    samples = fill_mask_samples(filler, tokenizer, valid_ex, n_samples)
+    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
+    write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
+    (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
+    for f in ("loss.png", "report.md"):
+        ctx.log_artifact(out / f)

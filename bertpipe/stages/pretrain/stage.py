@@ -7,7 +7,6 @@ read by every rank on resume, so with several nodes ``paths.state`` must be on a
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -203,13 +202,8 @@ def _write(ctx, p, pm, mlm, tok, res, metrics: dict, facts: dict, valid_ex) -> N
     if p.objective == "rtd":
         pm.generator.save_pretrained(out / "generator")
         tok.save_pretrained(out / "generator")
-    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: {p.objective.upper()} loss")
-    samples = report.fill_mask_samples(filler, tok, valid_ex, p.fill_mask_samples)
-    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
-    report.write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
-    (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
-    for f in ("loss.png", "report.md"):
-        ctx.log_artifact(out / f)
+    report.write_outputs(ctx, res, filler, tok, valid_ex, p.fill_mask_samples, facts, metrics,
+                         f"{ctx.name}: {p.objective.upper()} loss")
 
 
 def _collect_stores(ctx) -> None:

@@ -10,7 +10,6 @@ were trained on, held out, and dropped as leaks.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -116,10 +115,5 @@ def _write(ctx, task: str, ref: Path, p, pm, mlm, tok, res, metrics: dict, facts
     modelcard.write(out / "model", ctx, pipeline_tag="fill-mask", base_model=str(ref),
                     metrics={k: v for k, v in metrics.items() if "loss" in k},
                     notes=f"Task-adaptive pretraining on the train texts of `{task}` (its dev/test texts excluded).")
-    report.loss_plot(res.history, out / "loss.png", f"{ctx.name}: MLM loss on {task}'s train texts")
-    samples = report.fill_mask_samples(mlm, tok, valid_ex, p.fill_mask_samples)
-    evals = [h for h in res.history if "eval_loss" in h]  # the report's curve
-    report.write_report(out / "report.md", {"stage": ctx.name, "facts": facts, "evals": evals}, samples)
-    (out / "metrics.json").write_text(json.dumps({**metrics, "history": res.history}, indent=1) + "\n")
-    for f in ("loss.png", "report.md"):
-        ctx.log_artifact(out / f)
+    report.write_outputs(ctx, res, mlm, tok, valid_ex, p.fill_mask_samples, facts, metrics,
+                         f"{ctx.name}: MLM loss on {task}'s train texts")
