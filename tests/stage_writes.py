@@ -24,8 +24,7 @@ REGISTRY = (".mlflow.db.registry.lock",)
 # The project's files the DVC door records after a run (dvc.lock, as `dvc commit` would, with the outputs' lines in
 # .gitignore files) and DVC's own state.
 DVC = ("dvc.lock", "stages/*/dvc.lock", ".gitignore", "*/.gitignore", ".dvc/*")
-# Seconds around a build's recorded span: file times come from a coarser clock than time.time(), and the manifest
-# is written just after the span is measured.
+# Seconds around a build's span: file times come from a coarser clock than time.time().
 SLACK = 0.05
 
 
@@ -46,12 +45,14 @@ def snapshot(*roots: Path) -> dict[Path, tuple[int, int]]:
 
 
 def builds(cfg, stages: dict, since: float) -> list[tuple[float, float, object]]:
-    """(start, end, Stage) of each build since ``since`` (from its manifest)."""
+    """(start, end, Stage) of each build since ``since`` (from its manifest): the span it measured, up to the
+    manifest's own write (the last file of a build, after the span is measured; under load seconds later)."""
     out = []
     for st in stages.values():
         m = read_manifest(st.output(cfg)) or {}
         if m.get("started", 0) >= since:
-            out.append((m["started"] - SLACK, m["started"] + m["duration_s"] + SLACK, st))
+            written = (st.output(cfg) / "manifest.json").stat().st_mtime
+            out.append((m["started"] - SLACK, max(m["started"] + m["duration_s"], written) + SLACK, st))
     return out
 
 
