@@ -143,3 +143,37 @@ def test_a_store_deleted_by_hand_while_leased_is_built_again(tmp_path):
     again, built = keyedstore.open_or_build(root, _key(1), lambda tmp: {}, log=lambda m: None)
     assert built and again == path and (path / "meta.json").is_file()
     keyedstore.release(path)
+
+
+@pytest.mark.timeout(60)  # the bug this guards against is a wait that never ends
+def test_a_wait_to_build_ends_when_another_process_completes_the_store_and_leases_it(tmp_path):
+    """The race of builders side by side: this one found no store, another built it first and went on reading it
+    (a lease: a shared lock held for its lifetime). The wait for the exclusive lock must end on the complete store,
+    not on a lock the other process holds until it exits."""
+    import fcntl
+    import threading
+
+    root = tmp_path / "tokstore"
+    root.mkdir()
+    other = os.open(root / f"{_key(1)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(other, fcntl.LOCK_SH)  # the other process's lease, taken as it finished its build
+    waiting, result = threading.Event(), []
+
+    def log(m):
+        if m.startswith("waiting"):
+            waiting.set()
+
+    t = threading.Thread(target=lambda: result.append(
+        keyedstore.open_or_build(root, _key(1), lambda tmp: {"parts": {"built": "here"}}, log=log)), daemon=True)
+    t.start()
+    assert waiting.wait(20), "open_or_build did not wait for the lock the other process holds"
+    done = root / f"{_key(1)}.tmp-other"  # the other builder's store, complete and renamed into place
+    done.mkdir()
+    (done / "meta.json").write_text(json.dumps({"key": _key(1), "parts": {"built": "there"}}))
+    os.rename(done, root / _key(1))
+    t.join(20)
+    assert not t.is_alive(), "open_or_build still waits for a lock held by a lease"
+    assert result == [(root / _key(1), False)]
+    assert json.loads((root / _key(1) / "meta.json").read_text())["parts"] == {"built": "there"}
+    keyedstore.release(root / _key(1))
+    os.close(other)

@@ -6,8 +6,9 @@ module is what they share:
 
 - ``open_or_build``: a store that exists is complete (``meta.json`` is written inside the temp dir before it is
   renamed into place). A builder holds ``<key>.lock`` exclusively, so concurrent builders (torchrun ranks, stages
-  side by side) build once; the others wait and read it. A killed build leaves ``<key>.tmp-*``, which the next
-  builder (holding the lock) or ``collect`` removes.
+  side by side) build once; the others wait and read it (a wait ends when the store is complete, not when the lock
+  is free: the builder goes on to hold a lease). A killed build leaves ``<key>.tmp-*``, which the next builder
+  (holding the lock) or ``collect`` removes.
 - a lease: every process that opened a store keeps a shared lock on ``<key>.lock`` until it calls ``release`` or
   exits (the memory maps of the token store are read for a whole training run), so ``collect`` never removes a
   store in use.
@@ -36,6 +37,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -45,6 +47,7 @@ _TMP = re.compile(r"([0-9a-f]{24})\.tmp-[0-9a-z]+")
 _LOCK = re.compile(r"([0-9a-f]{24})\.lock")
 FOLDER = "tokstore"  # under paths.state
 KEEP_RECENT = 4  # stores kept beyond the referenced ones: a few recent experiments switch back without a rebuild
+_POLL_S = 0.1  # how often a wait for a build checks whether the store is complete
 _LEASES: dict[Path, int] = {}  # store dir -> fd holding its shared lock, for this process's lifetime
 
 Log = Callable[[str], None]
@@ -79,9 +82,9 @@ def corpus_digest(corpus: Path | str, split: str) -> str:
     return h.hexdigest()
 
 
-def _lock(path: Path, mode: int, log: Log | None, what: str) -> int | None:
+def _lock(path: Path, mode: int, log: Log | None, what: str, give_up: Callable[[], bool] | None = None) -> int | None:
     """An fd of the lock file ``path`` holding ``mode`` (LOCK_SH or LOCK_EX); with ``log`` None, None instead of
-    waiting when another process holds it."""
+    waiting when another process holds it; with ``give_up``, None as soon as ``give_up()`` is true while waiting."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -91,7 +94,9 @@ def _lock(path: Path, mode: int, log: Log | None, what: str) -> int | None:
                 os.close(fd)
                 return None
             log(f"waiting for another process {what} {path.stem}")
-            fcntl.flock(fd, mode)
+            if not _wait(fd, mode, give_up):
+                os.close(fd)
+                return None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -99,6 +104,20 @@ def _lock(path: Path, mode: int, log: Log | None, what: str) -> int | None:
         if same:
             return fd
         os.close(fd)  # collected while we waited: lock the file now at that path
+
+
+def _wait(fd: int, mode: int, give_up: Callable[[], bool] | None) -> bool:
+    """Blocks until ``fd`` holds ``mode``: True; or, polling, until ``give_up()`` is true first: False."""
+    if give_up is None:
+        fcntl.flock(fd, mode)
+        return True
+    while not give_up():
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(_POLL_S)
+    return False
 
 
 def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log = _stderr) -> tuple[Path, bool]:
@@ -119,7 +138,11 @@ def open_or_build(root: Path, key: str, build: Callable[[Path], dict], log: Log 
             return final, built
         os.close(fd)
         release(final)  # a lease of ours on a store deleted by hand would block our own build
-        fd = _lock(lock, fcntl.LOCK_EX, log, "using or building")
+        # Waiting for the exclusive lock gives up once the store is complete: its builder, and any process that
+        # read it since, then hold leases (shared locks) for their lifetime, which would keep this wait blocked.
+        fd = _lock(lock, fcntl.LOCK_EX, log, "using or building", give_up=(final / "meta.json").is_file)
+        if fd is None:
+            continue
         try:
             if not (final / "meta.json").is_file():  # not built by another process while we waited
                 for stale in root.glob(f"{key}.tmp-*"):  # a killed build: we hold the lock, so no one owns it
