@@ -71,6 +71,32 @@ def test_a_store_left_half_created_is_rebuilt_and_one_holding_runs_refused(tmp_p
     assert hashlib.sha256((cfg.state / "mlflow.db").read_bytes()).hexdigest() == digest  # nothing touched
 
 
+def test_the_schema_head_read_from_the_scripts_is_alembics(tmp_path):
+    """The store's expected schema comes from the migration scripts' text; alembic's own answer (it imports every
+    script) is the reference, and text that does not say one head plainly falls back to it."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    from bertpipe.infra import mlflow_store
+
+    assert mlflow_store.scripts_head(mlflow_store._migrations_dir()) == _get_latest_schema_revision()
+    versions = tmp_path / "versions"
+    versions.mkdir()
+
+    def script(name, text):
+        (versions / f"{name}.py").write_text(f'"""{name}"""\n{text}\n')
+
+    script("a", 'revision = "aaa"\ndown_revision = None')
+    script("b", 'revision: str = "bbb"\ndown_revision: Union[str, None] = "aaa"')
+    assert mlflow_store.scripts_head(versions) == "bbb"
+    script("c", 'revision = "ccc"\ndown_revision = "aaa"')  # two heads: alembic decides
+    assert mlflow_store.scripts_head(versions) is None
+    script("d", 'revision = "ddd"\ndown_revision = ("bbb", "ccc")')  # a merge: one head again
+    assert mlflow_store.scripts_head(versions) == "ddd"
+    script("e", 'revision = make_id()\ndown_revision = "ddd"')  # not a literal
+    assert mlflow_store.scripts_head(versions) is None
+    assert mlflow_store.scripts_head(tmp_path / "absent") is None
+
+
 def test_a_killed_creation_leaves_no_store(tmp_path):
     """A SIGKILL while MLflow migrates a new store: the store is absent or whole, and the next open works."""
     import os
