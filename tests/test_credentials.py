@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.corpus import tiny_sentiment_rows
-from tests.e2e_project import env_for, free_port, run
+from tests.e2e_project import env_for, free_port, invoke, run
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +77,28 @@ def project(root: Path, tok: Path, uri: str | None) -> None:
                                                   for t, lab in rows), encoding="utf-8")
 
 
-def bertpipe(root: Path, *argv: str, env_uri: str | None = None, **extra_env) -> subprocess.CompletedProcess:
+def command_env(root: Path, env_uri: str | None = None, **extra_env) -> dict:
     env = env_for(root, prefect="ephemeral")  # the flow's Prefect database under the project, where it is searched
     env.pop("MLFLOW_TRACKING_URI", None)
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri
     env.update(extra_env)
-    # a process of its own: everything it and the stages it starts print, Prefect's temporary server included
-    return run(["bertpipe", *argv], root, check=False, env=env)
+    return env
+
+
+def bertpipe(root: Path, *argv: str, env_uri: str | None = None, **extra_env) -> subprocess.CompletedProcess:
+    """A process of its own: everything it and the stages it starts print, Prefect's temporary server included."""
+    return run(["bertpipe", *argv], root, check=False, env=command_env(root, env_uri, **extra_env))
+
+
+def bertpipe_here(capfd, root: Path, *argv: str, env_uri: str | None = None,
+                  **extra_env) -> subprocess.CompletedProcess:
+    """A command that starts no process (`config`, one stage), run in this process: what it prints through the CLI
+    plus whatever reached this process's file descriptors 1 and 2 meanwhile (MLflow's loggers, warnings)."""
+    capfd.readouterr()
+    res = invoke(list(argv), root, command_env(root, env_uri, **extra_env))
+    fd = capfd.readouterr()
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout + fd.out, res.stderr + fd.err)
 
 
 def files_holding(secret: bytes, *roots: Path, skip: tuple[Path, ...] = ()) -> list[str]:
@@ -96,7 +110,7 @@ def files_holding(secret: bytes, *roots: Path, skip: tuple[Path, ...] = ()) -> l
     return hits
 
 
-def test_credentials_in_the_tracking_uri_are_never_written(tmp_path, mlflow_server, zh_tokenizer_dir):
+def test_credentials_in_the_tracking_uri_are_never_written(tmp_path, mlflow_server, zh_tokenizer_dir, capfd):
     from tests.test_kill_recovery import fake_finetune
 
     port, server_home = mlflow_server
@@ -113,22 +127,22 @@ def test_credentials_in_the_tracking_uri_are_never_written(tmp_path, mlflow_serv
     browse = [ln for ln in r.stdout.splitlines() if ln.startswith("browse:")]
     assert browse and f"http://127.0.0.1:{port}" in browse[0], r.stdout[-2000:]
     shown.append(r)
-    r = bertpipe(root, "register", env_uri=uri)
+    r = bertpipe_here(capfd, root, "register", env_uri=uri)
     assert r.returncode == 0, r.stderr[-3000:]
     shown.append(r)
 
     # tracking.uri in params.yaml: the resolved config and a forced register
     project(root, zh_tokenizer_dir, uri)
     for argv in (["config"], ["config", "tracking"], ["register", "--force"]):
-        r = bertpipe(root, *argv)
+        r = bertpipe_here(capfd, root, *argv)
         assert r.returncode == 0, r.stderr[-3000:]
         shown.append(r)
     assert f"127.0.0.1:{port}" in shown[-2].stdout
 
     # the server is down: one error line, masked, no traceback
     dead = f"http://alice:{SECRET}@127.0.0.1:{free_port()}"
-    r = bertpipe(root, "register", "--force", "--set", f"tracking.uri={dead}",
-                 MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
+    r = bertpipe_here(capfd, root, "register", "--force", "--set", f"tracking.uri={dead}",
+                      MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "not reachable" in errors[0] and "127.0.0.1" in errors[0], errors

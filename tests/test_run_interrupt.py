@@ -4,13 +4,16 @@ nothing it started outlives it (bertpipe.infra.lifeline)."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 import psutil
 import pytest
+import yaml
 
 from bertpipe.infra.lifeline import EVERY_S
 from tests.e2e_project import build_chain, env_for, shared_prefect_api, stop
@@ -30,32 +33,38 @@ def _stage_children(proc: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.Process], bool] | None = None,
-               prefect: str = "ephemeral", prebuilt: bool = False):
-    """`bertpipe run` (a temporary Prefect server, or ``prefect="shared"``: the test run's) of a project whose long
-    pretrain runs beside the base encoder's finetune, each stage in its own process; returned once ``until(run)``
-    holds (default: both stage processes exist). ``prebuilt``: the stages above those two built first in this
-    process (``build_chain``), so the run finds them fresh and starts with the two (a stage process costs ~5-7 CPU-s
-    of imports before its work; those stages are no part of what is interrupted)."""
+def _project(root: Path, sample_raw: Path, zh_tokenizer_dir: Path) -> Path:
+    """A project whose long pretrain runs beside the base encoder's finetune, each stage in its own process."""
     from tests.synthetic import keyword_classification, tiny_encoder, write_jsonl
 
-    enc = tiny_encoder(tmp_path / "enc", zh_tokenizer_dir, layers=1, hidden=32)
-    root = make_project(tmp_path / "p", sample_raw, enc, zh_tokenizer_dir)
+    enc = tiny_encoder(root.parent / "enc", zh_tokenizer_dir, layers=1, hidden=32)
+    make_project(root, sample_raw, enc, zh_tokenizer_dir)
     write_jsonl(root / "sentiment.jsonl", keyword_classification(3000, seed=1))
     params = root / "params.yaml"
-    import yaml
-
     p = yaml.safe_load(params.read_text())
     p["pretrain"].update(max_steps=5000, eval_every=1000, save_every=1000, compile="off")  # killed long before
     p["finetune"].update(encoders=["base", "adapted"], train={"epochs": 50, "max_seq_len": 32, "seeds": [42]})
     p["flow"] = {"max_parallel": 2}
     params.write_text(yaml.safe_dump(p, allow_unicode=True))
-    if prebuilt:
-        build_chain(root, "vocab")  # and what it reads: splits, prepare, base, start
+    return root
 
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory, sample_raw, zh_tokenizer_dir) -> Path:
+    """The project with the stages above those two built in this process (``build_chain``), once for the module:
+    a run of a copy finds them fresh and starts with the two (a stage process costs ~5-7 CPU-s of imports before its
+    work; those stages are no part of what is interrupted)."""
+    root = _project(tmp_path_factory.mktemp("prebuilt") / "p", sample_raw, zh_tokenizer_dir)
+    build_chain(root, "vocab")  # and what it reads: splits, prepare, base, start
+    return root
+
+
+def _start_run(root: Path, until: Callable[[psutil.Process], bool] | None = None, prefect: str = "ephemeral"):
+    """`bertpipe run` of the project at ``root`` (a temporary Prefect server, or ``prefect="shared"``: the test
+    run's), returned once ``until(run)`` holds (default: both stage processes exist)."""
     log = open(root / "run.log", "w")
     # on the shared server the run is told from other tests' runs by its params file's absolute path
-    where = ["--params", str(params)] if prefect == "shared" else []
+    where = ["--params", str(root / "params.yaml")] if prefect == "shared" else []
     run = subprocess.Popen(["bertpipe", "run", *where], cwd=root, env=env_for(root, prefect), stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)
     me = psutil.Process(run.pid)
@@ -63,7 +72,7 @@ def _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until: Callable[[psutil.P
     end = time.time() + 600
     while time.time() < end and not until(me) and run.poll() is None:
         time.sleep(0.5)
-    return root, run, me
+    return run, me
 
 
 def _cmdlines(procs: list[psutil.Process]) -> list[str]:
@@ -83,7 +92,8 @@ def _prefect_server(proc: psutil.Process) -> bool:
 def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokenizer_dir):
     """SIGKILL (the OOM killer, kill -9) of `bertpipe run`: its temporary Prefect server, and whatever else it has
     started by then, ends with it (bertpipe.infra.lifeline; the same watcher ends a stage process's pools)."""
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=_prefect_server)
+    root = _project(tmp_path / "p", sample_raw, zh_tokenizer_dir)
+    run, me = _start_run(root, until=_prefect_server)
     tree: list[psutil.Process] = []
     try:
         assert _prefect_server(me), (root / "run.log").read_text()[-3000:]
@@ -103,8 +113,9 @@ def test_sigkill_of_run_leaves_no_process_behind(tmp_path, sample_raw, zh_tokeni
                 pass
 
 
-def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_tokenizer_dir):
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, prefect="shared", prebuilt=True)
+def test_sigterm_to_run_stops_its_stage_processes(tmp_path, prebuilt):
+    root = shutil.copytree(prebuilt, tmp_path / "p", symlinks=True)
+    run, me = _start_run(root, prefect="shared")
     try:
         children = _stage_children(me)
         assert len(children) >= 2, (root / "run.log").read_text()[-3000:]
@@ -125,7 +136,7 @@ def test_sigterm_to_run_stops_its_stage_processes(tmp_path, sample_raw, zh_token
             stop(run)
 
 
-def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp_path, sample_raw, zh_tokenizer_dir):
+def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp_path, prebuilt):
     """CANCELLING set on the flow run through the Prefect API (what the UI's Cancel does) while the base encoder's
     finetune trains beside another stage: their processes are stopped, no stage starts after it (the stages below
     wait on them), `bertpipe run` ends non-zero, the flow run ends Cancelled, and its MLflow runs (the flow's, the
@@ -144,8 +155,8 @@ def test_a_flow_run_cancelled_through_the_api_starts_nothing_and_ends_killed(tmp
         return (" pretrain" in lines and " finetune" in lines and finetune_log.is_file()
                 and "building" in finetune_log.read_text())
 
-    root, run, me = _start_run(tmp_path, sample_raw, zh_tokenizer_dir, until=training, prefect="shared",
-                               prebuilt=True)
+    root = shutil.copytree(prebuilt, tmp_path / "p", symlinks=True)
+    run, me = _start_run(root, until=training, prefect="shared")
     api = shared_prefect_api()
     try:
         before = set(_cmdlines(_stage_children(me)))

@@ -512,8 +512,7 @@ def test_a_sigkilled_service_leaves_nothing_on_its_port_and_a_busy_port_is_one_e
     try:
         tree = [p for p in psutil.Process(svc.proc.pid).children(recursive=True)]
         assert len(tree) >= 3, [p.cmdline() for p in tree]  # the watcher, the API server, the inference worker
-        second = subprocess.run([str(BIN / "bertpipe"), "models", "serve", NAME, "--port", str(svc.port)],
-                                cwd=registry, env=env_for(registry), capture_output=True, text=True, timeout=120)
+        second = invoke(["models", "serve", NAME, "--port", str(svc.port)], registry, env_for(registry))
         lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
         assert second.returncode == 2 and len(lines) == 1, second.stderr
         assert lines[0].startswith(f"error: --port {svc.port}: cannot listen on 127.0.0.1:{svc.port}"), lines
