@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+# Ctrl-C reaches the commands tests start: a shell starting pytest in the background (`pytest ... &` in a script)
+# leaves SIGINT ignored, an ignored signal stays ignored in every child, and a test's SIGINT (``stop``, an interrupted
+# run) would go unheard until its timeout (measured: `bertpipe schedule` then waited out stop's 60 s). A handler set
+# here is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # xdist workers share the unpacked samples under the repo's .bertpipe/: one unpacks, the others wait on this lock.
 SAMPLES_LOCK = REPO / ".bertpipe" / "test-raw.lock"

