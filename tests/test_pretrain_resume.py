@@ -2,8 +2,7 @@
 run ends; two gloo processes under torchrun train on different data and save what rank 0 holds.
 
 The killed run and the ranks are processes of their own (a signal, torchrun); the other runs call the same launcher
-(``bertpipe.doors.cli.torchrun.main``) in this process, which spares each the ~5 CPU-s of importing torch,
-transformers and the stage's libraries again."""
+in this process (tests/torchrun_door.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +20,15 @@ from transformers import AutoModelForMaskedLM
 
 from bertpipe.lib.mlm.train import state_digest
 from tests.e2e_project import start
+from tests.torchrun_door import launch_here
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE, ARGS = "bertpipe.doors.cli.torchrun", ["--stage", "base", "--no-tracking", "--params"]
 RUN = [sys.executable, "-m", MODULE, *ARGS]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "MLFLOW_DISABLE_TELEMETRY": "true"}
+SETTINGS = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "MLFLOW_DISABLE_TELEMETRY": "true"}
+ENV = {**os.environ, **SETTINGS}
 
 
 def _setup(root: Path, raw: Path, tokenizer: Path, **base) -> Path:
@@ -41,24 +42,9 @@ def _setup(root: Path, raw: Path, tokenizer: Path, **base) -> Path:
 
 
 @pytest.fixture
-def launch(monkeypatch, capfd):
-    """``RUN``'s launcher in this process, with ``ENV``'s settings: ``launch(*args)`` -> a CompletedProcess. Torch's
-    thread count is restored afterwards (the stage sets its own)."""
-    from bertpipe.doors.cli.torchrun import main
-
-    for k in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "MLFLOW_DISABLE_TELEMETRY"):
-        monkeypatch.setenv(k, ENV[k])
-
-    def call(*args: str | Path) -> subprocess.CompletedProcess:
-        argv, threads = [*ARGS, *map(str, args)], torch.get_num_threads()
-        capfd.readouterr()
-        try:
-            rc = main(argv)
-        finally:
-            torch.set_num_threads(threads)
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(argv, rc, out, err)
-    return call
+def launch(capfd):
+    """``launch(*args, **variables)``: ``RUN`` in this process (``launch_here``) with ``SETTINGS`` and ``variables``."""
+    return lambda *args, **variables: launch_here([*ARGS, *args], {**SETTINGS, **variables}, capfd)
 
 
 @pytest.mark.slow
@@ -108,14 +94,13 @@ def test_sigkill_then_rerun_resumes_and_matches(tmp_path, sample_raw, zh_tokeniz
 
 
 @pytest.mark.slow
-def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir, launch, monkeypatch):
+def test_two_gloo_processes(tmp_path, sample_raw, zh_tokenizer_dir, launch):
     """`base.nproc: 2` through the stage launcher (no torchrun typed): it relaunches itself under torchrun, and the
     two gloo ranks train on different examples, stay identical, and save what rank 0 holds."""
     params = _setup(tmp_path, sample_raw, zh_tokenizer_dir, max_steps=6, eval_every=3, save_every=3, log_every=3,
                     grad_accum=2)
     trace = tmp_path / "trace"
-    monkeypatch.setenv("BERTPIPE_PRETRAIN_TRACE", str(trace))  # read by the ranks torchrun starts
-    r = launch(params, "--set", "base.nproc=2")
+    r = launch(params, "--set", "base.nproc=2", BERTPIPE_PRETRAIN_TRACE=str(trace))  # the ranks write the trace
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--nproc_per_node=2" in r.stderr and "base: built" in r.stdout
     ranks = [json.loads((trace / f"rank{i}.json").read_text()) for i in (0, 1)]
