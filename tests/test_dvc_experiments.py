@@ -82,9 +82,10 @@ def fingerprints(root: Path) -> dict[str, str]:
     return {s: json.loads((root / "work" / s / "manifest.json").read_text())["fingerprint"] for s in STAGES}
 
 
-def evaluate_runs(root: Path) -> int:
+def stage_runs(root: Path, stage: str) -> int:
+    """The MLflow runs of ``stage`` in the project's store."""
     with sqlite3.connect(root / ".bertpipe" / "mlflow.db") as db:
-        return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = 'evaluate'").fetchone()[0]
+        return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = ?", (stage,)).fetchone()[0]
 
 
 def readme_commands(*prefix: str) -> list[list[str]]:
@@ -251,9 +252,9 @@ def test_readme_exp_show_is_a_readable_table_against_the_committed_baseline(proj
 def test_temp_experiment_logs_to_the_project_store(project):
     # a --temp copy holds the git-tracked files only: start's own dvc.yaml and lock must be among them
     assert sh(["git", "ls-files", "stages"], project).split() == ["stages/start/dvc.lock", "stages/start/dvc.yaml"]
-    n = evaluate_runs(project)
-    sh(["dvc", "exp", "run", "evaluate", "--temp", "-S", "evaluate.bootstrap_samples=40"], project)
-    assert evaluate_runs(project) == n + 1  # the run is in the project's MLflow store, not the discarded copy's
+    n = stage_runs(project, "splits")  # the first stage (one of the lightest) under a key of its own
+    sh(["dvc", "exp", "run", "splits", "--temp", "-S", "+finetune.tasks.cls.split_seed=14"], project)
+    assert stage_runs(project, "splits") == n + 1  # the run is in the project's MLflow store, not the discarded copy's
 
 
 def files_of(root: Path) -> dict[str, str]:
@@ -272,7 +273,8 @@ def files_of(root: Path) -> dict[str, str]:
 def test_a_copied_project_repros_a_stage_and_leaves_the_original_alone(project, tmp_path):
     """A copy of the finished project, run with the original's code (an install that is not the copy's: the case
     that failed on 'Parameters code.tasks are missing'): its dvc.yaml is current as copied, and `dvc repro` of one
-    stage after a params edit rebuilds that stage in the copy; the original's files stay as they were."""
+    stage (prepare: one of the lightest with a stage above it) after a params edit rebuilds that stage alone in the
+    copy; the original's files stay as they were."""
     import shutil
 
     before = files_of(project)
@@ -287,12 +289,12 @@ def test_a_copied_project_repros_a_stage_and_leaves_the_original_alone(project, 
 
     assert "are current" in in_copy(["bertpipe", "dvc-yaml", "--check"])
     params = yaml.safe_load((copy / "params.yaml").read_text())
-    params["evaluate"]["bootstrap_samples"] = 30
+    params["prepare"]["split"] = {"valid": 0.2}
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    fp = json.loads((copy / "work" / "evaluate" / "manifest.json").read_text())["fingerprint"]
-    out = in_copy(["dvc", "repro", "evaluate"])
-    assert "Running stage 'evaluate'" in out and "Running stage 'finetune_cls_base'" not in out, out[-3000:]
-    assert json.loads((copy / "work" / "evaluate" / "manifest.json").read_text())["fingerprint"] != fp
+    fp = json.loads((copy / "work" / "prepare" / "manifest.json").read_text())["fingerprint"]
+    out = in_copy(["dvc", "repro", "prepare"])
+    assert "Running stage 'prepare'" in out and "Running stage 'splits'" not in out, out[-3000:]
+    assert json.loads((copy / "work" / "prepare" / "manifest.json").read_text())["fingerprint"] != fp
     assert files_of(project) == before
 
 
