@@ -58,7 +58,13 @@ STAGES = ("splits", "prepare", "vocab", "pretrain", "finetune/cls/base", "evalua
 
 PROBE = "bertpipe/stages/vocab/extend.py"  # the code-change test's edit: only the vocab stage imports it
 KEYS = """
-import json
+import json, sys
+from bertpipe.doors.cli.commands import main
+sys.argv = ["bertpipe", "stages"]
+try:
+    main()  # `bertpipe stages` (the console script's entry): its table first
+except SystemExit as e:
+    assert not e.code, e.code
 from bertpipe.graph.freshness import plan
 from bertpipe.graph.pipeline import all_stages, load_config
 from bertpipe_prefect.tasks.stages import cache_key
@@ -76,6 +82,38 @@ def sh(cmd: list[str], root: Path, timeout: int = 900) -> str:
     proc = subprocess.run(cmd, cwd=root, env=project_env(root), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+# `dvc` commands run one after another in one process by DVC's own CLI entry (dvc.cli.main, what the `dvc` script
+# calls), each one's stdout (file descriptor 1) in a file of its own: the commands that read pay DVC's import once
+DVC_MANY = r"""
+import json, os, sys, tempfile
+from dvc.cli import main
+outs = []
+for argv in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as f:
+        sys.stdout.flush()
+        fd1 = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            rc = main(argv)
+        finally:
+            sys.stdout.flush()
+            os.dup2(fd1, 1)
+            os.close(fd1)
+        if rc != 0:
+            sys.exit(f"dvc {' '.join(argv)} failed ({rc})")
+        f.seek(0)
+        outs.append(f.read())
+print(json.dumps(outs))
+"""
+
+
+def dvc_many(root: Path, *commands: list[str]) -> list[str]:
+    """The stdout of each `dvc` command (``["dvc", ...]``), run in one process (``DVC_MANY``)."""
+    argvs = [cmd[1:] for cmd in commands]
+    assert all(cmd[0] == "dvc" for cmd in commands), commands
+    return json.loads(sh(["python", "-c", DVC_MANY, json.dumps(argvs)], root).splitlines()[-1])
 
 
 def fingerprints(root: Path) -> dict[str, str]:
@@ -181,7 +219,11 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
 
     scores1 = json.loads((project / "work" / "evaluate" / "scores.json").read_text())
     assert scores1["cls.base.macro_f1"] != scores0["cls.base.macro_f1"], (scores0, scores1)
-    shown = json.loads(sh(["dvc", "exp", "show", "--json"], project))
+    html = project / "plots"
+    shown, diff, csv_table, table, _ = dvc_many(project, ["dvc", "exp", "show", "--json"],
+                                                ["dvc", "metrics", "diff", "--json"], ["dvc", "exp", "show", "--csv"],
+                                                ["dvc", "metrics", "show"], ["dvc", "plots", "show", "-o", str(html)])
+    shown = json.loads(shown)
     exps = [e for rev in shown for e in (rev.get("experiments") or []) if e.get("name") == "slow-lr"]
     assert exps, shown
     data = exps[0]["revs"][0]["data"]
@@ -195,9 +237,9 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     effective = json.loads((project / "params_effective" / "finetune_cls_base.json").read_text())
     assert effective["params"]["finetune"]["train"]["lr"] == 1e-5 and effective["params"]["finetune"]["train"][
         "epochs"] == 3 and len(effective["code"]) == 32
-    diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], project))
+    diff = json.loads(diff)
     assert "cls.macro_f1.base" in diff["work/evaluate/summary.json"], diff
-    cols = sh(["dvc", "exp", "show", "--csv"], project).splitlines()[0].split(",")
+    cols = csv_table.splitlines()[0].split(",")
     # bounded: params.yaml's own keys, the summary's metrics, one column per dep (hundreds when every resolved value
     # and code digest was a DVC param and every source file a dep)
     assert len(cols) <= 100 and len(cols) == len(set(cols)), (len(cols), cols)
@@ -206,11 +248,9 @@ def test_exp_run_set_param_changes_effective_value_fingerprints_and_metrics(proj
     assert not [c for c in cols if c.startswith(("code.", "params_effective.json", "profiles."))
                 and c != "profiles.yaml"], cols
     assert {"finetune.train.lr", "profiles.yaml", "bertpipe", "params_effective/finetune_cls_base.json"} <= set(cols)
-    table = sh(["dvc", "metrics", "show"], project)  # one row: the summary's metrics as columns
+    # `dvc metrics show`: one row, the summary's metrics as columns
     assert "work/evaluate/summary.json" in table and "cls.macro_f1.base" in table, table
 
-    html = project / "plots"
-    sh(["dvc", "plots", "show", "-o", str(html)], project)
     page = (html / "index.html").read_text()
     # images only, so the page needs no script from a CDN; the confusion matrix names its classes (the SVG: the
     # report's PNG shows class indices where no installed font draws the names, with its key in report.md, so it is
@@ -232,7 +272,9 @@ def test_readme_exp_show_is_a_readable_table_against_the_committed_baseline(proj
     shown = [argv for argv in readme_commands("dvc", "exp", "show") if "--drop" in argv]
     assert len(shown) == 1, "README shows no (or more than one) `dvc exp show ... --drop`"
     argv = shown[0]
-    rows = list(csv.DictReader(io.StringIO(sh([*argv, "--csv"], project))))
+    csv_table, table, diff = dvc_many(project, [*argv, "--csv"], [*argv, "--md"],
+                                      ["dvc", "metrics", "diff", "--json", "HEAD", "slow-lr"])
+    rows = list(csv.DictReader(io.StringIO(csv_table)))
     cols = set(rows[0])
     assert {"finetune.train.lr", "cls.macro_f1.base"} <= cols, cols
     assert cols <= {"Experiment", "rev", "typ", "Created", "parent", "State", "Executor", "finetune.train.lr",
@@ -241,10 +283,8 @@ def test_readme_exp_show_is_a_readable_table_against_the_committed_baseline(proj
     exp = next(r for r in rows if r["Experiment"] == "slow-lr")
     assert float(baseline["cls.macro_f1.base"]) != float(exp["cls.macro_f1.base"])  # HEAD's metric, and the exp's
     assert float(exp["finetune.train.lr"]) == 1e-5
-    table = sh([*argv, "--md"], project)
     assert max(len(line) for line in table.splitlines()) <= 120, table
-    diff = json.loads(sh(["dvc", "metrics", "diff", "--json", "HEAD", "slow-lr"], project))
-    row = diff["work/evaluate/summary.json"]["cls.macro_f1.base"]
+    row = json.loads(diff)["work/evaluate/summary.json"]["cls.macro_f1.base"]
     assert (row["old"], row["new"]) == pytest.approx(  # the table rounds to 5 digits
         (float(baseline["cls.macro_f1.base"]), float(exp["cls.macro_f1.base"])), abs=1e-5), row
 
@@ -307,10 +347,11 @@ def test_state_dir_of_a_temp_experiment_copy(tmp_path):
 
 
 def look(root: Path) -> tuple[dict, dict, set]:
-    """(`bertpipe stages` states, Prefect cache keys, stages `dvc status` reports)."""
-    states = {ln.split()[0]: ln.split()[1] for ln in sh(["bertpipe", "stages"], root).splitlines() if ln.strip()}
-    keys = json.loads(sh(["python", "-c", KEYS], root).strip().splitlines()[-1])
-    return states, keys, dvc_status(root)
+    """(`bertpipe stages` states, Prefect cache keys, stages `dvc status` reports); the first two from one process
+    (``KEYS``)."""
+    *table, keys = sh(["python", "-c", KEYS], root).strip().splitlines()
+    states = {ln.split()[0]: ln.split()[1] for ln in table if ln.strip()}
+    return states, json.loads(keys), dvc_status(root)
 
 
 def dvc_status(root: Path) -> set:
