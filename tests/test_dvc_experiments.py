@@ -123,7 +123,8 @@ def fingerprints(root: Path) -> dict[str, str]:
 def stage_runs(root: Path, stage: str) -> int:
     """The MLflow runs of ``stage`` in the project's store."""
     with sqlite3.connect(root / ".bertpipe" / "mlflow.db") as db:
-        return db.execute("SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = ?", (stage,)).fetchone()[0]
+        query = "SELECT COUNT(*) FROM tags WHERE key = 'bertpipe.stage' AND value = ?"
+        return db.execute(query, (stage,)).fetchone()[0]
 
 
 def readme_commands(*prefix: str) -> list[list[str]]:
@@ -292,7 +293,7 @@ def test_readme_exp_show_is_a_readable_table_against_the_committed_baseline(proj
 def test_temp_experiment_logs_to_the_project_store(project):
     # a --temp copy holds the git-tracked files only: start's own dvc.yaml and lock must be among them
     assert sh(["git", "ls-files", "stages"], project).split() == ["stages/start/dvc.lock", "stages/start/dvc.yaml"]
-    n = stage_runs(project, "splits")  # the first stage (one of the lightest) under a key of its own
+    n = stage_runs(project, "splits")  # the lightest stage process, under a key only it reads
     sh(["dvc", "exp", "run", "splits", "--temp", "-S", "+finetune.tasks.cls.split_seed=14"], project)
     assert stage_runs(project, "splits") == n + 1  # the run is in the project's MLflow store, not the discarded copy's
 
