@@ -1,6 +1,7 @@
 """Two torchrun agents on this machine as two "nodes" (gloo, a c10d rendezvous on 127.0.0.1, one process each) run
 the documented multi-node command; one rank is SIGKILLed after a checkpoint, the elastic agents restart the group,
-it resumes from the checkpoint, and the stage's output equals a one-process run with the same effective batch."""
+it resumes from the checkpoint, and the stage's output equals a one-process run with the same effective batch (that
+reference calls the same launcher in the test process: tests/torchrun_door.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ import pytest
 import torch
 
 from tests.test_pretrain_support import TINY_ARCH, law_texts, write_corpus, write_params
+from tests.torchrun_door import launch_here
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "distributed.md"
 MARK = "<!-- tests/test_pretrain_elastic.py runs this block -->"
 STEPS = {"max_steps": 30, "save_every": 5, "eval_every": 30, "log_every": 5}
+SETTINGS = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "MLFLOW_DISABLE_TELEMETRY": "true", "BERTPIPE_DATA_WORKERS": "1"}
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-ENV.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", MLFLOW_DISABLE_TELEMETRY="true",
-           BERTPIPE_DATA_WORKERS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+ENV.update(SETTINGS, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            # a collective waiting for a rank that is gone fails after this, not torch's 30 minutes
            BERTPIPE_DIST_TIMEOUT_S="120")
 
@@ -78,14 +81,13 @@ def _worker(agents: list[subprocess.Popen], rank: int) -> psutil.Process | None:
 
 
 @pytest.mark.slow
-def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_raw, zh_tokenizer_dir):
-    one = _project(tmp_path / "one", sample_raw, zh_tokenizer_dir, grad_accum=2).parent
-    two = _project(tmp_path / "two", sample_raw, zh_tokenizer_dir).parent
-    # The reference: one process, the same effective batch (8 x 2 accumulation x 1 = 8 x 1 x 2 processes). It runs
-    # beside the two agents.
-    ref = subprocess.Popen([sys.executable, "-m", "bertpipe.doors.cli.torchrun", "--stage", "pretrain", "--no-tracking",
-                            "--params", "params.yaml"], cwd=one, env=ENV, stdout=subprocess.DEVNULL,
-                           stderr=open(tmp_path / "one.log", "w"), start_new_session=True)
+def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_raw, zh_tokenizer_dir, capfd):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _project(two, sample_raw, zh_tokenizer_dir)
+    # The reference: one process, the same effective batch (8 x 2 accumulation x 1 = 8 x 1 x 2 processes)
+    ref = launch_here(["--stage", "pretrain", "--no-tracking", "--params", _project(one, sample_raw, zh_tokenizer_dir,
+                                                                                     grad_accum=2)], SETTINGS, capfd)
+    assert ref.returncode == 0, ref.stderr[-3000:]
     command = documented_command()
     env = {**ENV, "MASTER": "127.0.0.1", "PORT": str(_free_port())}
     logs = [tmp_path / f"agent{i}.log" for i in (0, 1)]
@@ -105,9 +107,8 @@ def test_two_nodes_survive_a_killed_rank_and_match_one_process(tmp_path, sample_
         victim.send_signal(signal.SIGKILL)
         for a in agents:
             a.wait(timeout=400)
-        assert ref.wait(timeout=400) == 0, (tmp_path / "one.log").read_text()[-3000:]
     finally:
-        for p in (*agents, ref):
+        for p in agents:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     text = "\n".join(log.read_text(errors="replace") for log in logs)
