@@ -5,25 +5,10 @@ processes of their own."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
 
-
-@contextmanager
-def _environment(env: dict[str, str]):
-    """``env``'s variables set in this process (read by the stage and by what it starts), restored afterwards."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+import pytest
 
 
 def launch_here(argv: list[str | Path], env: dict[str, str], capfd) -> subprocess.CompletedProcess:
@@ -36,7 +21,9 @@ def launch_here(argv: list[str | Path], env: dict[str, str], capfd) -> subproces
     args, threads = [str(a) for a in argv], torch.get_num_threads()
     capfd.readouterr()
     try:
-        with _environment(env):
+        with pytest.MonkeyPatch.context() as mp:  # env's variables set for the call, restored afterwards
+            for k, v in env.items():
+                mp.setenv(k, v)
             rc = main(args)
     finally:
         torch.set_num_threads(threads)
